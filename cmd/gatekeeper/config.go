@@ -1,0 +1,584 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+)
+
+// envPrefix starts every configuration variable.
+const envPrefix = "GATEKEEPER"
+
+// mask replaces a secret when the configuration is printed.
+const mask = "****"
+
+// Config is the whole configuration, read from GATEKEEPER_* environment
+// variables by envconfig. Variable names come from the field names
+// (split_words), never from an `envconfig` tag: envconfig falls back to the
+// unprefixed name for tagged fields, and an unrelated LOG_LEVEL or TIMEZONE
+// in the environment must not configure Gatekeeper.
+//
+// The `desc` tag is the description in the README's configuration table;
+// `doc_default` stands in that table for a default computed from other
+// variables. Descriptions must not hold "|" (they are table cells).
+//
+// A Config is a plain value; it is not safe for concurrent mutation.
+type Config struct {
+	// KafkaBrokers are the bootstrap brokers, host:port each.
+	KafkaBrokers []string `split_words:"true" default:"localhost:9092" desc:"comma-separated bootstrap brokers (host:port)"`
+	// GroupID is the Kafka consumer group shared by all replicas.
+	GroupID string `split_words:"true" default:"gatekeeper" desc:"consumer group of all replicas"`
+	// SourceTopics are the topics whose events are gated.
+	SourceTopics []string `split_words:"true" required:"true" desc:"comma-separated topics to gate"`
+	// DownstreamTopic receives admitted events.
+	DownstreamTopic string `split_words:"true" required:"true" desc:"where admitted events go"`
+	// RetryTopic receives deferred events; longer delays go to tiers with
+	// the suffixes .1h and .long. Default <DownstreamTopic>.retry.
+	RetryTopic string `split_words:"true" doc_default:"<DOWNSTREAM_TOPIC>.retry" desc:"where deferred events go (tiers add the suffixes .1h and .long)"`
+	// DLQTopic receives rejected and invalid events. Default <DownstreamTopic>.dlq.
+	DLQTopic string `split_words:"true" doc_default:"<DOWNSTREAM_TOPIC>.dlq" desc:"dead-letter topic for rejected and invalid events"`
+	// RedisAddrs are the Redis servers; more than one means Redis Cluster.
+	RedisAddrs []string `split_words:"true" default:"localhost:6379" desc:"comma-separated host:port; more than one means Redis Cluster"`
+	// RedisKeyPrefix starts every counter key.
+	RedisKeyPrefix string `split_words:"true" default:"gk" desc:"prefix of every counter key"`
+	// TenantFrom says where an event's tenant is: key, header:<name> or json:<dot.path>.
+	TenantFrom string `split_words:"true" default:"key" desc:"where the tenant is: key, header:NAME or json:DOT.PATH"`
+	// Limits are the rules, e.g. *=100/1m;acme=1000/1m,50000/1d.
+	Limits string `doc_required:"unless LIMITS_FILE" desc:"rules, e.g. *=100/1m;acme=1000/1m,50000/1d (* is every other tenant; units s m h d w mo)"`
+	// LimitsFile is a YAML file of rules, reloaded when it changes. It
+	// replaces LIMITS; setting both is an error.
+	LimitsFile string `split_words:"true" desc:"YAML file of rules, reloaded on change (instead of LIMITS)"`
+	// Window is the window kind: aligned or ttl.
+	Window string `default:"aligned" desc:"window kind: aligned (calendar boundaries) or ttl (from a tenant's first event)"`
+	// Timezone places day, week and month boundaries of aligned windows.
+	Timezone string `default:"UTC" desc:"IANA zone for day, week and month boundaries"`
+	// DeferHorizon is the furthest in the future a deferral may reach.
+	DeferHorizon time.Duration `split_words:"true" default:"24h" desc:"furthest a deferral may reach"`
+	// OnRedisError is what happens while Redis fails: pause or forward.
+	OnRedisError string `split_words:"true" default:"pause" desc:"while Redis fails: pause consumption, or forward unchecked"`
+	// MaxAttempts is how often one event may be deferred before it is dead-lettered.
+	MaxAttempts int `split_words:"true" default:"5" desc:"deferrals of one event before it is dead-lettered"`
+	// Shadow counts and records decisions but forwards every event.
+	Shadow bool `default:"false" desc:"count and record decisions, forward everything"`
+	// HTTPAddr is where metrics, health and the usage API listen.
+	HTTPAddr string `split_words:"true" default:":8080" desc:"listen address of metrics, health and the usage API"`
+	// AdminToken, when set, is the bearer token the usage API requires. Secret.
+	AdminToken string `split_words:"true" desc:"bearer token for the usage API (none: the API is open)"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `split_words:"true" default:"info" desc:"debug, info, warn or error"`
+	// Roles are the parts this process runs: gate (source topics), retry
+	// (retry topics), or both.
+	Roles []string `default:"gate,retry" desc:"what this process runs: gate, retry or gate,retry"`
+	// BatchSize bounds the events of one partition handled as one batch.
+	BatchSize int `split_words:"true" default:"500" desc:"most events of one partition decided in one batch"`
+	// BatchWait bounds how long a batch waits to fill.
+	BatchWait time.Duration `split_words:"true" default:"50ms" desc:"longest a batch waits to fill"`
+	// ShutdownGrace bounds the drain after SIGTERM.
+	ShutdownGrace time.Duration `split_words:"true" default:"25s" desc:"time to finish writes, commit and leave the group after SIGTERM"`
+	// RedisTimeout bounds every Redis call.
+	RedisTimeout time.Duration `split_words:"true" default:"2s" desc:"timeout of every Redis call"`
+	// KafkaTimeout bounds every Kafka call.
+	KafkaTimeout time.Duration `split_words:"true" default:"10s" desc:"timeout of every Kafka call"`
+	// Retention keeps aligned window keys this long after their window ends.
+	Retention time.Duration `default:"168h" desc:"how long aligned window counters stay queryable after the window ends"`
+	// RedisUsername is the Redis ACL user (none: the default user).
+	RedisUsername string `split_words:"true" desc:"Redis ACL user name"`
+	// RedisPassword authenticates to Redis. Secret.
+	RedisPassword string `split_words:"true" desc:"Redis password"`
+	// RedisTLS connects to Redis over TLS.
+	RedisTLS bool `split_words:"true" default:"false" desc:"connect to Redis over TLS"`
+	// KafkaSASLMechanism is none, PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+	KafkaSASLMechanism string `split_words:"true" desc:"SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (none: no SASL)"`
+	// KafkaSASLUsername is the SASL user.
+	KafkaSASLUsername string `split_words:"true" desc:"SASL user name"`
+	// KafkaSASLPassword is the SASL password. Secret.
+	KafkaSASLPassword string `split_words:"true" desc:"SASL password"`
+	// KafkaTLS connects to Kafka over TLS.
+	KafkaTLS bool `split_words:"true" default:"false" desc:"connect to Kafka over TLS"`
+}
+
+// The roles a process may run.
+const (
+	roleGate  = "gate"
+	roleRetry = "retry"
+)
+
+// retryTierSuffixes are added to RetryTopic by the router's tiers.
+var retryTierSuffixes = []string{".1h", ".long"}
+
+// configError is a bad configuration value. Its text is one line that starts
+// with the variable's full name.
+type configError struct {
+	Var string // without the prefix, e.g. "WINDOW"
+	Msg string
+}
+
+func (e *configError) Error() string {
+	return oneLine(envPrefix + "_" + e.Var + ": " + e.Msg)
+}
+
+// oneLine folds a message onto one line.
+func oneLine(s string) string {
+	s = strings.TrimSpace(s)
+	if !strings.ContainsAny(s, "\r\n") {
+		return s
+	}
+	lines := strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == '\r' })
+	for i := range lines {
+		lines[i] = strings.TrimSpace(lines[i])
+	}
+	return strings.Join(lines, "; ")
+}
+
+func bad(variable, format string, args ...any) error {
+	return &configError{Var: variable, Msg: fmt.Sprintf(format, args...)}
+}
+
+// loadConfig reads the environment, fills derived defaults and validates.
+// Its error is one line naming the variable.
+func loadConfig() (*Config, error) {
+	var cfg Config
+	if err := envconfig.Process(envPrefix, &cfg); err != nil {
+		return nil, processError(err)
+	}
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &cfg, nil
+}
+
+// processError turns envconfig's errors into one line naming the variable.
+func processError(err error) error {
+	var pe *envconfig.ParseError
+	if errors.As(err, &pe) {
+		what := pe.TypeName
+		switch pe.TypeName {
+		case "time.Duration":
+			what = "a duration (e.g. 50ms, 2s, 24h)"
+		case "bool":
+			what = "true or false"
+		case "int", "int64":
+			what = "a whole number"
+		}
+		return &configError{Var: strings.TrimPrefix(pe.KeyName, envPrefix+"_"), Msg: fmt.Sprintf("%q is not %s", pe.Value, what)}
+	}
+	// envconfig: "required key GATEKEEPER_X missing value".
+	if msg := err.Error(); strings.HasPrefix(msg, "required key ") && strings.HasSuffix(msg, " missing value") {
+		key := strings.TrimSuffix(strings.TrimPrefix(msg, "required key "), " missing value")
+		return &configError{Var: strings.TrimPrefix(key, envPrefix+"_"), Msg: "required, not set"}
+	}
+	return fmt.Errorf("read %s_* environment: %s", envPrefix, oneLine(err.Error()))
+}
+
+// setDefaults fills the defaults that depend on other variables and trims
+// list items.
+func (c *Config) setDefaults() {
+	for _, l := range []*[]string{&c.KafkaBrokers, &c.SourceTopics, &c.RedisAddrs, &c.Roles} {
+		for i := range *l {
+			(*l)[i] = strings.TrimSpace((*l)[i])
+		}
+	}
+	c.DownstreamTopic = strings.TrimSpace(c.DownstreamTopic)
+	if c.RetryTopic == "" && c.DownstreamTopic != "" {
+		c.RetryTopic = c.DownstreamTopic + ".retry"
+	}
+	if c.DLQTopic == "" && c.DownstreamTopic != "" {
+		c.DLQTopic = c.DownstreamTopic + ".dlq"
+	}
+}
+
+// Validate checks every field and returns the first problem as one line
+// naming the variable, e.g. `GATEKEEPER_WINDOW: "hourly" is not aligned or ttl`.
+// It reads LIMITS_FILE when set.
+func (c *Config) Validate() error {
+	checks := []func() error{
+		func() error { return checkAddrs("KAFKA_BROKERS", c.KafkaBrokers) },
+		func() error {
+			if strings.TrimSpace(c.GroupID) == "" {
+				return bad("GROUP_ID", "must not be empty")
+			}
+			return nil
+		},
+		c.checkTopics,
+		func() error { return checkAddrs("REDIS_ADDRS", c.RedisAddrs) },
+		func() error {
+			switch {
+			case c.RedisKeyPrefix == "":
+				return bad("REDIS_KEY_PREFIX", "must not be empty")
+			case strings.ContainsAny(c.RedisKeyPrefix, "{}"):
+				return bad("REDIS_KEY_PREFIX", "%q must not hold { or } (keys use a {hash tag} per tenant)", c.RedisKeyPrefix)
+			case strings.ContainsFunc(c.RedisKeyPrefix, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+				return bad("REDIS_KEY_PREFIX", "%q must not hold spaces or control characters", c.RedisKeyPrefix)
+			}
+			return nil
+		},
+		func() error {
+			if err := checkTenantFrom(c.TenantFrom); err != nil {
+				return bad("TENANT_FROM", "%v", err)
+			}
+			return nil
+		},
+		func() error {
+			if c.Window != string(limit.Aligned) && c.Window != string(limit.TTL) {
+				return bad("WINDOW", "%q is not aligned or ttl", c.Window)
+			}
+			return nil
+		},
+		c.checkLimits,
+		func() error {
+			if c.Timezone == "" {
+				return bad("TIMEZONE", "must not be empty (e.g. UTC, Europe/Berlin)")
+			}
+			if _, err := time.LoadLocation(c.Timezone); err != nil {
+				return bad("TIMEZONE", "%q is not a known time zone (e.g. UTC, Europe/Berlin)", c.Timezone)
+			}
+			return nil
+		},
+		func() error { return positive("DEFER_HORIZON", c.DeferHorizon) },
+		func() error {
+			if c.OnRedisError != "pause" && c.OnRedisError != "forward" {
+				return bad("ON_REDIS_ERROR", "%q is not pause or forward", c.OnRedisError)
+			}
+			return nil
+		},
+		func() error {
+			if c.MaxAttempts < 1 {
+				return bad("MAX_ATTEMPTS", "%d must be at least 1", c.MaxAttempts)
+			}
+			return nil
+		},
+		func() error {
+			if err := checkHostPort(c.HTTPAddr); err != nil {
+				return bad("HTTP_ADDR", "%q: %v", c.HTTPAddr, err)
+			}
+			return nil
+		},
+		func() error {
+			if strings.ContainsFunc(c.AdminToken, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+				// Not quoted: it is a secret.
+				return bad("ADMIN_TOKEN", "must not hold spaces or control characters")
+			}
+			return nil
+		},
+		func() error {
+			if _, ok := logLevels[c.LogLevel]; !ok {
+				return bad("LOG_LEVEL", "%q is not debug, info, warn or error", c.LogLevel)
+			}
+			return nil
+		},
+		c.checkRoles,
+		func() error {
+			if c.BatchSize < 1 || c.BatchSize > 100000 {
+				return bad("BATCH_SIZE", "%d is not from 1 to 100000", c.BatchSize)
+			}
+			return nil
+		},
+		func() error { return positive("BATCH_WAIT", c.BatchWait) },
+		func() error { return positive("SHUTDOWN_GRACE", c.ShutdownGrace) },
+		func() error { return positive("REDIS_TIMEOUT", c.RedisTimeout) },
+		func() error { return positive("KAFKA_TIMEOUT", c.KafkaTimeout) },
+		func() error { return positive("RETENTION", c.Retention) },
+		c.checkSASL,
+	}
+	for _, check := range checks {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func positive(variable string, d time.Duration) error {
+	if d <= 0 {
+		return bad(variable, "%s must be positive", d)
+	}
+	return nil
+}
+
+// checkAddrs checks a list of host:port addresses.
+func checkAddrs(variable string, addrs []string) error {
+	if len(addrs) == 0 {
+		return bad(variable, "must not be empty")
+	}
+	for _, a := range addrs {
+		if a == "" {
+			return bad(variable, "empty item in the list")
+		}
+		host, _, err := net.SplitHostPort(a)
+		if err == nil && host == "" {
+			err = errors.New("missing host")
+		}
+		if err == nil {
+			err = checkHostPort(a)
+		}
+		if err != nil {
+			return bad(variable, "%q is not host:port: %v", a, err)
+		}
+	}
+	return nil
+}
+
+// checkHostPort checks a listen or dial address: [host]:port.
+func checkHostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			return errors.New(ae.Err)
+		}
+		return err
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 0 to 65535", port)
+	}
+	return nil
+}
+
+// checkTopic checks a Kafka topic name: 1 to 249 of [a-zA-Z0-9._-].
+func checkTopic(t string, room int) error {
+	if t == "" {
+		return errors.New("empty topic name")
+	}
+	if t == "." || t == ".." {
+		return fmt.Errorf("%q is not a valid topic name", t)
+	}
+	if len(t)+room > 249 {
+		return fmt.Errorf("topic %q is longer than %d bytes", t, 249-room)
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("topic %q: only letters, digits, '.', '_' and '-' are allowed", t)
+		}
+	}
+	return nil
+}
+
+func (c *Config) checkTopics() error {
+	if len(c.SourceTopics) == 0 {
+		return bad("SOURCE_TOPICS", "required, not set")
+	}
+	for i, t := range c.SourceTopics {
+		if err := checkTopic(t, 0); err != nil {
+			return bad("SOURCE_TOPICS", "%v", err)
+		}
+		if slices.Contains(c.SourceTopics[:i], t) {
+			return bad("SOURCE_TOPICS", "topic %q given twice", t)
+		}
+	}
+	if c.DownstreamTopic == "" {
+		return bad("DOWNSTREAM_TOPIC", "required, not set")
+	}
+	if err := checkTopic(c.DownstreamTopic, 0); err != nil {
+		return bad("DOWNSTREAM_TOPIC", "%v", err)
+	}
+	if slices.Contains(c.SourceTopics, c.DownstreamTopic) {
+		return bad("DOWNSTREAM_TOPIC", "%q is also a source topic: events would loop", c.DownstreamTopic)
+	}
+	longest := 0
+	for _, s := range retryTierSuffixes {
+		longest = max(longest, len(s))
+	}
+	if err := checkTopic(c.RetryTopic, longest); err != nil {
+		return bad("RETRY_TOPIC", "%v (tiers add %s)", err, strings.Join(retryTierSuffixes, " and "))
+	}
+	for _, t := range c.retryTopics() {
+		if slices.Contains(c.SourceTopics, t) || t == c.DownstreamTopic {
+			return bad("RETRY_TOPIC", "retry topic %q is also a source or the downstream topic", t)
+		}
+	}
+	if err := checkTopic(c.DLQTopic, 0); err != nil {
+		return bad("DLQ_TOPIC", "%v", err)
+	}
+	if slices.Contains(c.SourceTopics, c.DLQTopic) || c.DLQTopic == c.DownstreamTopic || slices.Contains(c.retryTopics(), c.DLQTopic) {
+		return bad("DLQ_TOPIC", "%q is also a source, downstream or retry topic", c.DLQTopic)
+	}
+	return nil
+}
+
+// retryTopics lists the retry topic and its tiers.
+func (c *Config) retryTopics() []string {
+	out := []string{c.RetryTopic}
+	for _, s := range retryTierSuffixes {
+		out = append(out, c.RetryTopic+s)
+	}
+	return out
+}
+
+// checkTenantFrom checks the syntax of TENANT_FROM: key, header:<name> or
+// json:<dot.path>. It mirrors the route package's parser, which decides.
+func checkTenantFrom(spec string) error {
+	switch {
+	case spec == "key":
+		return nil
+	case strings.HasPrefix(spec, "header:"):
+		if strings.TrimPrefix(spec, "header:") == "" {
+			return fmt.Errorf("%q: header name is empty", spec)
+		}
+		return nil
+	case strings.HasPrefix(spec, "json:"):
+		path := strings.TrimPrefix(spec, "json:")
+		for _, p := range strings.Split(path, ".") {
+			if p == "" {
+				return fmt.Errorf("%q: json path has an empty segment", spec)
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("%q is not key, header:<name> or json:<dot.path>", spec)
+}
+
+func (c *Config) checkLimits() error {
+	switch {
+	case c.Limits != "" && c.LimitsFile != "":
+		return bad("LIMITS_FILE", "set either LIMITS or LIMITS_FILE, not both")
+	case c.LimitsFile != "":
+		rules, err := loadLimitsFile(c.LimitsFile)
+		if err != nil {
+			return bad("LIMITS_FILE", "%v", err)
+		}
+		if err := limit.CheckRules(rules, limit.WindowKind(c.Window)); err != nil {
+			return bad("LIMITS_FILE", "%s: %v", c.LimitsFile, err)
+		}
+	case strings.TrimSpace(c.Limits) == "":
+		return bad("LIMITS", "required unless LIMITS_FILE is set (e.g. *=100/1m;acme=1000/1m)")
+	default:
+		rules, err := limit.ParseRules(c.Limits)
+		if err != nil {
+			return bad("LIMITS", "%v", err)
+		}
+		if err := limit.CheckRules(rules, limit.WindowKind(c.Window)); err != nil {
+			return bad("LIMITS", "%v", err)
+		}
+	}
+	return nil
+}
+
+// Rules returns the rules of LIMITS, or of LIMITS_FILE as it is now.
+func (c *Config) Rules() (*limit.Rules, error) {
+	if c.LimitsFile != "" {
+		return loadLimitsFile(c.LimitsFile)
+	}
+	return limit.ParseRules(c.Limits)
+}
+
+// Location returns the TIMEZONE location.
+func (c *Config) Location() (*time.Location, error) {
+	return time.LoadLocation(c.Timezone)
+}
+
+// HasRole reports whether this process runs the role.
+func (c *Config) HasRole(role string) bool { return slices.Contains(c.Roles, role) }
+
+func (c *Config) checkRoles() error {
+	if len(c.Roles) == 0 {
+		return bad("ROLES", "must not be empty (gate, retry or gate,retry)")
+	}
+	for i, r := range c.Roles {
+		if r != roleGate && r != roleRetry {
+			return bad("ROLES", "%q is not gate or retry", r)
+		}
+		if slices.Contains(c.Roles[:i], r) {
+			return bad("ROLES", "%q given twice", r)
+		}
+	}
+	return nil
+}
+
+func (c *Config) checkSASL() error {
+	switch c.KafkaSASLMechanism {
+	case "":
+		if c.KafkaSASLUsername != "" || c.KafkaSASLPassword != "" {
+			return bad("KAFKA_SASL_MECHANISM", "not set, but KAFKA_SASL_USERNAME or KAFKA_SASL_PASSWORD is (want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")
+		}
+		return nil
+	case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
+		if c.KafkaSASLUsername == "" {
+			return bad("KAFKA_SASL_USERNAME", "required with KAFKA_SASL_MECHANISM=%s", c.KafkaSASLMechanism)
+		}
+		if c.KafkaSASLPassword == "" {
+			return bad("KAFKA_SASL_PASSWORD", "required with KAFKA_SASL_MECHANISM=%s", c.KafkaSASLMechanism)
+		}
+		return nil
+	}
+	return bad("KAFKA_SASL_MECHANISM", "%q is not PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", c.KafkaSASLMechanism)
+}
+
+// Masked returns a copy for printing, with every secret that is set shown as
+// "****" (an unset secret stays empty, so that it shows as unset).
+func (c Config) Masked() Config {
+	for _, s := range []*string{&c.AdminToken, &c.RedisPassword, &c.KafkaSASLPassword} {
+		if *s != "" {
+			*s = mask
+		}
+	}
+	c.KafkaBrokers = slices.Clone(c.KafkaBrokers)
+	c.SourceTopics = slices.Clone(c.SourceTopics)
+	c.RedisAddrs = slices.Clone(c.RedisAddrs)
+	c.Roles = slices.Clone(c.Roles)
+	return c
+}
+
+// configKeys returns the variable names of Config's fields in field order,
+// as envconfig derives them.
+func configKeys() ([]string, error) {
+	var buf bytes.Buffer
+	if err := envconfig.Usagef(envPrefix, &Config{}, &buf, "{{range .}}{{usage_key .}}\n{{end}}"); err != nil {
+		return nil, err
+	}
+	return strings.Fields(buf.String()), nil
+}
+
+// Environ returns the configuration as KEY=value lines, in field order, as
+// they could be given to the process. Print only a Masked copy.
+func (c Config) Environ() ([]string, error) {
+	keys, err := configKeys()
+	if err != nil {
+		return nil, err
+	}
+	v := reflect.ValueOf(c)
+	if len(keys) != v.NumField() {
+		return nil, fmt.Errorf("config has %d fields, envconfig sees %d", v.NumField(), len(keys))
+	}
+	out := make([]string, 0, len(keys))
+	for i, k := range keys {
+		var s string
+		switch f := v.Field(i).Interface().(type) {
+		case []string:
+			s = strings.Join(f, ",")
+		default:
+			s = fmt.Sprint(f)
+		}
+		out = append(out, k+"="+s)
+	}
+	return out, nil
+}
+
+// unknownVars lists GATEKEEPER_* variables in env that configure nothing,
+// most likely typos. GATEKEEPER_TEST_* (test servers) are not reported.
+func unknownVars(env []string) ([]string, error) {
+	keys, err := configKeys()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, envPrefix+"_") && !strings.HasPrefix(k, envPrefix+"_TEST_") && !slices.Contains(keys, k) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}

@@ -1,0 +1,416 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// setEnv makes the GATEKEEPER_* configuration exactly vars (names without
+// the prefix): every other configuration variable is unset for the test.
+func setEnv(t *testing.T, vars map[string]string) {
+	t.Helper()
+	keys, err := configKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if old, ok := os.LookupEnv(k); ok {
+			t.Cleanup(func() { os.Setenv(k, old) })
+			os.Unsetenv(k)
+		}
+	}
+	for k, v := range vars {
+		t.Setenv(envPrefix+"_"+k, v)
+	}
+}
+
+// minimal is the least configuration that validates.
+func minimal() map[string]string {
+	return map[string]string{
+		"SOURCE_TOPICS":    "events",
+		"DOWNSTREAM_TOPIC": "events.out",
+		"LIMITS":           "*=100/1m",
+	}
+}
+
+func with(base map[string]string, kv ...string) map[string]string {
+	out := map[string]string{}
+	for k, v := range base {
+		out[k] = v
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i+1] == "<unset>" {
+			delete(out, kv[i])
+			continue
+		}
+		out[kv[i]] = kv[i+1]
+	}
+	return out
+}
+
+func TestConfigKeys(t *testing.T) {
+	got, err := configKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		// DESIGN.md's contract: these names are relied on by operators.
+		"KAFKA_BROKERS", "GROUP_ID", "SOURCE_TOPICS", "DOWNSTREAM_TOPIC", "RETRY_TOPIC", "DLQ_TOPIC",
+		"REDIS_ADDRS", "REDIS_KEY_PREFIX", "TENANT_FROM", "LIMITS", "LIMITS_FILE", "WINDOW", "TIMEZONE",
+		"DEFER_HORIZON", "ON_REDIS_ERROR", "MAX_ATTEMPTS", "SHADOW", "HTTP_ADDR", "ADMIN_TOKEN", "LOG_LEVEL",
+		// Operational additions.
+		"ROLES", "BATCH_SIZE", "BATCH_WAIT", "SHUTDOWN_GRACE", "REDIS_TIMEOUT", "KAFKA_TIMEOUT", "RETENTION",
+		"REDIS_USERNAME", "REDIS_PASSWORD", "REDIS_TLS",
+		"KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD", "KAFKA_TLS",
+	}
+	for i := range want {
+		want[i] = envPrefix + "_" + want[i]
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("variable names (-want +got):\n%s", diff)
+	}
+}
+
+func TestConfigFieldsDocumented(t *testing.T) {
+	typ := reflect.TypeOf(Config{})
+	for i := 0; i < typ.NumField(); i++ {
+		f := typ.Field(i)
+		desc := f.Tag.Get("desc")
+		if desc == "" {
+			t.Errorf("%s: no desc tag", f.Name)
+		}
+		if strings.ContainsAny(desc, "|\n") {
+			t.Errorf("%s: desc holds | or a newline, which break the README table", f.Name)
+		}
+		if f.Tag.Get("envconfig") != "" {
+			t.Errorf("%s: envconfig tag: envconfig would also read the unprefixed name", f.Name)
+		}
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	setEnv(t, minimal())
+	got, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Config{
+		KafkaBrokers:    []string{"localhost:9092"},
+		GroupID:         "gatekeeper",
+		SourceTopics:    []string{"events"},
+		DownstreamTopic: "events.out",
+		RetryTopic:      "events.out.retry",
+		DLQTopic:        "events.out.dlq",
+		RedisAddrs:      []string{"localhost:6379"},
+		RedisKeyPrefix:  "gk",
+		TenantFrom:      "key",
+		Limits:          "*=100/1m",
+		Window:          "aligned",
+		Timezone:        "UTC",
+		DeferHorizon:    24 * time.Hour,
+		OnRedisError:    "pause",
+		MaxAttempts:     5,
+		HTTPAddr:        ":8080",
+		LogLevel:        "info",
+		Roles:           []string{"gate", "retry"},
+		BatchSize:       500,
+		BatchWait:       50 * time.Millisecond,
+		ShutdownGrace:   25 * time.Second,
+		RedisTimeout:    2 * time.Second,
+		KafkaTimeout:    10 * time.Second,
+		Retention:       168 * time.Hour,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("defaults (-want +got):\n%s", diff)
+	}
+}
+
+func TestConfigDerivedTopics(t *testing.T) {
+	tests := []struct {
+		name               string
+		env                map[string]string
+		wantRetry, wantDLQ string
+	}{
+		{"derived", minimal(), "events.out.retry", "events.out.dlq"},
+		{"retry given", with(minimal(), "RETRY_TOPIC", "slow"), "slow", "events.out.dlq"},
+		{"dlq given", with(minimal(), "DLQ_TOPIC", "dead"), "events.out.retry", "dead"},
+		{"both given", with(minimal(), "RETRY_TOPIC", "r", "DLQ_TOPIC", "d"), "r", "d"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			setEnv(t, tt.env)
+			cfg, err := loadConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.RetryTopic != tt.wantRetry || cfg.DLQTopic != tt.wantDLQ {
+				t.Errorf("got retry %q, dlq %q; want %q, %q", cfg.RetryTopic, cfg.DLQTopic, tt.wantRetry, tt.wantDLQ)
+			}
+		})
+	}
+}
+
+func TestConfigGoodValues(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "limits.yaml")
+	if err := os.WriteFile(file, []byte("default: [100/1m]\ntenants:\n  acme: [1000/1m, 50000/1d]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		env  map[string]string
+	}{
+		{"spaces in lists", with(minimal(), "SOURCE_TOPICS", "a, b", "KAFKA_BROKERS", "k1:9092, k2:9092")},
+		{"redis cluster", with(minimal(), "REDIS_ADDRS", "r1:7000,r2:7001,[::1]:7002")},
+		{"header tenant", with(minimal(), "TENANT_FROM", "header:x-tenant")},
+		{"json tenant", with(minimal(), "TENANT_FROM", "json:customer.id")},
+		{"ttl", with(minimal(), "WINDOW", "ttl", "LIMITS", "*=10/7m")},
+		{"zone", with(minimal(), "TIMEZONE", "Europe/Berlin")},
+		{"limits file", with(minimal(), "LIMITS", "<unset>", "LIMITS_FILE", file)},
+		{"gate only", with(minimal(), "ROLES", "gate")},
+		{"retry only", with(minimal(), "ROLES", "retry")},
+		{"sasl", with(minimal(), "KAFKA_SASL_MECHANISM", "SCRAM-SHA-512", "KAFKA_SASL_USERNAME", "u", "KAFKA_SASL_PASSWORD", "p", "KAFKA_TLS", "true")},
+		{"http any port", with(minimal(), "HTTP_ADDR", "127.0.0.1:0")},
+		{"forward", with(minimal(), "ON_REDIS_ERROR", "forward", "SHADOW", "1")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			setEnv(t, tt.env)
+			if _, err := loadConfig(); err != nil {
+				t.Errorf("got %v, want no error", err)
+			}
+		})
+	}
+}
+
+func TestConfigBadValues(t *testing.T) {
+	dir := t.TempDir()
+	badFile := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(badFile, []byte("tenants:\n  acme: [lots]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hourFile := filepath.Join(dir, "hour.yaml")
+	if err := os.WriteFile(hourFile, []byte("default: [10/7m]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		env     map[string]string
+		wantVar string // the variable the error must name
+	}{
+		{with(minimal(), "SOURCE_TOPICS", "<unset>"), "SOURCE_TOPICS"},
+		{with(minimal(), "SOURCE_TOPICS", ""), "SOURCE_TOPICS"},
+		{with(minimal(), "SOURCE_TOPICS", "a,,b"), "SOURCE_TOPICS"},
+		{with(minimal(), "SOURCE_TOPICS", "a b"), "SOURCE_TOPICS"},
+		{with(minimal(), "SOURCE_TOPICS", "a,a"), "SOURCE_TOPICS"},
+		{with(minimal(), "DOWNSTREAM_TOPIC", "<unset>"), "DOWNSTREAM_TOPIC"},
+		{with(minimal(), "DOWNSTREAM_TOPIC", ""), "DOWNSTREAM_TOPIC"},
+		{with(minimal(), "DOWNSTREAM_TOPIC", "events"), "DOWNSTREAM_TOPIC"},
+		{with(minimal(), "DOWNSTREAM_TOPIC", "bad/topic"), "DOWNSTREAM_TOPIC"},
+		{with(minimal(), "RETRY_TOPIC", "events"), "RETRY_TOPIC"},
+		{with(minimal(), "RETRY_TOPIC", strings.Repeat("r", 246)), "RETRY_TOPIC"},
+		{with(minimal(), "DLQ_TOPIC", "events.out"), "DLQ_TOPIC"},
+		{with(minimal(), "DLQ_TOPIC", "events.out.retry.1h"), "DLQ_TOPIC"},
+		{with(minimal(), "DLQ_TOPIC", "d*"), "DLQ_TOPIC"},
+		{with(minimal(), "KAFKA_BROKERS", ""), "KAFKA_BROKERS"},
+		{with(minimal(), "KAFKA_BROKERS", "localhost"), "KAFKA_BROKERS"},
+		{with(minimal(), "KAFKA_BROKERS", ":9092"), "KAFKA_BROKERS"},
+		{with(minimal(), "KAFKA_BROKERS", "k:port"), "KAFKA_BROKERS"},
+		{with(minimal(), "GROUP_ID", " "), "GROUP_ID"},
+		{with(minimal(), "REDIS_ADDRS", "a:1,"), "REDIS_ADDRS"},
+		{with(minimal(), "REDIS_ADDRS", "a:99999"), "REDIS_ADDRS"},
+		{with(minimal(), "REDIS_KEY_PREFIX", ""), "REDIS_KEY_PREFIX"},
+		{with(minimal(), "REDIS_KEY_PREFIX", "g{k}"), "REDIS_KEY_PREFIX"},
+		{with(minimal(), "TENANT_FROM", "value"), "TENANT_FROM"},
+		{with(minimal(), "TENANT_FROM", "header:"), "TENANT_FROM"},
+		{with(minimal(), "TENANT_FROM", "json:"), "TENANT_FROM"},
+		{with(minimal(), "TENANT_FROM", "json:a..b"), "TENANT_FROM"},
+		{with(minimal(), "LIMITS", "<unset>"), "LIMITS"},
+		{with(minimal(), "LIMITS", " "), "LIMITS"},
+		{with(minimal(), "LIMITS", "acme=lots"), "LIMITS"},
+		{with(minimal(), "LIMITS", "*=10/7m"), "LIMITS"}, // 7m does not tile the hour
+		{with(minimal(), "LIMITS_FILE", badFile), "LIMITS_FILE"},
+		{with(minimal(), "LIMITS", "<unset>", "LIMITS_FILE", badFile), "LIMITS_FILE"},
+		{with(minimal(), "LIMITS", "<unset>", "LIMITS_FILE", hourFile), "LIMITS_FILE"},
+		{with(minimal(), "LIMITS", "<unset>", "LIMITS_FILE", filepath.Join(dir, "missing.yaml")), "LIMITS_FILE"},
+		{with(minimal(), "WINDOW", "hourly"), "WINDOW"},
+		{with(minimal(), "TIMEZONE", "Mars/Olympus"), "TIMEZONE"},
+		{with(minimal(), "TIMEZONE", ""), "TIMEZONE"},
+		{with(minimal(), "DEFER_HORIZON", "0s"), "DEFER_HORIZON"},
+		{with(minimal(), "DEFER_HORIZON", "-1h"), "DEFER_HORIZON"},
+		{with(minimal(), "DEFER_HORIZON", "1 day"), "DEFER_HORIZON"},
+		{with(minimal(), "ON_REDIS_ERROR", "drop"), "ON_REDIS_ERROR"},
+		{with(minimal(), "MAX_ATTEMPTS", "0"), "MAX_ATTEMPTS"},
+		{with(minimal(), "MAX_ATTEMPTS", "five"), "MAX_ATTEMPTS"},
+		{with(minimal(), "SHADOW", "maybe"), "SHADOW"},
+		{with(minimal(), "HTTP_ADDR", "8080"), "HTTP_ADDR"},
+		{with(minimal(), "HTTP_ADDR", ""), "HTTP_ADDR"},
+		{with(minimal(), "ADMIN_TOKEN", "two words"), "ADMIN_TOKEN"},
+		{with(minimal(), "LOG_LEVEL", "verbose"), "LOG_LEVEL"},
+		{with(minimal(), "LOG_LEVEL", "INFO"), "LOG_LEVEL"},
+		{with(minimal(), "ROLES", ""), "ROLES"},
+		{with(minimal(), "ROLES", "gate,admin"), "ROLES"},
+		{with(minimal(), "ROLES", "gate,gate"), "ROLES"},
+		{with(minimal(), "BATCH_SIZE", "0"), "BATCH_SIZE"},
+		{with(minimal(), "BATCH_SIZE", "lots"), "BATCH_SIZE"},
+		{with(minimal(), "BATCH_WAIT", "0s"), "BATCH_WAIT"},
+		{with(minimal(), "BATCH_WAIT", "abc"), "BATCH_WAIT"},
+		{with(minimal(), "SHUTDOWN_GRACE", "-5s"), "SHUTDOWN_GRACE"},
+		{with(minimal(), "REDIS_TIMEOUT", "0"), "REDIS_TIMEOUT"},
+		{with(minimal(), "KAFKA_TIMEOUT", "10"), "KAFKA_TIMEOUT"},
+		{with(minimal(), "RETENTION", "0h"), "RETENTION"},
+		{with(minimal(), "REDIS_TLS", "yes please"), "REDIS_TLS"},
+		{with(minimal(), "KAFKA_TLS", "on"), "KAFKA_TLS"},
+		{with(minimal(), "KAFKA_SASL_MECHANISM", "GSSAPI", "KAFKA_SASL_USERNAME", "u", "KAFKA_SASL_PASSWORD", "p"), "KAFKA_SASL_MECHANISM"},
+		{with(minimal(), "KAFKA_SASL_USERNAME", "u"), "KAFKA_SASL_MECHANISM"},
+		{with(minimal(), "KAFKA_SASL_MECHANISM", "PLAIN", "KAFKA_SASL_PASSWORD", "p"), "KAFKA_SASL_USERNAME"},
+		{with(minimal(), "KAFKA_SASL_MECHANISM", "PLAIN", "KAFKA_SASL_USERNAME", "u"), "KAFKA_SASL_PASSWORD"},
+	}
+	for _, tt := range tests {
+		name := tt.wantVar
+		for k, v := range tt.env {
+			if minimal()[k] != v {
+				name += "/" + k + "=" + v
+			}
+		}
+		t.Run(name, func(t *testing.T) {
+			setEnv(t, tt.env)
+			_, err := loadConfig()
+			if err == nil {
+				t.Fatalf("got no error, want one naming %s", tt.wantVar)
+			}
+			msg := err.Error()
+			if want := envPrefix + "_" + tt.wantVar + ": "; !strings.HasPrefix(msg, want) {
+				t.Errorf("got %q, want it to start with %q", msg, want)
+			}
+			if strings.ContainsAny(msg, "\r\n") {
+				t.Errorf("got %q, want one line", msg)
+			}
+		})
+	}
+}
+
+func TestConfigErrorText(t *testing.T) {
+	tests := []struct {
+		env  map[string]string
+		want string
+	}{
+		{with(minimal(), "WINDOW", "hourly"), `GATEKEEPER_WINDOW: "hourly" is not aligned or ttl`},
+		{with(minimal(), "BATCH_WAIT", "abc"), `GATEKEEPER_BATCH_WAIT: "abc" is not a duration (e.g. 50ms, 2s, 24h)`},
+		{with(minimal(), "SOURCE_TOPICS", "<unset>"), `GATEKEEPER_SOURCE_TOPICS: required, not set`},
+		{with(minimal(), "SHADOW", "maybe"), `GATEKEEPER_SHADOW: "maybe" is not true or false`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			setEnv(t, tt.env)
+			_, err := loadConfig()
+			if err == nil || err.Error() != tt.want {
+				t.Errorf("got %v, want %s", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestConfigSecretsNotInErrors(t *testing.T) {
+	setEnv(t, with(minimal(), "ADMIN_TOKEN", "s3cret value"))
+	_, err := loadConfig()
+	if err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("got %v, want an error without the token", err)
+	}
+}
+
+func TestConfigIgnoresUnprefixed(t *testing.T) {
+	setEnv(t, minimal())
+	t.Setenv("LOG_LEVEL", "verbose")
+	t.Setenv("WINDOW", "hourly")
+	t.Setenv("TIMEZONE", "Nowhere")
+	cfg, err := loadConfig()
+	if err != nil {
+		t.Fatalf("got %v, want unprefixed variables ignored", err)
+	}
+	if cfg.LogLevel != "info" {
+		t.Errorf("got log level %q, want info", cfg.LogLevel)
+	}
+}
+
+func TestConfigMasked(t *testing.T) {
+	setEnv(t, with(minimal(), "ADMIN_TOKEN", "tok", "REDIS_PASSWORD", "rpw",
+		"KAFKA_SASL_MECHANISM", "PLAIN", "KAFKA_SASL_USERNAME", "user", "KAFKA_SASL_PASSWORD", "kpw"))
+	cfg, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := cfg.Masked()
+	if m.AdminToken != mask || m.RedisPassword != mask || m.KafkaSASLPassword != mask {
+		t.Errorf("got %q %q %q, want all %q", m.AdminToken, m.RedisPassword, m.KafkaSASLPassword, mask)
+	}
+	if m.KafkaSASLUsername != "user" {
+		t.Errorf("got user %q, want user", m.KafkaSASLUsername)
+	}
+	if cfg.AdminToken != "tok" {
+		t.Errorf("Masked changed the original: token %q", cfg.AdminToken)
+	}
+	lines, err := m.Environ()
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(lines, "\n")
+	for _, secret := range []string{"tok", "rpw", "kpw"} {
+		if strings.Contains(all, "="+secret) {
+			t.Errorf("masked environ shows %q:\n%s", secret, all)
+		}
+	}
+	// Every field that looks like a secret must be masked.
+	typ := reflect.TypeOf(Config{})
+	v := reflect.ValueOf(m)
+	for i := 0; i < typ.NumField(); i++ {
+		name := typ.Field(i).Name
+		if (strings.Contains(name, "Password") || strings.Contains(name, "Token")) && v.Field(i).String() != mask {
+			t.Errorf("%s is not masked", name)
+		}
+	}
+	// An unset secret stays visibly unset.
+	if got := (Config{}).Masked().AdminToken; got != "" {
+		t.Errorf("got %q for an unset token, want empty", got)
+	}
+}
+
+func TestConfigEnvironRoundTrip(t *testing.T) {
+	setEnv(t, with(minimal(), "SOURCE_TOPICS", "a,b", "TIMEZONE", "Asia/Tokyo", "SHADOW", "true", "BATCH_WAIT", "75ms"))
+	want, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := want.Environ()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	for _, l := range lines {
+		k, v, _ := strings.Cut(l, "=")
+		env[strings.TrimPrefix(k, envPrefix+"_")] = v
+	}
+	setEnv(t, env)
+	got, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("config after Environ round trip (-want +got):\n%s", diff)
+	}
+}
+
+func TestUnknownVars(t *testing.T) {
+	got, err := unknownVars([]string{"GATEKEEPER_LIMTS=1", "GATEKEEPER_WINDOW=ttl", "GATEKEEPER_TEST_REDIS=x", "PATH=/bin", "GATEKEEPER_A=1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"GATEKEEPER_A", "GATEKEEPER_LIMTS"}, got); diff != "" {
+		t.Errorf("unknown vars (-want +got):\n%s", diff)
+	}
+}

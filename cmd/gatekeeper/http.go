@@ -1,0 +1,230 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+)
+
+// usagePath is the prefix of the usage API; the tenant follows, escaped.
+const usagePath = "/v1/usage/"
+
+// maxTenantBytes is the longest tenant the usage API accepts.
+const maxTenantBytes = 256
+
+// readyCheck is one dependency of readiness. Check must be safe for
+// concurrent use and return nil when the dependency is usable.
+type readyCheck struct {
+	Name  string
+	Check func(ctx context.Context) error
+}
+
+// usageFunc returns the usage of a tenant; limiter.Usage has this shape.
+// A non-nil error means the counters could not be read (Redis trouble).
+type usageFunc func(ctx context.Context, tenant string) ([]limit.Usage, error)
+
+// httpConfig is what the HTTP handler serves.
+type httpConfig struct {
+	Gatherer   prometheus.Gatherer
+	Registerer prometheus.Registerer // for promhttp's own metrics; may be nil
+	Checks     []readyCheck
+	Usage      usageFunc
+	AdminToken string // empty: the usage API is open
+	Log        *slog.Logger
+	// CheckTimeout bounds each readiness check. Default 2s.
+	CheckTimeout time.Duration
+}
+
+// usageResponse is the body of GET /v1/usage/{tenant}. Tenants are opaque
+// bytes; JSON shows bytes that are not UTF-8 as U+FFFD.
+type usageResponse struct {
+	Tenant string        `json:"tenant"`
+	Rules  []limit.Usage `json:"rules"`
+}
+
+type errorResponse struct {
+	Error string `json:"error"`
+}
+
+// newHandler returns the handler of /metrics, /healthz, /readyz and
+// GET /v1/usage/{tenant}.
+func newHandler(c httpConfig) http.Handler {
+	if c.CheckTimeout <= 0 {
+		c.CheckTimeout = 2 * time.Second
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	mux := http.NewServeMux()
+	metrics := promhttp.HandlerFor(c.Gatherer, promhttp.HandlerOpts{
+		ErrorLog:      slog.NewLogLogger(c.Log.Handler(), slog.LevelWarn),
+		ErrorHandling: promhttp.ContinueOnError,
+		Registry:      c.Registerer,
+	})
+	mux.Handle("GET /metrics", metrics)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", c.readyz)
+	// {tenant...} takes the rest of the path, so a tenant holding "/" works
+	// escaped (%2F) or not; the tenant is unescaped from the escaped path.
+	mux.Handle("GET "+usagePath+"{tenant...}", c.requireToken(http.HandlerFunc(c.usage)))
+	return mux
+}
+
+// readyz runs every check at once and answers 200 only if all pass. The
+// body lists each check: "[+]name ok" or "[-]name failed: reason".
+func (c httpConfig) readyz(w http.ResponseWriter, r *http.Request) {
+	errs := make([]error, len(c.Checks))
+	var wg sync.WaitGroup
+	for i, ch := range c.Checks {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(r.Context(), c.CheckTimeout)
+			defer cancel()
+			errs[i] = ch.Check(ctx)
+		})
+	}
+	wg.Wait()
+	var b strings.Builder
+	status := http.StatusOK
+	for i, ch := range c.Checks {
+		if errs[i] != nil {
+			status = http.StatusServiceUnavailable
+			fmt.Fprintf(&b, "[-]%s failed: %s\n", ch.Name, oneLine(errs[i].Error()))
+		} else {
+			fmt.Fprintf(&b, "[+]%s ok\n", ch.Name)
+		}
+	}
+	if status == http.StatusOK {
+		b.WriteString("ready\n")
+	} else {
+		b.WriteString("not ready\n")
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// requireToken lets a request through only with "Authorization: Bearer
+// <AdminToken>", when a token is configured.
+func (c httpConfig) requireToken(next http.Handler) http.Handler {
+	if c.AdminToken == "" {
+		return next
+	}
+	// Compare digests so that neither content nor length leaks through timing.
+	want := sha256.Sum256([]byte(c.AdminToken))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth := r.Header.Get("Authorization")
+		scheme, token, ok := strings.Cut(auth, " ")
+		got := sha256.Sum256([]byte(strings.TrimSpace(token)))
+		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="gatekeeper"`)
+			writeJSON(w, http.StatusUnauthorized, errorResponse{Error: "missing or wrong bearer token"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// tenantFromPath returns the tenant of a usage request: the escaped path
+// after /v1/usage/, unescaped once, so "acme%2Fsub" is "acme/sub" and
+// "%FF" is the byte 0xFF.
+func tenantFromPath(r *http.Request) (string, error) {
+	escaped := r.URL.EscapedPath()
+	rest, ok := strings.CutPrefix(escaped, usagePath)
+	if !ok {
+		return "", errors.New("not a usage path")
+	}
+	tenant, err := url.PathUnescape(rest)
+	if err != nil {
+		return "", fmt.Errorf("bad escape in tenant: %w", err)
+	}
+	return tenant, nil
+}
+
+func (c httpConfig) usage(w http.ResponseWriter, r *http.Request) {
+	tenant, err := tenantFromPath(r)
+	switch {
+	case err != nil:
+		writeJSON(w, http.StatusBadRequest, errorResponse{Error: err.Error()})
+		return
+	case tenant == "":
+		writeJSON(w, http.StatusBadRequest, errorResponse{Error: "empty tenant: GET /v1/usage/{tenant}, with / in a tenant escaped as %2F"})
+		return
+	case len(tenant) > maxTenantBytes:
+		writeJSON(w, http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("tenant over %d bytes", maxTenantBytes)})
+		return
+	}
+	rules, err := c.Usage(r.Context(), tenant)
+	if err != nil {
+		c.Log.LogAttrs(r.Context(), slog.LevelWarn, "usage query failed", slog.String("tenant", tenant), slog.String("error", err.Error()))
+		writeJSON(w, http.StatusServiceUnavailable, errorResponse{Error: "counters unavailable: " + oneLine(err.Error())})
+		return
+	}
+	if rules == nil {
+		rules = []limit.Usage{}
+	}
+	writeJSON(w, http.StatusOK, usageResponse{Tenant: tenant, Rules: rules})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+// newHTTPServer returns a server of h with timeouts on every phase.
+func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       60 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+// serveHTTP serves on ln until stop is closed, then shuts down gracefully,
+// waiting at most grace for requests in flight. It returns nil after a
+// clean shutdown.
+func serveHTTP(stop <-chan struct{}, srv *http.Server, ln net.Listener, grace time.Duration) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("http server: %w", err)
+	case <-stop:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("http shutdown: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("http server: %w", err)
+	}
+	return nil
+}

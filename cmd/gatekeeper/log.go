@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/segmentio/kafka-go"
+	"golang.org/x/term"
+)
+
+// logLevels are the values of LOG_LEVEL.
+var logLevels = map[string]slog.Level{
+	"debug": slog.LevelDebug,
+	"info":  slog.LevelInfo,
+	"warn":  slog.LevelWarn,
+	"error": slog.LevelError,
+}
+
+// secretKeys are attribute keys whose values are never written, whoever
+// logs them.
+var secretKeys = map[string]bool{
+	"password":       true,
+	"token":          true,
+	"admin_token":    true,
+	"redis_password": true,
+	"sasl_password":  true,
+	"authorization":  true,
+}
+
+// newLogger returns a logger writing to w at level (a LOG_LEVEL value):
+// JSON lines, or text when w is a terminal. Attribute keys are snake_case
+// constants; values of secretKeys are replaced by "****".
+func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+	lvl, ok := logLevels[level]
+	if !ok {
+		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{
+		Level: lvl,
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if secretKeys[strings.ToLower(a.Key)] {
+				return slog.String(a.Key, mask)
+			}
+			return a
+		},
+	}
+	if isTerminal(w) {
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return slog.New(slog.NewJSONHandler(w, opts)), nil
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// kafkaLoggers adapts log for kafka-go: its chatty Logger goes to debug,
+// its ErrorLogger to error, both with component=kafka. Set them as the
+// Logger and ErrorLogger of kafka-go readers, writers and consumer groups.
+func kafkaLoggers(log *slog.Logger) (logger, errorLogger kafka.Logger) {
+	log = log.With(slog.String("component", "kafka"))
+	at := func(level slog.Level) kafka.LoggerFunc {
+		return func(format string, args ...any) {
+			ctx := context.Background()
+			if !log.Enabled(ctx, level) {
+				return
+			}
+			log.Log(ctx, level, oneLine(fmt.Sprintf(format, args...)))
+		}
+	}
+	return at(slog.LevelDebug), at(slog.LevelError)
+}
+
+// redisLogger adapts log for go-redis's internal messages (redis.SetLogger),
+// which are about connection trouble: warn, with component=redis.
+type redisLogger struct{ log *slog.Logger }
+
+// Printf logs one go-redis message.
+func (l redisLogger) Printf(ctx context.Context, format string, args ...any) {
+	if !l.log.Enabled(ctx, slog.LevelWarn) {
+		return
+	}
+	l.log.LogAttrs(ctx, slog.LevelWarn, oneLine(fmt.Sprintf(format, args...)), slog.String("component", "redis"))
+}

@@ -1,0 +1,413 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+)
+
+// runMain runs realMain and returns its status, stdout and stderr.
+func runMain(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := realMain(context.Background(), args, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+func TestMainSubcommands(t *testing.T) {
+	setEnv(t, minimal())
+	tests := []struct {
+		args     []string
+		wantCode int
+		wantOut  string // substring of stdout
+		wantErr  string // substring of stderr
+	}{
+		{[]string{"version"}, 0, "gatekeeper dev (" + runtime.Version(), ""},
+		{[]string{"help"}, 0, "gatekeeper usage TENANT", ""},
+		{[]string{"--help"}, 0, "GATEKEEPER_LIMITS", ""},
+		{[]string{"bogus"}, 2, "", `unknown command "bogus"`},
+		{[]string{"run", "extra"}, 2, "", "no arguments"},
+		{[]string{"usage"}, 2, "", "one argument"},
+		{[]string{"usage", "a", "b"}, 2, "", "one argument"},
+		{[]string{"check-config", "x"}, 2, "", "no arguments"},
+		{[]string{"config-table"}, 0, "| `GATEKEEPER_WINDOW` |", ""},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			code, out, errOut := runMain(t, tt.args...)
+			if code != tt.wantCode || !strings.Contains(out, tt.wantOut) || !strings.Contains(errOut, tt.wantErr) {
+				t.Errorf("got %d, stdout %q, stderr %q; want %d, stdout with %q, stderr with %q",
+					code, out, errOut, tt.wantCode, tt.wantOut, tt.wantErr)
+			}
+		})
+	}
+	// The unknown-command text lists the commands on stderr.
+	if _, _, errOut := runMain(t, "bogus"); !strings.Contains(errOut, "check-config") {
+		t.Errorf("unknown command: stderr %q lacks the usage text", errOut)
+	}
+}
+
+func TestMainBadConfig(t *testing.T) {
+	// Every command that reads the configuration stops with one line naming
+	// the variable, status 1, and nothing on stdout.
+	for _, args := range [][]string{{}, {"run"}, {"check-config"}, {"usage", "acme"}} {
+		t.Run(strings.Join(append([]string{"gatekeeper"}, args...), " "), func(t *testing.T) {
+			setEnv(t, with(minimal(), "WINDOW", "hourly", "ADMIN_TOKEN", "s3cret"))
+			code, out, errOut := runMain(t, args...)
+			if want := "GATEKEEPER_WINDOW: \"hourly\" is not aligned or ttl\n"; code != 1 || out != "" || errOut != want {
+				t.Errorf("got %d, stdout %q, stderr %q; want 1, nothing, %q", code, out, errOut, want)
+			}
+		})
+	}
+}
+
+func TestMainCheckConfig(t *testing.T) {
+	setEnv(t, with(minimal(), "ADMIN_TOKEN", "s3cret", "REDIS_PASSWORD", "pw"))
+	code, out, errOut := runMain(t, "check-config")
+	if code != 0 {
+		t.Fatalf("got %d, stderr %q; want 0", code, errOut)
+	}
+	for _, want := range []string{
+		"GATEKEEPER_SOURCE_TOPICS=events\n",
+		"GATEKEEPER_RETRY_TOPIC=events.out.retry\n",
+		"GATEKEEPER_DLQ_TOPIC=events.out.dlq\n",
+		"GATEKEEPER_ADMIN_TOKEN=****\n",
+		"GATEKEEPER_REDIS_PASSWORD=****\n",
+		"GATEKEEPER_KAFKA_SASL_PASSWORD=\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "s3cret") || strings.Contains(out, "=pw\n") {
+		t.Errorf("stdout shows a secret:\n%s", out)
+	}
+}
+
+func TestMainConfigTable(t *testing.T) {
+	want, err := configTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, out, _ := runMain(t, "config-table")
+	if out != want {
+		t.Errorf("config-table printed %q, want %q", out, want)
+	}
+	keys, _ := configKeys()
+	rows := strings.Split(strings.TrimSpace(want), "\n")
+	if len(rows) != len(keys)+2 {
+		t.Errorf("got %d table rows, want header, rule and %d variables", len(rows), len(keys))
+	}
+	for _, row := range rows {
+		if n := strings.Count(row, "|"); n != 5 {
+			t.Errorf("row %q has %d pipes, want 5", row, n)
+		}
+	}
+	table := want
+	for _, row := range []string{
+		"| `GATEKEEPER_SOURCE_TOPICS` | Comma-separated list of String | required |",
+		"| `GATEKEEPER_RETRY_TOPIC` | String | `<DOWNSTREAM_TOPIC>.retry` |",
+		"| `GATEKEEPER_LIMITS` | String | required unless LIMITS_FILE |",
+		"| `GATEKEEPER_DEFER_HORIZON` | Duration | `24h` |",
+		"| `GATEKEEPER_ADMIN_TOKEN` | String | none |",
+	} {
+		if !strings.Contains(table, row) {
+			t.Errorf("table lacks %q", row)
+		}
+	}
+}
+
+// TestREADMEConfigTable keeps the README's configuration table equal to the
+// one generated from Config (`gatekeeper config-table`).
+func TestREADMEConfigTable(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if errors.Is(err, os.ErrNotExist) {
+		t.Skip("no README.md yet")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	diff, found, err := readmeTableDiff(readme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !found {
+		t.Skipf("README.md has no %s ... %s section", tableBegin, tableEnd)
+	}
+	if diff != "" {
+		t.Errorf("README.md configuration table is out of date; paste `go run ./cmd/gatekeeper config-table` between the markers (-generated +README):\n%s", diff)
+	}
+}
+
+const tableBegin, tableEnd = "<!-- config-table -->", "<!-- /config-table -->"
+
+// readmeTableDiff compares the README's config-table section with the
+// generated table; found is false without the markers.
+func readmeTableDiff(readme []byte) (diff string, found bool, err error) {
+	_, rest, ok1 := strings.Cut(string(readme), tableBegin)
+	section, _, ok2 := strings.Cut(rest, tableEnd)
+	if !ok1 || !ok2 {
+		return "", false, nil
+	}
+	want, err := configTable()
+	if err != nil {
+		return "", true, err
+	}
+	return cmp.Diff(strings.TrimSpace(want), strings.TrimSpace(section)), true, nil
+}
+
+func TestReadmeTableDiff(t *testing.T) {
+	table, err := configTable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := strings.Replace(table, "`24h`", "`12h`", 1)
+	tests := []struct {
+		name      string
+		readme    string
+		wantFound bool
+		wantDiff  bool
+	}{
+		{"no markers", "# Gatekeeper\n", false, false},
+		{"only begin", "x " + tableBegin + "\n" + table, false, false},
+		{"current", "# G\n\n" + tableBegin + "\n" + table + tableEnd + "\n\nmore", true, false},
+		{"stale", tableBegin + "\n" + stale + tableEnd, true, true},
+		{"empty section", tableBegin + tableEnd, true, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			diff, found, err := readmeTableDiff([]byte(tt.readme))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if found != tt.wantFound || (diff != "") != tt.wantDiff {
+				t.Errorf("got found %v, diff %q; want found %v, diff %v", found, diff, tt.wantFound, tt.wantDiff)
+			}
+		})
+	}
+}
+
+// testRedis returns a client of GATEKEEPER_TEST_REDIS (required to work when
+// set) or of 127.0.0.1:6379 (test skipped if nothing answers there).
+func testRedis(t *testing.T) (*redis.Client, string) {
+	t.Helper()
+	addr := os.Getenv("GATEKEEPER_TEST_REDIS")
+	required := addr != ""
+	if !required {
+		addr = "127.0.0.1:6379"
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		rdb.Close()
+		if required {
+			t.Fatalf("GATEKEEPER_TEST_REDIS=%s: %v", addr, err)
+		}
+		t.Skipf("no Redis at %s (set GATEKEEPER_TEST_REDIS): %v", addr, err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	return rdb, addr
+}
+
+// testPrefix returns a key prefix of its own for the test and deletes its keys afterwards.
+func testPrefix(t *testing.T, rdb *redis.Client) string {
+	t.Helper()
+	b := make([]byte, 6)
+	rand.Read(b)
+	prefix := "gktest-" + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := rdb.Scan(ctx, 0, prefix+":*", 100).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+	})
+	return prefix
+}
+
+func TestMainUsage(t *testing.T) {
+	rdb, addr := testRedis(t)
+	prefix := testPrefix(t, rdb)
+	const tenant = "weird tenant/with:chars"
+	env := with(minimal(), "REDIS_ADDRS", addr, "REDIS_KEY_PREFIX", prefix,
+		"LIMITS", "*=100/1m;acme=5/1m,50/1d", "TIMEZONE", "Europe/Berlin")
+	setEnv(t, env)
+	cfg, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, _ := cfg.Rules()
+	opts, err := limiterOptions(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lim, err := limit.New(ctx, rdb, rules, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lim.Admit(ctx, []string{tenant, tenant, tenant, "acme", "acme"}); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		tenant string
+		want   map[string][3]int64 // rule -> count, limit, remaining
+	}{
+		{tenant, map[string][3]int64{"100/1m": {3, 100, 97}}},
+		{"acme", map[string][3]int64{"5/1m": {2, 5, 3}, "50/1d": {2, 50, 48}}},
+		{"nobody", map[string][3]int64{"100/1m": {0, 100, 100}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.tenant, func(t *testing.T) {
+			code, out, errOut := runMain(t, "usage", tt.tenant)
+			if code != 0 {
+				t.Fatalf("got %d, stderr %q; want 0", code, errOut)
+			}
+			var got usageResponse
+			if err := json.Unmarshal([]byte(out), &got); err != nil {
+				t.Fatalf("stdout %q: %v", out, err)
+			}
+			if got.Tenant != tt.tenant {
+				t.Errorf("got tenant %q, want %q", got.Tenant, tt.tenant)
+			}
+			gotRules := map[string][3]int64{}
+			for _, u := range got.Rules {
+				gotRules[u.Rule] = [3]int64{u.Count, u.Limit, u.Remaining}
+				if !u.Reset.After(time.Now().Add(-time.Second)) {
+					t.Errorf("rule %s: reset %v is in the past", u.Rule, u.Reset)
+				}
+			}
+			if diff := cmp.Diff(tt.want, gotRules); diff != "" {
+				t.Errorf("usage (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestMainUsageRedisDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens here now
+	setEnv(t, with(minimal(), "REDIS_ADDRS", addr, "REDIS_TIMEOUT", "300ms"))
+	code, out, errOut := runMain(t, "usage", "acme")
+	if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 {
+		t.Errorf("got %d, stdout %q, stderr %q; want 1, nothing, one line", code, out, errOut)
+	}
+}
+
+func TestStartLimiterWaitsForRedis(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 100 * time.Millisecond})
+	defer rdb.Close()
+	rules, err := limit.ParseRules("*=1/1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	log, _ := newLogger(&logs, "info")
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	// Each attempt registers the limiter's metrics anew: must not panic.
+	reg := prometheus.NewRegistry()
+	lim, err := startLimiter(ctx, log, rdb, rules, limit.Options{Timeout: 100 * time.Millisecond, Registerer: reg})
+	if lim != nil || err != nil {
+		t.Errorf("got %v, %v; want nil, nil once ctx is done", lim, err)
+	}
+	if n := strings.Count(logs.String(), "redis unavailable"); n < 2 {
+		t.Errorf("got %d retries logged, want at least 2:\n%s", n, logs.String())
+	}
+}
+
+func TestStartLimiterStartsWithRedis(t *testing.T) {
+	rdb, _ := testRedis(t)
+	rules, _ := limit.ParseRules("*=1/1s")
+	reg := prometheus.NewRegistry()
+	lim, err := startLimiter(context.Background(), discardLogger(), rdb, rules, limit.Options{Prefix: testPrefix(t, rdb), Registerer: reg})
+	if lim == nil || err != nil {
+		t.Fatalf("got %v, %v; want a limiter", lim, err)
+	}
+	if _, err := lim.Admit(context.Background(), []string{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mfs) == 0 {
+		t.Error("limiter metrics not registered")
+	}
+}
+
+func TestTransientRedisError(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, true},
+		{io.EOF, true},
+		{context.DeadlineExceeded, true},
+		{redis.ErrPoolTimeout, true},
+		{redis.ErrClosed, false},
+		{errors.New("WRONGPASS invalid username-password pair"), false},
+		{errors.New("ERR Error compiling script"), false},
+	}
+	for _, tt := range tests {
+		if got := transientRedisError(tt.err); got != tt.want {
+			t.Errorf("%v: got %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}
+
+func TestKafkaSASL(t *testing.T) {
+	tests := []struct {
+		mech, want string
+	}{
+		{"", ""},
+		{"PLAIN", "PLAIN"},
+		{"SCRAM-SHA-256", "SCRAM-SHA-256"},
+		{"SCRAM-SHA-512", "SCRAM-SHA-512"},
+	}
+	for _, tt := range tests {
+		cfg := &Config{KafkaSASLMechanism: tt.mech, KafkaSASLUsername: "u", KafkaSASLPassword: "p", KafkaTimeout: time.Second}
+		d, err := newKafkaDialer(cfg)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.mech, err)
+		}
+		got := ""
+		if d.SASLMechanism != nil {
+			got = d.SASLMechanism.Name()
+		}
+		if got != tt.want {
+			t.Errorf("got mechanism %q, want %q", got, tt.want)
+		}
+	}
+	if _, err := newKafkaTransport(&Config{KafkaSASLMechanism: "GSSAPI"}); err == nil {
+		t.Error("GSSAPI: got no error")
+	}
+}

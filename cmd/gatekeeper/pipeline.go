@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/route"
+)
+
+// rebalanceTimeout is the consumer groups' rebalance timeout; a drain must
+// end before it so that a draining member still rejoins in time.
+const rebalanceTimeout = 30 * time.Second
+
+// startPipeline runs the consumer groups of ROLES (gate: SOURCE_TOPICS,
+// retry: the retry tier topics) until ctx is done, then drains: finishes the
+// writes in flight, commits and leaves the groups, within SHUTDOWN_GRACE.
+// It returns nil after a clean drain.
+func startPipeline(ctx context.Context, p pipeline) error {
+	cfg := p.Config
+	clock := time.Now
+	routeMetrics, err := route.NewMetrics(p.Registerer)
+	if err != nil {
+		return fmt.Errorf("route metrics: %w", err)
+	}
+	waiting := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gatekeeper_deferred_waiting",
+		Help: "Deferred events read from a retry tier and waiting for their release time.",
+	}, []string{"topic"})
+	lateness := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "gatekeeper_retry_lateness_seconds",
+		Help:    "Time from a deferred event's release time (gk-due for the first tier) to its handling.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+	}, []string{"topic"})
+	lag := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gatekeeper_consumer_lag",
+		Help: "Messages of a partition beyond its committed offset, as of the last fetch.",
+	}, []string{"topic", "partition"})
+	for _, c := range []prometheus.Collector{waiting, lateness, lag} {
+		if err := p.Registerer.Register(c); err != nil {
+			return fmt.Errorf("pipeline metrics: %w", err)
+		}
+	}
+
+	writer := route.NewKafkaWriter(cfg.KafkaBrokers, route.WriterOptions{
+		Transport:    p.Transport,
+		WriteTimeout: cfg.KafkaTimeout,
+		ReadTimeout:  cfg.KafkaTimeout,
+		Logger:       p.Log,
+	})
+	defer writer.Close()
+	router := &route.Router{
+		Writer:  writer,
+		Topics:  route.Topics{Downstream: cfg.DownstreamTopic, Retry: cfg.RetryTopic, DLQ: cfg.DLQTopic},
+		Clock:   clock,
+		Logger:  p.Log,
+		Metrics: routeMetrics,
+	}
+	setReady := func(ready bool) { p.Paused.Store(!ready) }
+	// A shadow deployment must never stop traffic: it forwards everything.
+	onRedisError := cfg.OnRedisError
+	if cfg.Shadow {
+		onRedisError = route.RedisForward
+	}
+
+	group := consume.Config{
+		Brokers:          cfg.KafkaBrokers,
+		GroupID:          cfg.GroupID,
+		BatchSize:        cfg.BatchSize,
+		BatchWait:        cfg.BatchWait,
+		DrainTimeout:     min(cfg.ShutdownGrace, rebalanceTimeout-time.Second),
+		Timeout:          cfg.KafkaTimeout,
+		RebalanceTimeout: rebalanceTimeout,
+		Dialer:           p.Dialer,
+		Logger:           p.Log,
+		OnLag: func(topic string, partition int, n int64) {
+			lag.WithLabelValues(topic, fmt.Sprint(partition)).Set(float64(n))
+		},
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	if cfg.HasRole("gate") {
+		extractor, err := route.ParseTenantFrom(cfg.TenantFrom)
+		if err != nil {
+			return fmt.Errorf("GATEKEEPER_TENANT_FROM: %w", err)
+		}
+		gate := &route.Gate{
+			Extractor:    extractor,
+			Admitter:     p.Limiter,
+			Router:       router,
+			OnRedisError: onRedisError,
+			Shadow:       cfg.Shadow,
+			Clock:        clock,
+			Logger:       p.Log,
+			Metrics:      routeMetrics,
+			SetReady:     setReady,
+		}
+		if err := gate.Validate(); err != nil {
+			return fmt.Errorf("gate: %w", err)
+		}
+		gc := group
+		gc.Topics = cfg.SourceTopics
+		src, err := consume.NewGroup(gc, gate)
+		if err != nil {
+			return fmt.Errorf("source consumer: %w", err)
+		}
+		g.Go(func() error { return src.Run(gctx) })
+	}
+	if cfg.HasRole("retry") {
+		retrier := &route.Retrier{
+			Admitter:     p.Limiter,
+			Router:       router,
+			MaxAttempts:  cfg.MaxAttempts,
+			OnRedisError: onRedisError,
+			Clock:        clock,
+			Logger:       p.Log,
+			Metrics:      routeMetrics,
+			SetReady:     setReady,
+		}
+		if err := retrier.Validate(); err != nil {
+			return fmt.Errorf("retrier: %w", err)
+		}
+		dc := consume.DelayedConfig{
+			Config:    group,
+			ReleaseAt: router.Topics.ReleaseAt,
+			OnWaiting: func(topic string, delta int) { waiting.WithLabelValues(topic).Add(float64(delta)) },
+			OnLateness: func(topic string, late time.Duration) {
+				lateness.WithLabelValues(topic).Observe(late.Seconds())
+			},
+		}
+		// The retry tiers have a group of their own, so that their
+		// rebalances never disturb the source group.
+		dc.GroupID = cfg.GroupID + ".retry"
+		for _, t := range router.Topics.Tiers() {
+			dc.Topics = append(dc.Topics, t.Topic)
+		}
+		retry, err := consume.NewDelayed(dc, retrier)
+		if err != nil {
+			return fmt.Errorf("retry consumer: %w", err)
+		}
+		g.Go(func() error { return retry.Run(gctx) })
+	}
+	p.Log.Info("pipeline started", slog.Any("roles", cfg.Roles), slog.Any("source_topics", cfg.SourceTopics),
+		slog.String("downstream_topic", cfg.DownstreamTopic))
+	return g.Wait()
+}

@@ -1,0 +1,219 @@
+package consume
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Defaults applied to zero fields of Config and DelayedConfig.
+const (
+	DefaultBatchSize    = 500
+	DefaultBatchWait    = 50 * time.Millisecond
+	DefaultDrainTimeout = 10 * time.Second
+	DefaultTimeout      = 5 * time.Second
+	DefaultCloseTimeout = 10 * time.Second
+	DefaultFetchMaxWait = 500 * time.Millisecond
+	DefaultBackoffMin   = 100 * time.Millisecond
+	DefaultBackoffMax   = 5 * time.Second
+	DefaultLookAhead    = 10000
+	DefaultMaxBytes     = 1 << 20
+
+	// kafkaRebalanceTimeout is kafka-go's default RebalanceTimeout, used to
+	// check DrainTimeout when Config.RebalanceTimeout is zero.
+	kafkaRebalanceTimeout = 30 * time.Second
+)
+
+// Config configures a Group; DelayedConfig embeds it. Zero fields take the
+// defaults above (or kafka-go's, where stated). A Config is read once by the
+// constructor and not kept by reference.
+type Config struct {
+	// Brokers are the bootstrap brokers (host:port). Required.
+	Brokers []string
+	// GroupID is the consumer group. Required.
+	GroupID string
+	// Topics are the topics to consume. Required.
+	Topics []string
+
+	// BatchSize is the most messages handed to the Handler at once.
+	BatchSize int
+	// BatchWait is how long Group waits, after the first message of a batch,
+	// for more messages to fill it. Delayed does not wait: it hands over
+	// whatever is due.
+	BatchWait time.Duration
+	// DrainTimeout bounds the in-flight Handle call once shutdown has begun
+	// or the generation has ended; it must be below RebalanceTimeout so that a
+	// draining member still rejoins in time.
+	DrainTimeout time.Duration
+	// Timeout bounds every call to the group coordinator (join, sync,
+	// heartbeat, offset fetch and commit, leave) and every dial.
+	Timeout time.Duration
+	// CloseTimeout bounds how long Run waits for kafka-go to end the
+	// generation and leave the group at shutdown.
+	CloseTimeout time.Duration
+	// FetchMaxWait is how long a fetch waits at the broker for data on an
+	// idle partition. It also bounds how long closing a partition reader takes.
+	FetchMaxWait time.Duration
+	// MaxBytes caps the bytes of one fetch response per partition. A larger
+	// message is still fetched, alone.
+	MaxBytes int
+	// BackoffMin and BackoffMax bound the capped exponential backoff between
+	// attempts of a failing batch and after fetch errors.
+	BackoffMin, BackoffMax time.Duration
+
+	// SessionTimeout, RebalanceTimeout, HeartbeatInterval and
+	// JoinGroupBackoff are passed to kafka-go (defaults 30s, 30s, 3s, 5s).
+	SessionTimeout    time.Duration
+	RebalanceTimeout  time.Duration
+	HeartbeatInterval time.Duration
+	JoinGroupBackoff  time.Duration
+	// RetentionTime is how long the broker keeps the group's offsets
+	// (0: the broker's offsets.retention.minutes).
+	RetentionTime time.Duration
+
+	// Dialer sets TLS, SASL or a client ID (default: kafka-go's dialer with
+	// Timeout as its dial timeout).
+	Dialer *kafka.Dialer
+	// Logger receives the package's logs (default slog.Default()).
+	Logger *slog.Logger
+	// Clock is the time source for release times (default: package time).
+	Clock Clock
+
+	// OnLag, if set, is called after each commit with the number of messages
+	// of the partition beyond the committed offset, as of the last fetch.
+	// It is called from partition goroutines, concurrently.
+	OnLag func(topic string, partition int, lag int64)
+}
+
+// withDefaults returns a copy of c with every zero field set to its default.
+func (c Config) withDefaults() Config {
+	setDefault(&c.BatchSize, DefaultBatchSize)
+	setDefault(&c.BatchWait, DefaultBatchWait)
+	setDefault(&c.DrainTimeout, DefaultDrainTimeout)
+	setDefault(&c.Timeout, DefaultTimeout)
+	setDefault(&c.CloseTimeout, DefaultCloseTimeout)
+	setDefault(&c.FetchMaxWait, DefaultFetchMaxWait)
+	setDefault(&c.MaxBytes, DefaultMaxBytes)
+	setDefault(&c.BackoffMin, DefaultBackoffMin)
+	setDefault(&c.BackoffMax, DefaultBackoffMax)
+	if c.Dialer == nil {
+		c.Dialer = &kafka.Dialer{Timeout: c.Timeout, DualStack: true}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Clock == nil {
+		c.Clock = systemClock{}
+	}
+	return c
+}
+
+func setDefault[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}
+
+// Validate reports the first problem with c, after defaults are applied.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case len(c.Brokers) == 0:
+		return errors.New("consume: no brokers")
+	case c.GroupID == "":
+		return errors.New("consume: no group ID")
+	case len(c.Topics) == 0:
+		return errors.New("consume: no topics")
+	}
+	for _, b := range c.Brokers {
+		if b == "" {
+			return errors.New("consume: empty broker address")
+		}
+	}
+	for _, t := range c.Topics {
+		if t == "" {
+			return errors.New("consume: empty topic name")
+		}
+	}
+	if c.BatchSize < 0 {
+		return fmt.Errorf("consume: batch size %d is negative", c.BatchSize)
+	}
+	if c.MaxBytes < 0 {
+		return fmt.Errorf("consume: max bytes %d is negative", c.MaxBytes)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"batch wait", c.BatchWait}, {"drain timeout", c.DrainTimeout},
+		{"timeout", c.Timeout}, {"close timeout", c.CloseTimeout},
+		{"fetch max wait", c.FetchMaxWait}, {"backoff min", c.BackoffMin},
+		{"backoff max", c.BackoffMax}, {"session timeout", c.SessionTimeout},
+		{"rebalance timeout", c.RebalanceTimeout},
+		{"heartbeat interval", c.HeartbeatInterval},
+		{"join group backoff", c.JoinGroupBackoff},
+		{"retention time", c.RetentionTime},
+	} {
+		if d.v < 0 {
+			return fmt.Errorf("consume: %s %v is negative", d.name, d.v)
+		}
+	}
+	if c.BackoffMin > c.BackoffMax {
+		return fmt.Errorf("consume: backoff min %v is above backoff max %v", c.BackoffMin, c.BackoffMax)
+	}
+	rebalance := c.RebalanceTimeout
+	if rebalance == 0 {
+		rebalance = kafkaRebalanceTimeout
+	}
+	if c.DrainTimeout >= rebalance {
+		return fmt.Errorf("consume: drain timeout %v must be below the rebalance timeout %v", c.DrainTimeout, rebalance)
+	}
+	return nil
+}
+
+// DelayedConfig configures a Delayed consumer: the Config of its group plus
+// the release schedule. Zero fields take the defaults.
+type DelayedConfig struct {
+	Config
+
+	// ReleaseAt gives the time at which a message may be handed to the
+	// Handler. It returns the zero time for a message whose release time
+	// cannot be read: such a message is released at once (the Handler
+	// dead-letters it). Required; it must be safe for concurrent use.
+	ReleaseAt func(kafka.Message) time.Time
+	// LookAhead is the most messages per partition fetched and not yet
+	// handed to the Handler; when it is reached, fetching pauses.
+	LookAhead int
+
+	// OnWaiting, if set, is called with the change in the number of messages
+	// waiting for their release time in a topic (summed over partitions it is
+	// a gauge). OnLateness, if set, is called for each released message with
+	// the time between its release time and its handing to the Handler. Both
+	// are called from partition goroutines, concurrently.
+	OnWaiting  func(topic string, delta int)
+	OnLateness func(topic string, late time.Duration)
+}
+
+func (c DelayedConfig) withDefaults() DelayedConfig {
+	c.Config = c.Config.withDefaults()
+	setDefault(&c.LookAhead, DefaultLookAhead)
+	return c
+}
+
+// Validate reports the first problem with c, after defaults are applied.
+func (c DelayedConfig) Validate() error {
+	if err := c.Config.Validate(); err != nil {
+		return err
+	}
+	if c.ReleaseAt == nil {
+		return errors.New("consume: no ReleaseAt function")
+	}
+	if c.LookAhead < 0 {
+		return fmt.Errorf("consume: look-ahead %d is negative", c.LookAhead)
+	}
+	return nil
+}

@@ -1,0 +1,191 @@
+package consume
+
+import (
+	"context"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Delayed consumes the retry tier topics as one member of a Kafka consumer
+// group and hands each message to the Handler at its release time
+// (DelayedConfig.ReleaseAt), never before it by DelayedConfig.Clock.
+//
+// Each assigned partition runs two goroutines. A fetch goroutine reads ahead
+// into a buffer of at most DelayedConfig.LookAhead messages, pausing while it
+// is full. The partition goroutine keeps the buffer as a min-heap by release
+// time, sleeps until the earliest release, and hands whatever is due to the
+// Handler in batches of at most BatchSize, in offset order. When the Handler
+// returns nil, those messages are done; a failing batch is retried after a
+// backoff. The committed offset is the first fetched message not yet done,
+// so nothing is committed past a message still waiting.
+//
+// The cost of that rule: a message far in the future holds back the commits
+// of every later offset of its partition until it is released, and a restart
+// in the meantime redelivers them (their Handler must tolerate duplicates,
+// as with any at-least-once consumer). If LookAhead messages are waiting
+// behind the earliest release, the partition fetches nothing more until one is
+// released. The retry tiers keep both bounded: a tier holds only delays up to
+// its own upper bound (1m, 1h, then the deferral horizon), and releases each
+// message at due minus the tier's lower bound.
+//
+// Rebalance and shutdown behave as for Group. A Delayed is safe for
+// concurrent use: Ready may be called from any goroutine while Run runs. Run
+// may be called only once.
+type Delayed struct {
+	m   *member
+	cfg DelayedConfig
+}
+
+// NewDelayed returns a Delayed that hands the messages of cfg.Topics to h at
+// their release time. It does not connect: that happens in Run.
+func NewDelayed(cfg DelayedConfig, h Handler) (*Delayed, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d := &Delayed{cfg: cfg.withDefaults()}
+	m, err := newMember(cfg.Config, h, func(p *partition, stop, hctx context.Context) {
+		p.runDelayed(&d.cfg, stop, hctx)
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.m = m
+	return d, nil
+}
+
+// Run consumes until ctx is cancelled, then stops fetching, lets the
+// in-flight batches finish (bounded by DrainTimeout), commits, leaves the
+// group and returns nil. Messages still waiting are not committed and are
+// fetched again by the next owner of their partition.
+func (d *Delayed) Run(ctx context.Context) error { return d.m.run(ctx) }
+
+// Ready reports whether the Delayed is a working member of its consumer
+// group: it has joined a generation, and no join has failed since.
+func (d *Delayed) Ready() bool { return d.m.ready.Load() }
+
+// runDelayed is the partition loop of Delayed.
+func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
+	// slots bounds the messages fetched and not yet handled: the fetch
+	// goroutine takes a slot before each fetch; a slot is given back when
+	// its message has been handled.
+	slots := make(chan struct{}, c.LookAhead)
+	in := make(chan kafka.Message, min(c.LookAhead, p.cfg.BatchSize))
+	fctx, fcancel := context.WithCancel(stop)
+	fetched := make(chan struct{})
+	go func() {
+		defer close(fetched)
+		p.fetchAhead(fctx, slots, in)
+	}()
+	defer func() {
+		fcancel()
+		<-fetched
+	}()
+
+	var (
+		h       releaseHeap
+		tr      offsetTracker
+		clock   = p.cfg.Clock
+		timerAt time.Time
+		timerC  <-chan time.Time
+	)
+	waitingDelta := func(n int) {
+		if c.OnWaiting != nil && n != 0 {
+			c.OnWaiting(p.topic, n)
+		}
+	}
+	defer func() { waitingDelta(-h.Len()) }()
+	push := func(m kafka.Message) {
+		if !tr.fetched {
+			// The group is already positioned here: committing it is a no-op.
+			p.committed = max(p.committed, m.Offset)
+		}
+		h.push(m, c.ReleaseAt(m))
+		tr.add(m.Offset)
+		p.hwm = m.HighWaterMark
+		waitingDelta(1)
+	}
+
+	for {
+		// Take in everything fetched so far, so that a batch gathers all
+		// that is due.
+		for more := true; more; {
+			select {
+			case m := <-in:
+				push(m)
+			default:
+				more = false
+			}
+		}
+
+		now := clock.Now()
+		if due := h.popDue(now, p.cfg.BatchSize); len(due) > 0 {
+			waitingDelta(-len(due))
+			msgs := make([]kafka.Message, len(due))
+			offsets := make([]int64, len(due))
+			for i, w := range due {
+				msgs[i], offsets[i] = w.msg, w.msg.Offset
+				if c.OnLateness != nil && !w.at.IsZero() {
+					c.OnLateness(p.topic, now.Sub(w.at))
+				}
+			}
+			if !p.handle(stop, hctx, msgs) {
+				return
+			}
+			tr.done(offsets...)
+			for range due {
+				<-slots
+			}
+			if next, ok := tr.commitPoint(); ok {
+				p.commitNext(next)
+			}
+			continue
+		}
+
+		// Nothing is due: sleep until the earliest release time or the next
+		// fetched message. The timer is only replaced when the earliest
+		// release time changes.
+		if h.Len() > 0 {
+			if at := h.next(); timerC == nil || !at.Equal(timerAt) {
+				timerAt, timerC = at, clock.After(at.Sub(now))
+			}
+		} else {
+			timerC = nil
+		}
+		select {
+		case <-stop.Done():
+			return
+		case m := <-in:
+			push(m)
+		case <-timerC:
+			timerC = nil
+		}
+	}
+}
+
+// fetchAhead fetches messages into in, taking a slot before each fetch,
+// until ctx is done.
+func (p *partition) fetchAhead(ctx context.Context, slots chan struct{}, in chan<- kafka.Message) {
+	for attempt := 0; ; {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		m, err := p.fetcher.FetchMessage(ctx)
+		if err != nil {
+			<-slots // nothing was fetched: give the slot back
+			if ctx.Err() != nil || !p.fetchFailed(ctx, attempt, err) {
+				return
+			}
+			attempt++
+			continue
+		}
+		attempt = 0
+		select {
+		case in <- m:
+		case <-ctx.Done():
+			return
+		}
+	}
+}

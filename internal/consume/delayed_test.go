@@ -1,0 +1,242 @@
+package consume
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/segmentio/kafka-go"
+)
+
+// releaseHeader is the header the tests put release times (unix ms) in.
+const releaseHeader = "release-at"
+
+func releaseAtHeader(m kafka.Message) time.Time {
+	for _, h := range m.Headers {
+		if h.Key == releaseHeader {
+			ms, err := strconv.ParseInt(string(h.Value), 10, 64)
+			if err != nil {
+				return time.Time{}
+			}
+			return time.UnixMilli(ms)
+		}
+	}
+	return time.Time{}
+}
+
+func withRelease(m kafka.Message, at time.Time) kafka.Message {
+	m.Headers = append(m.Headers, kafka.Header{Key: releaseHeader, Value: []byte(strconv.FormatInt(at.UnixMilli(), 10))})
+	return m
+}
+
+// delayedHarness runs one Delayed partition loop over a fake fetcher and a
+// fake clock.
+type delayedHarness struct {
+	clock   *fakeClock
+	commits *commits
+	waiting atomic.Int64
+	cancel  context.CancelFunc
+	done    chan struct{}
+
+	mu       sync.Mutex
+	released [][]int64
+	late     []time.Duration
+	failures int
+	attempts int
+}
+
+func startDelayed(t *testing.T, f fetcher, t0 time.Time, lookAhead int, failures int) *delayedHarness {
+	t.Helper()
+	h := &delayedHarness{clock: newFakeClock(t0), commits: &commits{}, done: make(chan struct{}), failures: failures}
+	handler := HandlerFunc(func(_ context.Context, ms []kafka.Message) error {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		h.attempts++
+		now := h.clock.Now()
+		for _, m := range ms {
+			if at := releaseAtHeader(m); at.After(now) {
+				t.Errorf("offset %d handed over at %v, before its release time %v", m.Offset, now, at)
+			}
+		}
+		if h.failures > 0 {
+			h.failures--
+			return context.DeadlineExceeded
+		}
+		h.released = append(h.released, offsetsOf(ms))
+		return nil
+	})
+	p := testPartition(f, handler, h.commits, func(c *Config) { c.Clock = h.clock })
+	dc := DelayedConfig{
+		Config:     *p.cfg,
+		ReleaseAt:  releaseAtHeader,
+		LookAhead:  lookAhead,
+		OnWaiting:  func(_ string, d int) { h.waiting.Add(int64(d)) },
+		OnLateness: func(_ string, d time.Duration) { h.late = append(h.late, d) },
+	}
+	stop, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	go func() {
+		defer close(h.done)
+		p.runDelayed(&dc, stop, context.Background())
+	}()
+	t.Cleanup(h.stop)
+	return h
+}
+
+func (h *delayedHarness) stop() {
+	h.cancel()
+	<-h.done
+}
+
+func (h *delayedHarness) releasedSet() map[int64]bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	set := map[int64]bool{}
+	for _, b := range h.released {
+		for _, o := range b {
+			set[o] = true
+		}
+	}
+	return set
+}
+
+// waitAsleepUntil waits until the loop has asked the clock to wake it at at:
+// it has handled all that was due and is idle.
+func (h *delayedHarness) waitAsleepUntil(t *testing.T, at time.Time) {
+	t.Helper()
+	eventually(t, 5*time.Second, "loop asleep until "+at.String(), func() bool { return h.clock.lastAfter().Equal(at) })
+}
+
+func TestDelayedReleasesNeverEarlyAndCommitsPrefix(t *testing.T) {
+	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	f := &chanFetcher{ch: make(chan kafka.Message, 10)}
+	in := msgs(10, 16) // offsets 10..15
+	in[0] = withRelease(in[0], t0.Add(time.Second))
+	in[1].Headers = []kafka.Header{{Key: releaseHeader, Value: []byte("garbage")}} // release at once
+	in[2] = withRelease(in[2], t0.Add(3*time.Second))
+	in[3] = withRelease(in[3], t0.Add(time.Second))
+	in[4] = withRelease(in[4], t0.Add(2*time.Second))
+	in[5] = withRelease(in[5], t0.Add(-time.Second)) // already due
+	for _, m := range in {
+		f.ch <- m
+	}
+	h := startDelayed(t, f, t0, 100, 0)
+
+	steps := []struct {
+		now          time.Time
+		wantReleased []int64
+		wantCommits  []int64
+		nextWake     time.Time
+	}{
+		{now: t0, wantReleased: []int64{11, 15}, wantCommits: nil, nextWake: t0.Add(time.Second)},
+		{now: t0.Add(999 * time.Millisecond), wantReleased: []int64{11, 15}, wantCommits: nil, nextWake: t0.Add(time.Second)},
+		{now: t0.Add(time.Second), wantReleased: []int64{10, 11, 13, 15}, wantCommits: []int64{12}, nextWake: t0.Add(2 * time.Second)},
+		{now: t0.Add(2 * time.Second), wantReleased: []int64{10, 11, 13, 14, 15}, wantCommits: []int64{12}, nextWake: t0.Add(3 * time.Second)},
+		{now: t0.Add(3 * time.Second), wantReleased: []int64{10, 11, 12, 13, 14, 15}, wantCommits: []int64{12, 16}},
+	}
+	for _, s := range steps {
+		h.clock.Set(s.now)
+		want := map[int64]bool{}
+		for _, o := range s.wantReleased {
+			want[o] = true
+		}
+		eventually(t, 5*time.Second, "released "+s.now.String(), func() bool { return len(h.releasedSet()) == len(want) })
+		if s.nextWake.IsZero() {
+			eventually(t, 5*time.Second, "final commit", func() bool { return len(h.commits.get()) == len(s.wantCommits) })
+		} else {
+			h.waitAsleepUntil(t, s.nextWake)
+		}
+		if diff := cmp.Diff(want, h.releasedSet()); diff != "" {
+			t.Fatalf("at %v released (-want +got):\n%s", s.now, diff)
+		}
+		if diff := cmp.Diff(s.wantCommits, h.commits.get()); diff != "" {
+			t.Fatalf("at %v commits (-want +got):\n%s", s.now, diff)
+		}
+	}
+	if got := h.waiting.Load(); got != 0 {
+		t.Errorf("waiting gauge = %d, want 0", got)
+	}
+	h.stop()
+	// Lateness is reported for messages with a readable release time only.
+	if len(h.late) != 5 {
+		t.Errorf("lateness reported %d times, want 5", len(h.late))
+	}
+	for _, l := range h.late {
+		if l < 0 {
+			t.Errorf("negative lateness %v", l)
+		}
+	}
+}
+
+// With LookAhead messages waiting, fetching pauses until one is released.
+func TestDelayedLookAheadBound(t *testing.T) {
+	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	f := &releasingFetcher{at: t0.Add(time.Hour)}
+	h := startDelayed(t, f, t0, 10, 0)
+
+	eventually(t, 5*time.Second, "look-ahead filled", func() bool { return f.served.Load() == 10 })
+	h.waitAsleepUntil(t, t0.Add(time.Hour))
+	time.Sleep(20 * time.Millisecond) // give a wrong implementation the chance to overfetch
+	if got := f.served.Load(); got != 10 {
+		t.Fatalf("fetched %d messages with look-ahead 10", got)
+	}
+	if got := h.waiting.Load(); got != 10 {
+		t.Errorf("waiting gauge = %d, want 10", got)
+	}
+	if got := h.commits.get(); len(got) != 0 {
+		t.Errorf("commits %v before anything was released", got)
+	}
+
+	// Release everything: fetching resumes.
+	f.setRelease(t0)
+	h.clock.Set(t0.Add(time.Hour))
+	eventually(t, 5*time.Second, "fetching resumed", func() bool { return f.served.Load() > 20 })
+}
+
+// releasingFetcher serves an endless run of messages released at at.
+type releasingFetcher struct {
+	genFetcher
+	mu sync.Mutex
+	at time.Time
+}
+
+func (f *releasingFetcher) setRelease(at time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.at = at
+}
+
+func (f *releasingFetcher) FetchMessage(ctx context.Context) (kafka.Message, error) {
+	m, err := f.genFetcher.FetchMessage(ctx)
+	if err != nil {
+		return m, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return withRelease(m, f.at), nil
+}
+
+// A failing batch of released messages is retried until it succeeds and
+// only then committed.
+func TestDelayedRetriesFailedBatch(t *testing.T) {
+	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	f := &chanFetcher{ch: make(chan kafka.Message, 3)}
+	for _, m := range msgs(0, 3) {
+		f.ch <- withRelease(m, t0)
+	}
+	h := startDelayed(t, f, t0, 100, 2)
+	eventually(t, 5*time.Second, "all released", func() bool { return len(h.releasedSet()) == 3 })
+	eventually(t, 5*time.Second, "committed", func() bool {
+		c := h.commits.get()
+		return len(c) > 0 && c[len(c)-1] == 3
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.attempts < 3 {
+		t.Errorf("handler called %d times, want at least 3 (two failures)", h.attempts)
+	}
+}

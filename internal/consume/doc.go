@@ -1,0 +1,34 @@
+// Package consume is Gatekeeper's consumer-group plumbing.
+//
+// It reads topics as one member of a Kafka consumer group (kafka-go's
+// ConsumerGroup), runs one goroutine per assigned partition and hands each
+// partition's messages to a [Handler] in batches, in offset order. It knows
+// nothing about tenants, limits or routing: those live in the Handler.
+//
+// Two consumers are provided:
+//
+//   - [Group] reads source topics. A batch is bounded by Config.BatchSize and
+//     Config.BatchWait; the offset after its last message is committed only
+//     once the Handler has returned nil for the whole batch.
+//   - [Delayed] reads the retry tier topics. It keeps a bounded look-ahead of
+//     messages per partition ordered by release time, hands a message to the
+//     Handler never before its release time, and commits only the contiguous
+//     prefix of handled offsets.
+//
+// # Delivery
+//
+// Delivery is at least once. An offset is committed only after the Handler has
+// acknowledged that message and every earlier message of its partition, and
+// never after the consumer-group generation that assigned the partition has
+// ended. A crash, a rebalance or a failed commit can make a message be handled
+// again; no message is skipped. A failing batch is retried, with capped
+// exponential backoff, until it succeeds or the partition is stopped.
+//
+// # Shutdown
+//
+// Run returns nil once its context is cancelled, after it has stopped
+// fetching, let every in-flight Handle call finish (with a context that
+// shutdown does not cancel, bounded by Config.DrainTimeout), committed what
+// was acknowledged and closed the group, which leaves it so that the other
+// members take over the partitions at once.
+package consume

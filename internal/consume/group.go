@@ -1,0 +1,100 @@
+package consume
+
+import (
+	"context"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Group consumes source topics as one member of a Kafka consumer group. Each
+// assigned partition runs in its own goroutine: it fetches a batch (up to
+// Config.BatchSize messages, waiting at most Config.BatchWait after the first),
+// hands it to the Handler, and once the Handler returns nil commits the
+// offset after the batch's last message. A failing batch is retried as it is;
+// the partition does not move on until it succeeds. Partitions progress
+// independently.
+//
+// When a rebalance ends the generation, each partition stops after its
+// in-flight Handle call returns and commits nothing more: the partition may
+// already belong to another member, which will see the uncommitted messages
+// again.
+//
+// A Group is safe for concurrent use: Ready may be called from any goroutine
+// while Run runs. Run may be called only once.
+type Group struct {
+	m *member
+}
+
+// NewGroup returns a Group that hands the messages of cfg.Topics to h. It
+// does not connect: that happens in Run.
+func NewGroup(cfg Config, h Handler) (*Group, error) {
+	m, err := newMember(cfg, h, (*partition).runBatches)
+	if err != nil {
+		return nil, err
+	}
+	return &Group{m: m}, nil
+}
+
+// Run consumes until ctx is cancelled, then stops fetching, lets the
+// in-flight batches finish (their Handle context is not cancelled by ctx but
+// by Config.DrainTimeout), commits them, leaves the group and returns nil.
+// Errors joining the group are logged and retried, not returned.
+func (g *Group) Run(ctx context.Context) error { return g.m.run(ctx) }
+
+// Ready reports whether the Group is a working member of its consumer group:
+// it has joined a generation, and no join has failed since.
+func (g *Group) Ready() bool { return g.m.ready.Load() }
+
+// runBatches is the partition loop of Group.
+func (p *partition) runBatches(stop, hctx context.Context) {
+	for attempt := 0; ; {
+		batch, err := p.fetchBatch(stop)
+		if stop.Err() != nil {
+			// A batch fetched but not yet handed over is redelivered later.
+			return
+		}
+		if err != nil {
+			if !p.fetchFailed(stop, attempt, err) {
+				return
+			}
+			attempt++
+			continue
+		}
+		attempt = 0
+		if !p.handle(stop, hctx, batch) {
+			return
+		}
+		last := batch[len(batch)-1]
+		p.hwm = last.HighWaterMark
+		p.commitNext(last.Offset + 1)
+	}
+}
+
+// fetchBatch waits for one message, then gathers more until the batch holds
+// BatchSize messages or BatchWait has passed since the first one. Messages
+// come in offset order.
+func (p *partition) fetchBatch(stop context.Context) ([]kafka.Message, error) {
+	first, err := p.fetcher.FetchMessage(stop)
+	if err != nil {
+		return nil, err
+	}
+	batch := append(make([]kafka.Message, 0, min(p.cfg.BatchSize, 64)), first)
+	if len(batch) >= p.cfg.BatchSize {
+		return batch, nil
+	}
+	wait, cancel := context.WithTimeout(stop, p.cfg.BatchWait)
+	defer cancel()
+	for len(batch) < p.cfg.BatchSize {
+		m, err := p.fetcher.FetchMessage(wait)
+		if err != nil {
+			// kafka-go keeps an unfetched message queued when the context
+			// ends, so nothing is lost here.
+			if wait.Err() == nil {
+				p.log.Warn("fetch failed", "err", err)
+			}
+			break
+		}
+		batch = append(batch, m)
+	}
+	return batch, nil
+}

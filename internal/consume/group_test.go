@@ -1,0 +1,303 @@
+package consume
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/segmentio/kafka-go"
+)
+
+func TestFetchBatchBounds(t *testing.T) {
+	tests := []struct {
+		name      string
+		available int
+		batchSize int
+		want      []int // batch sizes
+	}{
+		{name: "size bound", available: 1200, batchSize: 500, want: []int{500, 500, 200}},
+		{name: "wait bound", available: 3, batchSize: 500, want: []int{3}},
+		{name: "batch of one", available: 3, batchSize: 1, want: []int{1, 1, 1}},
+		{name: "exact", available: 10, batchSize: 5, want: []int{5, 5}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &chanFetcher{ch: make(chan kafka.Message, tt.available)}
+			for _, m := range msgs(0, int64(tt.available)) {
+				f.ch <- m
+			}
+			p := testPartition(f, nil, &commits{}, func(c *Config) { c.BatchSize = tt.batchSize })
+			var got []int
+			var next int64
+			for range tt.want {
+				batch, err := p.fetchBatch(context.Background())
+				if err != nil {
+					t.Fatalf("fetchBatch: %v", err)
+				}
+				for _, m := range batch {
+					if m.Offset != next {
+						t.Fatalf("got offset %d, want %d", m.Offset, next)
+					}
+					next++
+				}
+				got = append(got, len(batch))
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("batch sizes (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// A batch is handed over once BatchWait has passed since its first message,
+// even though more messages arrive later.
+func TestFetchBatchWaitStartsAtFirstMessage(t *testing.T) {
+	f := &chanFetcher{ch: make(chan kafka.Message)}
+	p := testPartition(f, nil, &commits{}, func(c *Config) { c.BatchWait = 20 * time.Millisecond })
+	go func() {
+		f.ch <- kafka.Message{Offset: 0}
+		f.ch <- kafka.Message{Offset: 1}
+	}()
+	batch, err := p.fetchBatch(context.Background())
+	if err != nil {
+		t.Fatalf("fetchBatch: %v", err)
+	}
+	if got := offsetsOf(batch); !cmp.Equal(got, []int64{0, 1}) {
+		t.Errorf("batch offsets = %v, want [0 1]", got)
+	}
+}
+
+func TestFetchBatchStop(t *testing.T) {
+	f := &chanFetcher{ch: make(chan kafka.Message)}
+	p := testPartition(f, nil, &commits{}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := p.fetchBatch(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("fetchBatch after stop: err = %v, want context.Canceled", err)
+	}
+}
+
+// recordingHandler records each batch and fails the first failures calls.
+type recordingHandler struct {
+	mu       sync.Mutex
+	failures int
+	calls    [][]int64
+	ok       [][]int64
+}
+
+func (h *recordingHandler) Handle(_ context.Context, msgs []kafka.Message) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.calls = append(h.calls, offsetsOf(msgs))
+	if h.failures > 0 {
+		h.failures--
+		return errors.New("downstream unavailable")
+	}
+	h.ok = append(h.ok, offsetsOf(msgs))
+	return nil
+}
+
+func (h *recordingHandler) handled() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, b := range h.ok {
+		n += len(b)
+	}
+	return n
+}
+
+// A failing batch is retried as it is, then committed once; the partition
+// does not move on meanwhile.
+func TestRunBatchesRetriesSameBatch(t *testing.T) {
+	f := &chanFetcher{ch: make(chan kafka.Message, 10)}
+	for _, m := range msgs(0, 10) {
+		f.ch <- m
+	}
+	h := &recordingHandler{failures: 2}
+	c := &commits{}
+	var lags []int64
+	p := testPartition(f, h, c, func(cfg *Config) {
+		cfg.BatchSize = 4
+		cfg.OnLag = func(_ string, _ int, lag int64) { lags = append(lags, lag) }
+	})
+
+	stop, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.runBatches(stop, context.Background())
+	}()
+	eventually(t, 5*time.Second, "all messages handled", func() bool { return h.handled() == 10 })
+	cancel()
+	<-done
+
+	wantCalls := [][]int64{{0, 1, 2, 3}, {0, 1, 2, 3}, {0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9}}
+	if diff := cmp.Diff(wantCalls, h.calls); diff != "" {
+		t.Errorf("handler calls (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]int64{4, 8, 10}, c.get()); diff != "" {
+		t.Errorf("commits (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]int64{6, 2, 0}, lags); diff != "" {
+		t.Errorf("lags (-want +got):\n%s", diff)
+	}
+}
+
+// On shutdown, a batch whose Handle is in flight still finishes, with a
+// context that the shutdown did not cancel, and is committed; a failing
+// batch is not retried after stop and not committed.
+func TestRunBatchesDrainOnStop(t *testing.T) {
+	tests := []struct {
+		name       string
+		result     error
+		wantCommit []int64
+	}{
+		{name: "in-flight batch succeeds", result: nil, wantCommit: []int64{3}},
+		{name: "in-flight batch fails", result: errors.New("write failed"), wantCommit: nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &chanFetcher{ch: make(chan kafka.Message, 3)}
+			for _, m := range msgs(0, 3) {
+				f.ch <- m
+			}
+			entered := make(chan struct{})
+			release := make(chan struct{})
+			calls := 0
+			h := HandlerFunc(func(ctx context.Context, _ []kafka.Message) error {
+				calls++
+				close(entered)
+				<-release
+				if ctx.Err() != nil {
+					t.Errorf("handler context cancelled by shutdown: %v", ctx.Err())
+				}
+				return tt.result
+			})
+			c := &commits{}
+			p := testPartition(f, h, c, nil)
+
+			root, cancel := context.WithCancel(context.Background())
+			hctx, hcancel := drainContext(root, root, time.Minute)
+			defer hcancel()
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				p.runBatches(root, hctx)
+			}()
+			<-entered
+			cancel()
+			close(release)
+			<-done
+			if calls != 1 {
+				t.Errorf("handler called %d times, want 1", calls)
+			}
+			if diff := cmp.Diff(tt.wantCommit, c.get()); diff != "" {
+				t.Errorf("commits (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestDrainContext(t *testing.T) {
+	parent, cancelParent := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
+	stop, cancelStop := context.WithCancel(parent)
+	ctx, cancel := drainContext(parent, stop, 30*time.Millisecond)
+	defer cancel()
+
+	if got := ctx.Value(ctxKey{}); got != "v" {
+		t.Errorf("value = %v, want v", got)
+	}
+	cancelParent()
+	cancelStop()
+	if err := ctx.Err(); err != nil {
+		t.Fatalf("drain context cancelled at stop: %v", err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("drain context not cancelled after the grace period")
+	}
+	if cause := context.Cause(ctx); cause == nil || cause == context.Canceled {
+		t.Errorf("cause = %v, want the drain timeout", cause)
+	}
+}
+
+type ctxKey struct{}
+
+// Once the generation has ended, the committer refuses without touching
+// the (gone) coordinator connection.
+func TestCommitterRefusesAfterGenerationEnd(t *testing.T) {
+	m := &member{cfg: Config{Timeout: time.Second}}
+	gctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	commit := m.committer(&kafka.Generation{}, gctx, "t", 0)
+	if err := commit(10); !errors.Is(err, kafka.ErrGenerationEnded) {
+		t.Errorf("commit after generation end: err = %v, want ErrGenerationEnded", err)
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	lo, hi := 100*time.Millisecond, 5*time.Second
+	for attempt, want := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond} {
+		if got := backoff(attempt, lo, hi); got < want/2 || got > want {
+			t.Errorf("backoff(%d) = %v, want in [%v, %v]", attempt, got, want/2, want)
+		}
+	}
+	for _, attempt := range []int{6, 40, 1000} {
+		if got := backoff(attempt, lo, hi); got < hi/2 || got > hi {
+			t.Errorf("backoff(%d) = %v, want in [%v, %v]", attempt, got, hi/2, hi)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	valid := func() Config {
+		return Config{Brokers: []string{"localhost:9092"}, GroupID: "g", Topics: []string{"t"}}
+	}
+	tests := []struct {
+		name    string
+		mutate  func(*Config)
+		wantErr bool
+	}{
+		{name: "defaults", mutate: func(*Config) {}},
+		{name: "no brokers", mutate: func(c *Config) { c.Brokers = nil }, wantErr: true},
+		{name: "empty broker", mutate: func(c *Config) { c.Brokers = []string{""} }, wantErr: true},
+		{name: "no group", mutate: func(c *Config) { c.GroupID = "" }, wantErr: true},
+		{name: "no topics", mutate: func(c *Config) { c.Topics = nil }, wantErr: true},
+		{name: "empty topic", mutate: func(c *Config) { c.Topics = []string{"a", ""} }, wantErr: true},
+		{name: "negative batch", mutate: func(c *Config) { c.BatchSize = -1 }, wantErr: true},
+		{name: "negative wait", mutate: func(c *Config) { c.BatchWait = -time.Second }, wantErr: true},
+		{name: "backoff inverted", mutate: func(c *Config) { c.BackoffMin = time.Minute }, wantErr: true},
+		{name: "drain beyond default rebalance", mutate: func(c *Config) { c.DrainTimeout = time.Minute }, wantErr: true},
+		{name: "drain beyond rebalance", mutate: func(c *Config) { c.RebalanceTimeout = 5 * time.Second }, wantErr: true},
+		{name: "drain below rebalance", mutate: func(c *Config) {
+			c.RebalanceTimeout = 5 * time.Second
+			c.DrainTimeout = 2 * time.Second
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := valid()
+			tt.mutate(&c)
+			if err := c.Validate(); (err != nil) != tt.wantErr {
+				t.Errorf("Validate() = %v, want error: %v", err, tt.wantErr)
+			}
+		})
+	}
+
+	d := DelayedConfig{Config: valid()}
+	if err := d.Validate(); err == nil {
+		t.Error("DelayedConfig without ReleaseAt: Validate() = nil, want error")
+	}
+	d.ReleaseAt = func(kafka.Message) time.Time { return time.Time{} }
+	if err := d.Validate(); err != nil {
+		t.Errorf("DelayedConfig.Validate() = %v, want nil", err)
+	}
+	if got := d.withDefaults(); got.LookAhead != DefaultLookAhead || got.BatchSize != DefaultBatchSize {
+		t.Errorf("defaults: look-ahead %d, batch size %d; want %d, %d", got.LookAhead, got.BatchSize, DefaultLookAhead, DefaultBatchSize)
+	}
+}

@@ -1,0 +1,64 @@
+package consume
+
+import (
+	"cmp"
+	"container/heap"
+	"slices"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// waiting is a fetched message held until its release time.
+type waiting struct {
+	msg kafka.Message
+	at  time.Time // zero: release at once
+}
+
+// releaseHeap is a min-heap of waiting messages by release time, then
+// offset. The zero value is empty. Not safe for concurrent use.
+type releaseHeap struct{ items releaseItems }
+
+type releaseItems []waiting
+
+func (h releaseItems) Len() int { return len(h) }
+func (h releaseItems) Less(i, j int) bool {
+	if !h[i].at.Equal(h[j].at) {
+		return h[i].at.Before(h[j].at)
+	}
+	return h[i].msg.Offset < h[j].msg.Offset
+}
+func (h releaseItems) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *releaseItems) Push(x any)   { *h = append(*h, x.(waiting)) }
+func (h *releaseItems) Pop() any {
+	old := *h
+	n := len(old) - 1
+	w := old[n]
+	old[n] = waiting{} // drop the message's buffers
+	*h = old[:n]
+	return w
+}
+
+// Len returns the number of waiting messages.
+func (h *releaseHeap) Len() int { return len(h.items) }
+
+// push adds m, to be released at at.
+func (h *releaseHeap) push(m kafka.Message, at time.Time) {
+	heap.Push(&h.items, waiting{msg: m, at: at})
+}
+
+// next returns the earliest release time; the heap must not be empty.
+func (h *releaseHeap) next() time.Time { return h.items[0].at }
+
+// popDue removes and returns up to limit messages whose release time is not
+// after now, in offset order. A message is never returned before its time.
+func (h *releaseHeap) popDue(now time.Time, limit int) []waiting {
+	var due []waiting
+	for len(due) < limit && h.Len() > 0 && !h.items[0].at.After(now) {
+		due = append(due, heap.Pop(&h.items).(waiting))
+	}
+	slices.SortFunc(due, func(a, b waiting) int {
+		return cmp.Compare(a.msg.Offset, b.msg.Offset)
+	})
+	return due
+}

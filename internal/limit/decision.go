@@ -1,0 +1,44 @@
+package limit
+
+import "time"
+
+// Kind is the outcome of admission for one event.
+type Kind uint8
+
+// The kinds of decision the limiter makes. Invalid events never reach the
+// limiter: the router decides those before admission.
+const (
+	// Admit: counted in the current window of every rule that applies.
+	Admit Kind = iota + 1
+	// Defer: a slot is reserved in a future window; forward at Due.
+	Defer
+	// Reject: no room within the deferral horizon.
+	Reject
+)
+
+// String returns the kind's lower-case name, as used in metrics and logs.
+func (k Kind) String() string {
+	switch k {
+	case Admit:
+		return "admit"
+	case Defer:
+		return "defer"
+	case Reject:
+		return "reject"
+	}
+	return "unknown"
+}
+
+// Decision is the limiter's verdict on one event. It is a value type.
+type Decision struct {
+	Kind Kind
+	// Due is, for Defer, the start of the reserved slot: the event must not
+	// be forwarded before it.
+	Due time.Time
+	// Until is, for Defer, the end of the reserved slot (the earliest end of
+	// the windows it was counted in). An event that comes back in [Due, Until)
+	// is forwarded without being counted again; later, it is checked as new.
+	Until time.Time
+	// Reason says why, for Reject.
+	Reason string
+}

@@ -1,0 +1,77 @@
+package limit
+
+import (
+	"encoding/base64"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Key layout: <prefix>:{<tenant>}:<rule>:<window start ms>, where <rule> is the
+// rule as written ("1000/1m"), with "/ttl" added for ttl windows. The tenant
+// sits in a {hash tag} so that all keys of a tenant live in one Redis Cluster
+// slot and one script call can touch them all.
+//
+// Tenants are opaque bytes. A tenant made only of [A-Za-z0-9._@-] is written
+// as is; any other is written as "~" and its unpadded base64url form. Plain
+// names never start with "~", so two tenants never share a key, and the hash
+// tag never holds a brace.
+
+// encodeTenant returns the tenant's form inside the hash tag.
+func encodeTenant(tenant string) string {
+	if tenant != "" && plain(tenant) {
+		return tenant
+	}
+	return "~" + base64.RawURLEncoding.EncodeToString([]byte(tenant))
+}
+
+func plain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9',
+			c == '.', c == '_', c == '@', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// keys builds the counter keys of one limiter. It is a value type.
+type keys struct {
+	prefix string
+	kind   WindowKind
+}
+
+func (k keys) tenant(tenant string) string {
+	return k.prefix + ":{" + encodeTenant(tenant) + "}"
+}
+
+// rule returns the prefix of a rule's window keys: <prefix>:{<tenant>}:<rule>.
+func (k keys) rule(tenant string, r Rule) string {
+	s := k.tenant(tenant) + ":" + r.String()
+	if k.kind == TTL {
+		s += "/ttl"
+	}
+	return s
+}
+
+// window returns the key of the window of r starting at start.
+func (k keys) window(tenant string, r Rule, start time.Time) string {
+	return k.rule(tenant, r) + ":" + strconv.FormatInt(start.UnixMilli(), 10)
+}
+
+// frontier returns the key of the tenant's search frontier for a rule set.
+func (k keys) frontier(tenant string, rules []Rule) string {
+	return k.tenant(tenant) + ":frontier:" + ruleSetID(k.kind, rules)
+}
+
+// ruleSetID names a rule set, for frontier keys and the local cache.
+func ruleSetID(kind WindowKind, rules []Rule) string {
+	parts := make([]string, len(rules))
+	for i, r := range rules {
+		parts[i] = r.String()
+	}
+	return string(kind) + ":" + strings.Join(parts, ",")
+}

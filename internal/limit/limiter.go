@@ -1,0 +1,490 @@
+package limit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/lua"
+)
+
+// Options configure a Limiter. The zero value of each field means its default.
+type Options struct {
+	// Prefix starts every counter key. Default "gk".
+	Prefix string
+	// Window is Aligned (default) or TTL.
+	Window WindowKind
+	// Location places day, week and month boundaries. Default UTC.
+	Location *time.Location
+	// Horizon is the furthest a deferral may reach. Default 24h.
+	Horizon time.Duration
+	// Retention keeps window keys this long after their window ends. Default 7 days.
+	Retention time.Duration
+	// Timeout bounds every Redis call. Default 2s.
+	Timeout time.Duration
+	// MaxScan bounds the windows one tenant's deferral search may visit in
+	// one call. Default 100000.
+	MaxScan int
+	// Clock is the one time source of all decisions: the scripts take their
+	// "now" from it, never from Redis. Replicas should run NTP-synced clocks;
+	// skew moves events between neighbouring windows but never lets a
+	// window's count pass its limit. Default time.Now.
+	Clock func() time.Time
+	// Registerer receives the limiter's metrics. Nil: not registered.
+	Registerer prometheus.Registerer
+}
+
+func (o *Options) defaults() error {
+	if o.Prefix == "" {
+		o.Prefix = "gk"
+	}
+	if o.Window == "" {
+		o.Window = Aligned
+	}
+	if o.Window != Aligned && o.Window != TTL {
+		return fmt.Errorf("window %q: want aligned or ttl", o.Window)
+	}
+	if o.Location == nil {
+		o.Location = time.UTC
+	}
+	if o.Horizon == 0 {
+		o.Horizon = 24 * time.Hour
+	}
+	if o.Horizon < 0 {
+		return fmt.Errorf("horizon %v: must not be negative", o.Horizon)
+	}
+	if o.Retention == 0 {
+		o.Retention = 7 * 24 * time.Hour
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 2 * time.Second
+	}
+	if o.MaxScan == 0 {
+		o.MaxScan = 100000
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	return nil
+}
+
+// Limiter decides admission for batches of events against per-tenant rules
+// kept in Redis. It is safe for concurrent use; any number of Limiters (in
+// any number of processes) may share one Redis and its counters.
+type Limiter struct {
+	rdb     redis.UniversalClient
+	cluster bool
+	opts    Options
+	keys    keys
+	rules   atomic.Pointer[Rules]
+	admit   *redis.Script
+	get     *redis.Script
+	metrics *metrics
+
+	mu   sync.Mutex
+	full map[string]time.Time // tenant \x00 rule set -> no room within the horizon before this time
+}
+
+// New returns a Limiter over rdb (a *redis.Client or *redis.ClusterClient)
+// with the given rules. It loads the scripts, so a broken script or an
+// unreachable Redis fails here.
+func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Options) (*Limiter, error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	if err := CheckRules(rules, opts.Window); err != nil {
+		return nil, err
+	}
+	_, cluster := rdb.(*redis.ClusterClient)
+	l := &Limiter{
+		rdb:     rdb,
+		cluster: cluster,
+		opts:    opts,
+		keys:    keys{prefix: opts.Prefix, kind: opts.Window},
+		admit:   redis.NewScript(lua.Admit),
+		get:     redis.NewScript(lua.AlignedGet),
+		metrics: newMetrics(),
+		full:    map[string]time.Time{},
+	}
+	l.rules.Store(rules)
+	for _, s := range []*redis.Script{l.admit, l.get} {
+		cctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+		err := s.Load(cctx, rdb).Err()
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("load script: %w", err)
+		}
+	}
+	if opts.Registerer != nil {
+		if err := l.metrics.register(opts.Registerer); err != nil {
+			return nil, fmt.Errorf("limiter metrics: %w", err)
+		}
+	}
+	return l, nil
+}
+
+func ruleLists(rs *Rules) [][]Rule {
+	if rs == nil {
+		return nil
+	}
+	out := [][]Rule{rs.fallback}
+	for _, t := range rs.Tenants() {
+		out = append(out, rs.For(t))
+	}
+	return out
+}
+
+// CheckRules reports whether rules can be used with the window kind.
+func CheckRules(rules *Rules, kind WindowKind) error {
+	if kind == TTL {
+		return nil
+	}
+	for _, rs := range ruleLists(rules) {
+		for _, r := range rs {
+			if err := r.checkAligned(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// SetRules replaces the rules, for events decided from now on. Counters are
+// kept per rule, so a changed rule starts from its own (possibly empty)
+// windows; the local cache is keyed by rule set and never applies to new rules.
+func (l *Limiter) SetRules(r *Rules) error {
+	if err := CheckRules(r, l.opts.Window); err != nil {
+		return err
+	}
+	l.rules.Store(r)
+	return nil
+}
+
+// Rules returns the rules in force.
+func (l *Limiter) Rules() *Rules { return l.rules.Load() }
+
+// group is the events of one tenant in a batch.
+type group struct {
+	tenant string
+	idx    []int
+	rules  []Rule
+	set    string
+}
+
+// Admit decides a batch. The result is index-aligned with tenants; one
+// tenant's events are decided in slice order: the first that fit are admitted,
+// the next get the earliest reserved slots, the rest are rejected. The whole
+// batch costs one Redis round trip (one per node on Redis Cluster), none for
+// tenants without rules or known to be full up to the horizon. A non-nil
+// error means Redis trouble and nothing was decided.
+func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, error) {
+	now := l.opts.Clock()
+	rules := l.rules.Load()
+	out := make([]Decision, len(tenants))
+	byTenant := map[string]*group{}
+	var order []*group
+	for i, t := range tenants {
+		g := byTenant[t]
+		if g == nil {
+			g = &group{tenant: t, rules: rules.For(t)}
+			g.set = ruleSetID(l.opts.Window, g.rules)
+			byTenant[t] = g
+			order = append(order, g)
+		}
+		g.idx = append(g.idx, i)
+	}
+	var calls []*group
+	for _, g := range order {
+		switch {
+		case len(g.rules) == 0:
+			for _, i := range g.idx {
+				out[i] = Decision{Kind: Admit}
+			}
+		case l.knownFull(g, now):
+			l.metrics.cacheHits.Add(float64(len(g.idx)))
+			for _, i := range g.idx {
+				out[i] = Decision{Kind: Reject, Reason: l.fullReason()}
+			}
+		default:
+			calls = append(calls, g)
+		}
+	}
+	if len(calls) == 0 {
+		return out, nil
+	}
+	replies, err := l.call(ctx, now, calls)
+	if err != nil {
+		return nil, err
+	}
+	for j, g := range calls {
+		if err := l.apply(g, replies[j], now, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (l *Limiter) fullReason() string {
+	return fmt.Sprintf("no room within the deferral horizon (%v)", l.opts.Horizon)
+}
+
+// knownFull reports whether the tenant's windows are known to be full up to
+// the horizon: then nothing can change before the horizon reaches a window
+// that was not full, and events are rejected without asking Redis.
+func (l *Limiter) knownFull(g *group, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := g.tenant + "\x00" + g.set
+	until, ok := l.full[k]
+	if ok && !now.Before(until) {
+		delete(l.full, k)
+		return false
+	}
+	return ok
+}
+
+func (l *Limiter) markFull(g *group, until time.Time, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.full) > 100000 {
+		for k, u := range l.full {
+			if !now.Before(u) {
+				delete(l.full, k)
+			}
+		}
+	}
+	l.full[g.tenant+"\x00"+g.set] = until
+}
+
+// args returns the KEYS and ARGV of one tenant for admit.lua.
+func (l *Limiter) args(g *group, now, hend time.Time) ([]string, []any) {
+	ks := make([]string, 0, 1+len(g.rules))
+	ks = append(ks, l.keys.frontier(g.tenant, g.rules))
+	av := []any{len(g.idx), len(g.rules)}
+	for _, r := range g.rules {
+		ks = append(ks, l.keys.rule(g.tenant, r))
+		switch {
+		case l.opts.Window == TTL:
+			av = append(av, r.Limit, "t", r.Length().Milliseconds(), 0, 0)
+		case r.Unit == Second || r.Unit == Minute:
+			s, _ := Window(r, now, l.opts.Location)
+			av = append(av, r.Limit, "a", r.Length().Milliseconds(), s.UnixMilli(), 0)
+		default:
+			b := boundaries(r, now, hend, l.opts.Location)
+			av = append(av, r.Limit, "e", 0, 0, len(b))
+			for _, t := range b {
+				av = append(av, t.UnixMilli())
+			}
+		}
+	}
+	return ks, av
+}
+
+func (l *Limiter) header(now time.Time, tenants int) []any {
+	return []any{now.UnixMilli(), now.Add(l.opts.Horizon).UnixMilli(),
+		l.opts.Retention.Milliseconds(), l.opts.MaxScan, tenants}
+}
+
+// call runs admit.lua: one call for the batch on a single node; on Redis
+// Cluster one call per tenant (each tenant's keys share a slot), pipelined so
+// that go-redis sends one round trip per node, the nodes in parallel.
+func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([][]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	start := time.Now()
+	defer func() { l.metrics.redisSeconds.WithLabelValues("admit").Observe(time.Since(start).Seconds()) }()
+	hend := now.Add(l.opts.Horizon)
+	if !l.cluster {
+		var ks []string
+		av := l.header(now, len(calls))
+		for _, g := range calls {
+			k, a := l.args(g, now, hend)
+			ks = append(ks, k...)
+			av = append(av, a...)
+		}
+		res, err := l.admit.Run(ctx, l.rdb, ks, av...).Result()
+		if err != nil {
+			l.metrics.redisErrors.Inc()
+			return nil, fmt.Errorf("admit batch: %w", err)
+		}
+		return parseReplies(res, len(calls))
+	}
+	cmds := make([]*redis.Cmd, len(calls))
+	run := func(pipe redis.Pipeliner, sha bool) {
+		for i, g := range calls {
+			k, a := l.args(g, now, hend)
+			if sha {
+				cmds[i] = l.admit.EvalSha(ctx, pipe, k, append(l.header(now, 1), a...)...)
+			} else {
+				cmds[i] = l.admit.Eval(ctx, pipe, k, append(l.header(now, 1), a...)...)
+			}
+		}
+	}
+	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { run(p, true); return nil })
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// A node lost its script cache (restart, failover): send the source.
+		// Scripts that did run are not run again: only NOSCRIPT ones failed.
+		_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, g := range calls {
+				if cmds[i].Err() != nil && redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
+					k, a := l.args(g, now, hend)
+					cmds[i] = l.admit.Eval(ctx, p, k, append(l.header(now, 1), a...)...)
+				}
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		l.metrics.redisErrors.Inc()
+		return nil, fmt.Errorf("admit batch: %w", err)
+	}
+	out := make([][]int64, len(calls))
+	for i, c := range cmds {
+		r, err := parseReplies(c.Val(), 1)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = r[0]
+	}
+	return out, nil
+}
+
+var errReply = errors.New("admit: unexpected script reply")
+
+func parseReplies(res any, n int) ([][]int64, error) {
+	arr, ok := res.([]any)
+	if !ok || len(arr) != n {
+		return nil, fmt.Errorf("%w: %T of %d", errReply, res, n)
+	}
+	out := make([][]int64, n)
+	for i, v := range arr {
+		inner, ok := v.([]any)
+		if !ok {
+			return nil, fmt.Errorf("%w: tenant %d: %T", errReply, i, v)
+		}
+		out[i] = make([]int64, len(inner))
+		for j, x := range inner {
+			if out[i][j], ok = x.(int64); !ok {
+				return nil, fmt.Errorf("%w: tenant %d field %d: %T", errReply, i, j, x)
+			}
+		}
+	}
+	return out, nil
+}
+
+// apply turns one tenant's reply into decisions, in the tenant's event order.
+func (l *Limiter) apply(g *group, r []int64, now time.Time, out []Decision) error {
+	if len(r) < 4 || int64(len(r)) != 4+3*r[1] {
+		return fmt.Errorf("%w: %v", errReply, r)
+	}
+	next := 0
+	give := func(n int64, d Decision) {
+		for ; n > 0 && next < len(g.idx); n-- {
+			out[g.idx[next]] = d
+			next++
+		}
+	}
+	give(r[0], Decision{Kind: Admit})
+	for i := int64(0); i < r[1]; i++ {
+		due, cnt, until := r[2+3*i], r[3+3*i], r[4+3*i]
+		give(cnt, Decision{Kind: Defer, Due: time.UnixMilli(due), Until: time.UnixMilli(until)})
+	}
+	reason := "no room found within the scan limit"
+	if full := r[len(r)-1]; full > 0 {
+		reason = l.fullReason()
+		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon), now)
+	}
+	give(r[len(r)-2], Decision{Kind: Reject, Reason: reason})
+	if next != len(g.idx) {
+		return fmt.Errorf("%w: %d decisions for %d events of tenant %q", errReply, next, len(g.idx), g.tenant)
+	}
+	return nil
+}
+
+// Usage is the state of one rule's current window for one tenant: the seed's
+// "current access count". It is a value type.
+type Usage struct {
+	Rule      string    `json:"rule"`
+	Count     int64     `json:"count"`
+	Limit     int64     `json:"limit"`
+	Remaining int64     `json:"remaining"`
+	Reset     time.Time `json:"reset"`
+}
+
+// Usage returns, per rule of the tenant, the count in the current window
+// (admitted events and slots reserved in it), the limit, what remains, and
+// when the window ends. A ttl rule with no live window reports zero and a
+// reset of now (its window starts at the next event). It reads only.
+func (l *Limiter) Usage(ctx context.Context, tenant string) ([]Usage, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	now := l.opts.Clock()
+	rules := l.rules.Load().For(tenant)
+	out := make([]Usage, len(rules))
+	wkeys := make([]string, len(rules))
+	if l.opts.Window == TTL {
+		anchors := make([]*redis.SliceCmd, len(rules))
+		if _, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, r := range rules {
+				anchors[i] = p.HMGet(ctx, l.keys.rule(tenant, r)+":anchor", "start", "until")
+			}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("usage: %w", err)
+		}
+		for i, r := range rules {
+			var a struct {
+				Start int64 `redis:"start"`
+				Until int64 `redis:"until"`
+			}
+			if err := anchors[i].Scan(&a); err != nil {
+				return nil, fmt.Errorf("usage: anchor: %w", err)
+			}
+			if a.Until > now.UnixMilli() {
+				step := r.Length().Milliseconds()
+				s := a.Start + (now.UnixMilli()-a.Start)/step*step
+				wkeys[i] = l.keys.rule(tenant, r) + ":" + fmt.Sprint(s)
+			}
+		}
+	} else {
+		for i, r := range rules {
+			s, _ := Window(r, now, l.opts.Location)
+			wkeys[i] = l.keys.window(tenant, r, s)
+		}
+	}
+	cmds := make([]*redis.Cmd, len(rules))
+	if _, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range wkeys {
+			if k != "" {
+				cmds[i] = l.get.Eval(ctx, p, []string{k}, now.UnixMilli())
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("usage: %w", err)
+	}
+	for i, r := range rules {
+		u := Usage{Rule: r.String(), Limit: r.Limit, Reset: now}
+		if l.opts.Window == Aligned {
+			_, u.Reset = Window(r, now, l.opts.Location)
+		}
+		if cmds[i] != nil {
+			v, err := cmds[i].Int64Slice()
+			if err != nil || len(v) != 2 {
+				return nil, fmt.Errorf("usage: %q: %v %w", wkeys[i], v, err)
+			}
+			if v[0] > 0 {
+				u.Count, u.Reset = v[0], time.UnixMilli(v[1])
+			}
+		}
+		u.Remaining = max(0, u.Limit-u.Count)
+		out[i] = u
+	}
+	return out, nil
+}

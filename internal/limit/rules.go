@@ -1,0 +1,264 @@
+package limit
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Unit is the unit of a rule's window.
+type Unit uint8
+
+// Window units, as written in LIMITS: s, m, h, d, w, mo.
+const (
+	Second Unit = iota + 1
+	Minute
+	Hour
+	Day
+	Week
+	Month
+)
+
+var unitNames = map[string]Unit{"s": Second, "m": Minute, "h": Hour, "d": Day, "w": Week, "mo": Month}
+
+func (u Unit) String() string {
+	for k, v := range unitNames {
+		if v == u {
+			return k
+		}
+	}
+	return "?"
+}
+
+// nominal is the unit's length; days, weeks and months vary in a time zone.
+func (u Unit) nominal() time.Duration {
+	switch u {
+	case Second:
+		return time.Second
+	case Minute:
+		return time.Minute
+	case Hour:
+		return time.Hour
+	case Day:
+		return 24 * time.Hour
+	case Week:
+		return 7 * 24 * time.Hour
+	case Month:
+		return 30 * 24 * time.Hour
+	}
+	return 0
+}
+
+// Rule is one limit: at most Limit events per Count Units.
+type Rule struct {
+	Limit int64
+	Count int
+	Unit  Unit
+}
+
+// String returns the rule as written in LIMITS, e.g. "1000/1m". It is also the
+// rule's part of every counter key.
+func (r Rule) String() string {
+	return fmt.Sprintf("%d/%d%s", r.Limit, r.Count, r.Unit)
+}
+
+// Length is the window's nominal length (exact for s, m, h and ttl windows).
+func (r Rule) Length() time.Duration {
+	return time.Duration(r.Count) * r.Unit.nominal()
+}
+
+// checkAligned reports whether the rule can sit on calendar boundaries: the
+// count must divide the next larger unit, so that windows tile it.
+func (r Rule) checkAligned() error {
+	var ok bool
+	switch r.Unit {
+	case Second, Minute:
+		ok = 60%r.Count == 0
+	case Hour:
+		ok = 24%r.Count == 0
+	case Day, Week:
+		ok = r.Count == 1
+	case Month:
+		ok = 12%r.Count == 0
+	}
+	if !ok {
+		return fmt.Errorf("aligned window %d%s does not tile the calendar (use a count dividing 60s, 60m, 24h, 12mo, or 1d, 1w, or WINDOW=ttl)", r.Count, r.Unit)
+	}
+	return nil
+}
+
+// Rules maps tenants to their rules. A nil or empty Rules admits everything.
+// It is immutable once parsed and safe for concurrent use.
+type Rules struct {
+	byTenant map[string][]Rule
+	fallback []Rule // "*"
+	spec     string
+}
+
+// String returns the spec the rules were parsed from.
+func (rs *Rules) String() string { return rs.spec }
+
+// For returns the rules of a tenant: its own, else those of "*", else none.
+func (rs *Rules) For(tenant string) []Rule {
+	if rs == nil {
+		return nil
+	}
+	if r, ok := rs.byTenant[tenant]; ok {
+		return r
+	}
+	return rs.fallback
+}
+
+// Tenants lists the tenants with rules of their own, sorted.
+func (rs *Rules) Tenants() []string {
+	var out []string
+	for t := range rs.byTenant {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ParseRules parses a LIMITS spec: `tenant=rule,rule;tenant=rule`, where a rule
+// is `<limit>/<count><unit>` (units s, m, h, d, w, mo; a count of 1 may be left
+// out) and the tenant `*` stands for every tenant without rules of its own.
+// Errors quote the bad part. Tenants are taken as written, spaces trimmed.
+func ParseRules(spec string) (*Rules, error) {
+	rs := &Rules{byTenant: map[string][]Rule{}, spec: spec}
+	for _, part := range strings.Split(spec, ";") {
+		if strings.TrimSpace(part) == "" {
+			continue
+		}
+		eq := strings.LastIndex(part, "=")
+		if eq < 0 {
+			return nil, fmt.Errorf("%q: want tenant=limit/window", part)
+		}
+		tenant := strings.TrimSpace(part[:eq])
+		if tenant == "" {
+			return nil, fmt.Errorf("%q: empty tenant", part)
+		}
+		if len(tenant) > 256 {
+			return nil, fmt.Errorf("%q: tenant over 256 bytes", part)
+		}
+		var rules []Rule
+		for _, rs := range strings.Split(part[eq+1:], ",") {
+			r, err := parseRule(strings.TrimSpace(rs))
+			if err != nil {
+				return nil, fmt.Errorf("%q: %w", part, err)
+			}
+			for _, o := range rules {
+				if o.Count == r.Count && o.Unit == r.Unit {
+					return nil, fmt.Errorf("%q: two rules for window %d%s", part, r.Count, r.Unit)
+				}
+			}
+			rules = append(rules, r)
+		}
+		if tenant == "*" {
+			if rs.fallback != nil {
+				return nil, fmt.Errorf("%q: tenant \"*\" given twice", part)
+			}
+			rs.fallback = rules
+			continue
+		}
+		if _, dup := rs.byTenant[tenant]; dup {
+			return nil, fmt.Errorf("%q: tenant %q given twice", part, tenant)
+		}
+		rs.byTenant[tenant] = rules
+	}
+	if len(rs.byTenant) == 0 && rs.fallback == nil {
+		return nil, fmt.Errorf("%q: no rules", spec)
+	}
+	return rs, nil
+}
+
+// parseRule parses `<limit>/<count><unit>`.
+func parseRule(s string) (Rule, error) {
+	slash := strings.Index(s, "/")
+	if slash < 0 {
+		return Rule{}, fmt.Errorf("rule %q: want <limit>/<window>, e.g. 100/1m", s)
+	}
+	limit, err := strconv.ParseInt(strings.TrimSpace(s[:slash]), 10, 64)
+	if err != nil || limit < 0 || limit > 1<<40 {
+		return Rule{}, fmt.Errorf("rule %q: limit %q is not a whole number from 0 to 2^40", s, s[:slash])
+	}
+	w := strings.TrimSpace(s[slash+1:])
+	i := 0
+	for i < len(w) && w[i] >= '0' && w[i] <= '9' {
+		i++
+	}
+	count := 1
+	if i > 0 {
+		count, err = strconv.Atoi(w[:i])
+		if err != nil || count < 1 || count > 1000000 {
+			return Rule{}, fmt.Errorf("rule %q: window count %q is not a whole number from 1 to 1000000", s, w[:i])
+		}
+	}
+	unit, ok := unitNames[w[i:]]
+	if !ok {
+		return Rule{}, fmt.Errorf("rule %q: unknown unit %q (want s, m, h, d, w or mo)", s, w[i:])
+	}
+	return Rule{Limit: limit, Count: count, Unit: unit}, nil
+}
+
+// NewRules builds rules from lists of rule strings ("100/1m"): fallback for
+// every tenant without rules of its own (none: such tenants are not limited),
+// and byTenant for the others, whose names may hold any bytes (1 to 256).
+// Errors quote the bad part.
+func NewRules(fallback []string, byTenant map[string][]string) (*Rules, error) {
+	rs := &Rules{byTenant: map[string][]Rule{}}
+	parse := func(who string, specs []string) ([]Rule, error) {
+		if len(specs) == 0 {
+			return nil, fmt.Errorf("%s: no rules", who)
+		}
+		var out []Rule
+		for _, s := range specs {
+			r, err := parseRule(strings.TrimSpace(s))
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", who, err)
+			}
+			for _, o := range out {
+				if o.Count == r.Count && o.Unit == r.Unit {
+					return nil, fmt.Errorf("%s: two rules for window %d%s", who, r.Count, r.Unit)
+				}
+			}
+			out = append(out, r)
+		}
+		return out, nil
+	}
+	var specs []string
+	if fallback != nil {
+		r, err := parse("default", fallback)
+		if err != nil {
+			return nil, err
+		}
+		rs.fallback = r
+		specs = append(specs, "*="+strings.Join(fallback, ","))
+	}
+	for _, t := range sortedKeys(byTenant) {
+		if t == "" || len(t) > 256 {
+			return nil, fmt.Errorf("tenant %q: must be 1 to 256 bytes", t)
+		}
+		r, err := parse(fmt.Sprintf("tenant %q", t), byTenant[t])
+		if err != nil {
+			return nil, err
+		}
+		rs.byTenant[t] = r
+		specs = append(specs, fmt.Sprintf("%q=%s", t, strings.Join(byTenant[t], ",")))
+	}
+	if len(rs.byTenant) == 0 && rs.fallback == nil {
+		return nil, fmt.Errorf("no rules")
+	}
+	rs.spec = strings.Join(specs, ";")
+	return rs, nil
+}
+
+func sortedKeys(m map[string][]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,126 @@
+package limit
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParseRules(t *testing.T) {
+	rs, err := ParseRules("*=100/1m;acme=1000/1m,50000/1d;trial=10/1s; big co =5/2h,7/mo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		tenant string
+		want   []Rule
+	}{
+		{"acme", []Rule{{1000, 1, Minute}, {50000, 1, Day}}},
+		{"trial", []Rule{{10, 1, Second}}},
+		{"big co", []Rule{{5, 2, Hour}, {7, 1, Month}}},
+		{"someone else", []Rule{{100, 1, Minute}}},
+	}
+	for _, tt := range tests {
+		if diff := cmp.Diff(tt.want, rs.For(tt.tenant)); diff != "" {
+			t.Errorf("For(%q) (-want +got):\n%s", tt.tenant, diff)
+		}
+	}
+	if got, want := rs.For("acme")[1].String(), "50000/1d"; got != want {
+		t.Errorf("String: got %q, want %q", got, want)
+	}
+}
+
+func TestParseRulesErrors(t *testing.T) {
+	tests := []struct{ spec, quote string }{
+		{"", `no rules`},
+		{"acme", `"acme"`},
+		{"acme=10", `rule "10"`},
+		{"acme=x/1m", `limit "x"`},
+		{"acme=-1/1m", `limit "-1"`},
+		{"acme=10/1x", `unknown unit "x"`},
+		{"acme=10/0m", `window count "0"`},
+		{"acme=10/1m,20/1m", `two rules for window 1m`},
+		{"=10/1m", `empty tenant`},
+		{"a=1/1m;a=2/1m", `tenant "a" given twice`},
+		{"*=1/1m;*=2/1m", `"*" given twice`},
+		{"acme=10/1m;trial=5/q", `"trial=5/q"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.spec, func(t *testing.T) {
+			_, err := ParseRules(tt.spec)
+			if err == nil {
+				t.Fatalf("ParseRules(%q): got no error, want one quoting %s", tt.spec, tt.quote)
+			}
+			if !strings.Contains(err.Error(), tt.quote) {
+				t.Errorf("ParseRules(%q): got %q, want it to contain %s", tt.spec, err, tt.quote)
+			}
+		})
+	}
+}
+
+func TestCheckRulesAligned(t *testing.T) {
+	for spec, ok := range map[string]bool{"a=1/15m": true, "a=1/7m": false, "a=1/6h": true, "a=1/5h": false,
+		"a=1/2d": false, "a=1/3mo": true, "a=1/5mo": false, "a=1/1w": true, "*=1/30s": true} {
+		err := CheckRules(mustRules(t, spec), Aligned)
+		if (err == nil) != ok {
+			t.Errorf("CheckRules(%q, aligned): got %v, want ok=%v", spec, err, ok)
+		}
+		if err := CheckRules(mustRules(t, spec), TTL); err != nil {
+			t.Errorf("CheckRules(%q, ttl): got %v, want nil", spec, err)
+		}
+	}
+}
+
+func FuzzParseRules(f *testing.F) {
+	for _, s := range []string{"*=100/1m;acme=1000/1m,50000/1d;trial=10/1s", "a=1/mo", "x=0/1w", "a=b=1/1s", ";;", "a=1/99999999999s"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, spec string) {
+		rs, err := ParseRules(spec)
+		if err != nil {
+			return
+		}
+		// What parses must print back to rules that parse to the same thing.
+		for _, tenant := range append(rs.Tenants(), "*") {
+			for _, r := range rs.For(tenant) {
+				back, err := parseRule(r.String())
+				if err != nil || back != r {
+					t.Fatalf("rule %+v prints as %q, parses back as %+v, %v", r, r.String(), back, err)
+				}
+				if r.Count < 1 || r.Limit < 0 || r.Unit < Second || r.Unit > Month {
+					t.Fatalf("accepted bad rule %+v from %q", r, spec)
+				}
+			}
+		}
+	})
+}
+
+func TestNewRules(t *testing.T) {
+	rs, err := NewRules([]string{"100/1m"}, map[string][]string{"weird tenant/with:chars{}": {"10/1s", "500/1d"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]Rule{{10, 1, Second}, {500, 1, Day}}, rs.For("weird tenant/with:chars{}")); diff != "" {
+		t.Errorf("tenant rules (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]Rule{{100, 1, Minute}}, rs.For("other")); diff != "" {
+		t.Errorf("fallback (-want +got):\n%s", diff)
+	}
+	for _, bad := range []struct {
+		fallback []string
+		tenants  map[string][]string
+		quote    string
+	}{
+		{nil, nil, "no rules"},
+		{[]string{"1/1q"}, nil, `unknown unit "q"`},
+		{nil, map[string][]string{"acme": {"5/1m", "6/1m"}}, `tenant "acme": two rules`},
+		{nil, map[string][]string{"acme": {}}, `tenant "acme": no rules`},
+		{nil, map[string][]string{"": {"1/1m"}}, `tenant ""`},
+	} {
+		_, err := NewRules(bad.fallback, bad.tenants)
+		if err == nil || !strings.Contains(err.Error(), bad.quote) {
+			t.Errorf("NewRules(%v, %v): got %v, want an error containing %s", bad.fallback, bad.tenants, err, bad.quote)
+		}
+	}
+}

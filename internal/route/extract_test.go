@@ -1,0 +1,159 @@
+package route
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/segmentio/kafka-go"
+)
+
+func TestParseTenantFrom(t *testing.T) {
+	tests := []struct {
+		spec    string
+		wantErr string // substring; "" means valid
+	}{
+		{spec: "key"},
+		{spec: "header:x-tenant"},
+		{spec: "header:a:b"},
+		{spec: "json:tenant"},
+		{spec: "json:a.b.c"},
+		{spec: "", wantErr: `tenant source "": want key`},
+		{spec: "Key", wantErr: `tenant source "Key"`},
+		{spec: "value", wantErr: `tenant source "value"`},
+		{spec: "header:", wantErr: `tenant source "header:": header name is empty`},
+		{spec: "json:", wantErr: `tenant source "json:": json path has an empty segment`},
+		{spec: "json:a..b", wantErr: `tenant source "json:a..b"`},
+		{spec: "json:a.", wantErr: `tenant source "json:a."`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.spec, func(t *testing.T) {
+			e, err := ParseTenantFrom(tt.spec)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("got error %v, want none", err)
+				}
+				if got := e.String(); got != tt.spec {
+					t.Errorf("got String() %q, want %q", got, tt.spec)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("got error %v, want one containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestTenant(t *testing.T) {
+	long := strings.Repeat("x", MaxTenantBytes)
+	tests := []struct {
+		name    string
+		spec    string
+		msg     kafka.Message
+		want    string
+		wantErr string // exact reason
+	}{
+		{name: "key", spec: "key", msg: kafka.Message{Key: []byte("acme")}, want: "acme"},
+		{name: "key missing", spec: "key", msg: kafka.Message{}, wantErr: "no key"},
+		{name: "key empty", spec: "key", msg: kafka.Message{Key: []byte{}}, wantErr: "tenant is empty"},
+		{name: "key 256 bytes", spec: "key", msg: kafka.Message{Key: []byte(long)}, want: long},
+		{name: "key 257 bytes", spec: "key", msg: kafka.Message{Key: []byte(long + "x")}, wantErr: "tenant over 256 bytes"},
+
+		{name: "header", spec: "header:t", msg: kafka.Message{Headers: hdr("a", "1", "t", "acme")}, want: "acme"},
+		{name: "header last wins", spec: "header:t", msg: kafka.Message{Headers: hdr("t", "old", "t", "new")}, want: "new"},
+		{name: "header case sensitive", spec: "header:t", msg: kafka.Message{Headers: hdr("T", "acme")}, wantErr: `no header "t"`},
+		{name: "header missing", spec: "header:x", msg: kafka.Message{Key: []byte("k")}, wantErr: `no header "x"`},
+		{name: "header empty", spec: "header:t", msg: kafka.Message{Headers: hdr("t", "")}, wantErr: "tenant is empty"},
+
+		{name: "json top", spec: "json:tenant", msg: jsonMsg(`{"tenant":"acme"}`), want: "acme"},
+		{name: "json nested", spec: "json:a.b", msg: jsonMsg(`{"x":[1,{"b":"no"}],"a":{"y":{"b":"deep"},"b":"acme"}}`), want: "acme"},
+		{name: "json skips big values", spec: "json:t", msg: jsonMsg(`{"pad":{"a":[1,2,{"c":null}],"s":"\"}"},"t":"acme"}`), want: "acme"},
+		{name: "json number", spec: "json:id", msg: jsonMsg(`{"id": 12345}`), want: "12345"},
+		{name: "json number literal kept", spec: "json:id", msg: jsonMsg(`{"id":1.50e3}`), want: "1.50e3"},
+		{name: "json negative number", spec: "json:id", msg: jsonMsg(`{"id":-7}`), want: "-7"},
+		{name: "json escaped string", spec: "json:t", msg: jsonMsg(`{"t":"a\u00e9\"b"}`), want: "aé\"b"},
+		{name: "json escaped key", spec: "json:t", msg: jsonMsg(`{"\u0074":"acme"}`), want: "acme"},
+		{name: "json first duplicate wins", spec: "json:t", msg: jsonMsg(`{"t":"one","t":"two"}`), want: "one"},
+		{name: "json rest not read", spec: "json:t", msg: jsonMsg(`{"t":"acme", garbage`), want: "acme"},
+		{name: "json whitespace", spec: "json:a.b", msg: jsonMsg(" \n{ \"a\" : { \"b\" : \"acme\" } } "), want: "acme"},
+
+		{name: "json empty value", spec: "json:t", msg: jsonMsg(``), wantErr: "bad json: unexpected EOF"},
+		{name: "json truncated", spec: "json:t", msg: jsonMsg(`{"a":1,`), wantErr: "bad json: unexpected EOF"},
+		{name: "json not json", spec: "json:t", msg: jsonMsg(`hello`), wantErr: "bad json: invalid character 'h' looking for beginning of value"},
+		{name: "json bad before path", spec: "json:t", msg: jsonMsg(`{"a":tru,"t":"x"}`), wantErr: "bad json: invalid character ',' in literal true (expecting 'e')"},
+		{name: "json missing comma", spec: "json:t", msg: jsonMsg(`{"a":1 "t":"x"}`), wantErr: "bad json: invalid character '\"' after object key:value pair"},
+		{name: "json bad after missing path", spec: "json:t", msg: jsonMsg(`{"a":1}}`), wantErr: `json path "t" not found`},
+		{name: "json missing", spec: "json:t", msg: jsonMsg(`{"a":"acme"}`), wantErr: `json path "t" not found`},
+		{name: "json missing nested", spec: "json:a.b", msg: jsonMsg(`{"a":{"c":"acme"}}`), wantErr: `json path "a.b" not found`},
+		{name: "json intermediate not object", spec: "json:a.b", msg: jsonMsg(`{"a":"acme"}`), wantErr: `json path "a.b" not found`},
+		{name: "json intermediate array", spec: "json:a.b", msg: jsonMsg(`{"a":[{"b":"x"}]}`), wantErr: `json path "a.b" not found`},
+		{name: "json top array", spec: "json:t", msg: jsonMsg(`[{"t":"x"}]`), wantErr: `json path "t" not found`},
+		{name: "json top string", spec: "json:t", msg: jsonMsg(`"t"`), wantErr: `json path "t" not found`},
+		{name: "json object value", spec: "json:a", msg: jsonMsg(`{"a":{"b":1}}`), wantErr: `json path "a" is not a string or number`},
+		{name: "json array value", spec: "json:a", msg: jsonMsg(`{"a":[1]}`), wantErr: `json path "a" is not a string or number`},
+		{name: "json bool value", spec: "json:a.b", msg: jsonMsg(`{"a":{"b":true}}`), wantErr: `json path "a.b" is not a string or number`},
+		{name: "json null value", spec: "json:a", msg: jsonMsg(`{"a":null}`), wantErr: `json path "a" is not a string or number`},
+		{name: "json empty string", spec: "json:a", msg: jsonMsg(`{"a":""}`), wantErr: "tenant is empty"},
+		{name: "json long string", spec: "json:a", msg: jsonMsg(`{"a":"` + long + `y"}`), wantErr: "tenant over 256 bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e, err := ParseTenantFrom(tt.spec)
+			if err != nil {
+				t.Fatalf("ParseTenantFrom(%q): %v", tt.spec, err)
+			}
+			got, err := e.Tenant(tt.msg)
+			if tt.wantErr != "" {
+				if err == nil {
+					t.Fatalf("got tenant %q, want error %q", got, tt.wantErr)
+				}
+				if err.Error() != tt.wantErr {
+					t.Fatalf("got error %q, want %q", err.Error(), tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("got error %q, want tenant %q", err, tt.want)
+			}
+			if got != tt.want {
+				t.Errorf("got tenant %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func jsonMsg(v string) kafka.Message { return kafka.Message{Value: []byte(v)} }
+
+// FuzzTenant checks that Tenant never panics, that a tenant it returns is
+// non-empty and at most MaxTenantBytes, and that valid JSON is never called
+// bad. The seed corpus is in testdata/fuzz/FuzzTenant.
+func FuzzTenant(f *testing.F) {
+	f.Add("json:a.b", []byte("k"), []byte("h"), []byte(`{"a":{"b":"acme"}}`))
+	f.Fuzz(func(t *testing.T, spec string, key, header, value []byte) {
+		e, err := ParseTenantFrom(spec)
+		if err != nil {
+			return
+		}
+		m := kafka.Message{Key: key, Value: value, Headers: []kafka.Header{{Key: "t", Value: header}}}
+		if len(key) == 0 {
+			m.Key = nil
+		}
+		tenant, err := e.Tenant(m)
+		if err != nil {
+			if tenant != "" {
+				t.Errorf("got tenant %q with error %v, want none", tenant, err)
+			}
+			if err.Error() == "" {
+				t.Error("got an empty reason")
+			}
+			if strings.HasPrefix(err.Error(), "bad json") && json.Valid(value) {
+				t.Errorf("got %q for valid JSON %q", err, value)
+			}
+			return
+		}
+		if tenant == "" || len(tenant) > MaxTenantBytes {
+			t.Errorf("got tenant of %d bytes, want 1..%d", len(tenant), MaxTenantBytes)
+		}
+	})
+}

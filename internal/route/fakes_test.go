@@ -1,0 +1,171 @@
+package route
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/segmentio/kafka-go"
+)
+
+var t0 = time.Date(2025, 3, 4, 10, 0, 0, 0, time.UTC)
+
+func fixedClock(t time.Time) func() time.Time { return func() time.Time { return t } }
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// fakeWriter records every WriteMessages call. fail, if set, decides the
+// result of call n (0-based) from the messages it was given.
+type fakeWriter struct {
+	mu    sync.Mutex
+	calls [][]kafka.Message
+	fail  func(n int, msgs []kafka.Message) error
+}
+
+func (w *fakeWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := len(w.calls)
+	w.calls = append(w.calls, append([]kafka.Message(nil), msgs...))
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if w.fail != nil {
+		return w.fail(n, msgs)
+	}
+	return nil
+}
+
+func (w *fakeWriter) Calls() [][]kafka.Message {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([][]kafka.Message(nil), w.calls...)
+}
+
+// last returns the messages of the last call, which is the successful one
+// when the writer only fails earlier calls.
+func (w *fakeWriter) last(t *testing.T) []kafka.Message {
+	t.Helper()
+	calls := w.Calls()
+	if len(calls) == 0 {
+		t.Fatal("got no WriteMessages call, want at least one")
+	}
+	return calls[len(calls)-1]
+}
+
+// fakeAdmitter answers Admit with decide, recording the tenants of each call.
+type fakeAdmitter struct {
+	mu     sync.Mutex
+	calls  [][]string
+	decide func(n int, tenants []string) ([]limit.Decision, error)
+}
+
+func (a *fakeAdmitter) Admit(ctx context.Context, tenants []string) ([]limit.Decision, error) {
+	a.mu.Lock()
+	n := len(a.calls)
+	a.calls = append(a.calls, append([]string(nil), tenants...))
+	a.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return a.decide(n, tenants)
+}
+
+func (a *fakeAdmitter) Calls() [][]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([][]string(nil), a.calls...)
+}
+
+// byTenant returns a decide func that looks decisions up by tenant.
+func byTenant(m map[string]limit.Decision) func(int, []string) ([]limit.Decision, error) {
+	return func(_ int, tenants []string) ([]limit.Decision, error) {
+		ds := make([]limit.Decision, len(tenants))
+		for i, t := range tenants {
+			d, ok := m[t]
+			if !ok {
+				d = limit.Decision{Kind: limit.Admit}
+			}
+			ds[i] = d
+		}
+		return ds, nil
+	}
+}
+
+func hdr(kv ...string) []kafka.Header {
+	hs := make([]kafka.Header, 0, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		hs = append(hs, kafka.Header{Key: kv[i], Value: []byte(kv[i+1])})
+	}
+	return hs
+}
+
+// out is the comparable view of a written message.
+type out struct {
+	Topic   string
+	Key     string
+	Value   string
+	Headers []string // "k=v"
+	Time    time.Time
+}
+
+func view(msgs []kafka.Message) []out {
+	res := make([]out, len(msgs))
+	for i, m := range msgs {
+		o := out{Topic: m.Topic, Key: string(m.Key), Value: string(m.Value), Time: m.Time}
+		for _, h := range m.Headers {
+			o.Headers = append(o.Headers, h.Key+"="+string(h.Value))
+		}
+		res[i] = o
+	}
+	return res
+}
+
+func diffOut(t *testing.T, want []out, got []kafka.Message) {
+	t.Helper()
+	if d := cmp.Diff(want, view(got)); d != "" {
+		t.Errorf("written messages mismatch (-want +got):\n%s", d)
+	}
+}
+
+func counterValue(t *testing.T, c prometheus.Collector) float64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric)
+	go func() {
+		c.Collect(ch)
+		close(ch)
+	}()
+	var total float64
+	for m := range ch {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			t.Fatal(err)
+		}
+		total += pb.GetCounter().GetValue()
+	}
+	return total
+}
+
+func newTestMetrics(t *testing.T) *Metrics {
+	t.Helper()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatalf("NewMetrics: %v", err)
+	}
+	return m
+}
+
+var testTopics = Topics{Downstream: "down", Retry: "down.retry", DLQ: "down.dlq"}
+
+func ms(t time.Time) string {
+	return formatMillisString(t.UnixMilli())
+}
+
+func formatMillisString(n int64) string { return string(formatMillis(n)) }

@@ -1,0 +1,201 @@
+package route
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Header names of the gk- header contract. Times are unix milliseconds in
+// decimal. The "gk-" prefix is reserved for Gatekeeper.
+const (
+	// HeaderPrefix starts every Gatekeeper header.
+	HeaderPrefix = "gk-"
+	// HeaderAttempt is the number of times the event has been deferred (1 on the first deferral).
+	HeaderAttempt = "gk-attempt"
+	// HeaderDue is the start of the reserved slot: the event is never forwarded before it.
+	HeaderDue = "gk-due"
+	// HeaderTenant is the tenant the event was counted against.
+	HeaderTenant = "gk-tenant"
+	// HeaderReserved is the end of the reserved slot: until then the event is forwarded uncounted.
+	HeaderReserved = "gk-reserved"
+	// HeaderOriginTopic is the source topic the event was first consumed from.
+	HeaderOriginTopic = "gk-origin-topic"
+	// HeaderOriginPartition is the source partition the event was first consumed from.
+	HeaderOriginPartition = "gk-origin-partition"
+	// HeaderOriginOffset is the source offset the event was first consumed from.
+	HeaderOriginOffset = "gk-origin-offset"
+	// HeaderFirstSeen is when Gatekeeper first deferred the event.
+	HeaderFirstSeen = "gk-first-seen"
+	// HeaderReason says why an event went to the dead-letter topic (dead-letter topic only).
+	HeaderReason = "gk-reason"
+)
+
+// Deferral is what the gk- headers of a deferred event say. It is a value type.
+type Deferral struct {
+	// Attempt counts deferrals of the event, starting at 1.
+	Attempt int
+	// Due is the start of the reserved slot; Reserved is its end.
+	Due, Reserved time.Time
+	// FirstSeen is when the event was first deferred.
+	FirstSeen time.Time
+	// Tenant is the tenant the event is counted against.
+	Tenant string
+	// OriginTopic, OriginPartition and OriginOffset locate the event in its source topic.
+	OriginTopic     string
+	OriginPartition int
+	OriginOffset    int64
+}
+
+// WithDeferral returns a copy of m that carries d in its gk- headers. Every
+// gk- header m had is removed (so a re-deferred event never carries two
+// values), the other headers keep their order, and the deferral headers are
+// appended. m itself is not modified.
+//
+// Times are written in whole milliseconds: Due is rounded up, so that an event
+// is never released early, and Reserved is rounded down, so that an event is
+// never taken to be inside its slot after the slot ended.
+func WithDeferral(m kafka.Message, d Deferral) kafka.Message {
+	return withHeaders(m, isGK,
+		kafka.Header{Key: HeaderAttempt, Value: []byte(strconv.Itoa(d.Attempt))},
+		kafka.Header{Key: HeaderDue, Value: formatMillis(ceilMillis(d.Due))},
+		kafka.Header{Key: HeaderReserved, Value: formatMillis(d.Reserved.UnixMilli())},
+		kafka.Header{Key: HeaderTenant, Value: []byte(d.Tenant)},
+		kafka.Header{Key: HeaderOriginTopic, Value: []byte(d.OriginTopic)},
+		kafka.Header{Key: HeaderOriginPartition, Value: []byte(strconv.Itoa(d.OriginPartition))},
+		kafka.Header{Key: HeaderOriginOffset, Value: []byte(strconv.FormatInt(d.OriginOffset, 10))},
+		kafka.Header{Key: HeaderFirstSeen, Value: formatMillis(d.FirstSeen.UnixMilli())},
+	)
+}
+
+// WithReason returns a copy of m with gk-reason set to reason, replacing any
+// earlier gk-reason; all other headers are kept in order. m itself is not
+// modified.
+func WithReason(m kafka.Message, reason string) kafka.Message {
+	return withHeaders(m, func(k string) bool { return k == HeaderReason },
+		kafka.Header{Key: HeaderReason, Value: []byte(reason)})
+}
+
+// withOrigin returns a copy of m, consumed from a source topic, whose gk-
+// headers name its origin and, if known, its tenant. Any gk- headers m came
+// with are stale and removed.
+func withOrigin(m kafka.Message, tenant string) kafka.Message {
+	hs := make([]kafka.Header, 0, 4)
+	if tenant != "" {
+		hs = append(hs, kafka.Header{Key: HeaderTenant, Value: []byte(tenant)})
+	}
+	hs = append(hs,
+		kafka.Header{Key: HeaderOriginTopic, Value: []byte(m.Topic)},
+		kafka.Header{Key: HeaderOriginPartition, Value: []byte(strconv.Itoa(m.Partition))},
+		kafka.Header{Key: HeaderOriginOffset, Value: []byte(strconv.FormatInt(m.Offset, 10))},
+	)
+	return withHeaders(m, isGK, hs...)
+}
+
+// ParseDeferral reads the deferral headers of m. If a header appears more than
+// once, the last one counts. The error names the missing or malformed header.
+func ParseDeferral(m kafka.Message) (Deferral, error) {
+	var d Deferral
+	var err error
+	get := func(name string) string {
+		if err != nil {
+			return ""
+		}
+		v, ok := lastHeader(m.Headers, name)
+		if !ok {
+			err = fmt.Errorf("no header %s", name)
+		} else if v == "" {
+			err = fmt.Errorf("header %s is empty", name)
+		}
+		return v
+	}
+	integer := func(name string, bits int) int64 {
+		v := get(name)
+		if err != nil {
+			return 0
+		}
+		n, perr := strconv.ParseInt(v, 10, bits)
+		if perr != nil {
+			err = fmt.Errorf("header %s: %q is not an integer", name, v)
+		}
+		return n
+	}
+	millis := func(name string) time.Time {
+		n := integer(name, 64)
+		if err != nil {
+			return time.Time{}
+		}
+		return time.UnixMilli(n).UTC()
+	}
+
+	d.Attempt = int(integer(HeaderAttempt, 32))
+	d.Due = millis(HeaderDue)
+	d.Reserved = millis(HeaderReserved)
+	d.FirstSeen = millis(HeaderFirstSeen)
+	d.Tenant = get(HeaderTenant)
+	d.OriginTopic = get(HeaderOriginTopic)
+	d.OriginPartition = int(integer(HeaderOriginPartition, 32))
+	d.OriginOffset = integer(HeaderOriginOffset, 64)
+	if err != nil {
+		return Deferral{}, err
+	}
+	if d.Attempt < 1 {
+		return Deferral{}, fmt.Errorf("header %s: %d is below 1", HeaderAttempt, d.Attempt)
+	}
+	if err := checkTenant(d.Tenant); err != nil {
+		return Deferral{}, fmt.Errorf("header %s: %w", HeaderTenant, err)
+	}
+	return d, nil
+}
+
+// parseDue reads gk-due alone, for the tiers that only need the due time.
+func parseDue(m kafka.Message) (time.Time, error) {
+	v, ok := lastHeader(m.Headers, HeaderDue)
+	if !ok {
+		return time.Time{}, errors.New("no header " + HeaderDue)
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("header %s: %q is not an integer", HeaderDue, v)
+	}
+	return time.UnixMilli(n).UTC(), nil
+}
+
+func lastHeader(hs []kafka.Header, name string) (string, bool) {
+	for i := len(hs) - 1; i >= 0; i-- {
+		if hs[i].Key == name {
+			return string(hs[i].Value), true
+		}
+	}
+	return "", false
+}
+
+func isGK(name string) bool { return strings.HasPrefix(name, HeaderPrefix) }
+
+// withHeaders returns a copy of m without the headers for which drop is true
+// and with add appended. The header slice is new, so m's is never aliased.
+func withHeaders(m kafka.Message, drop func(string) bool, add ...kafka.Header) kafka.Message {
+	hs := make([]kafka.Header, 0, len(m.Headers)+len(add))
+	for _, h := range m.Headers {
+		if !drop(h.Key) {
+			hs = append(hs, h)
+		}
+	}
+	m.Headers = append(hs, add...)
+	return m
+}
+
+func formatMillis(ms int64) []byte { return []byte(strconv.FormatInt(ms, 10)) }
+
+// ceilMillis returns t in unix milliseconds, rounded up.
+func ceilMillis(t time.Time) int64 {
+	ms := t.UnixMilli()
+	if time.UnixMilli(ms).Before(t) {
+		ms++
+	}
+	return ms
+}

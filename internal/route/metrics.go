@@ -1,0 +1,122 @@
+package route
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+)
+
+// Decision labels of gatekeeper_decisions_total besides limit.Kind's names
+// ("admit", "defer", "reject").
+const (
+	// DecisionInvalid counts events whose tenant could not be derived.
+	DecisionInvalid = "invalid"
+	// DecisionReserved counts events forwarded uncounted from the retry tier
+	// because their reserved slot had not ended.
+	DecisionReserved = "reserved"
+	// DecisionMaxAttempts counts deferred events dead-lettered for having been
+	// deferred MaxAttempts times.
+	DecisionMaxAttempts = "max_attempts"
+)
+
+// Metrics are the Prometheus collectors of this package. A nil *Metrics is
+// valid and records nothing. Metrics is safe for concurrent use.
+type Metrics struct {
+	// Decisions counts events by decision: admit, defer, reject, invalid,
+	// reserved, max_attempts. In shadow mode the decision is counted although
+	// the event goes downstream.
+	Decisions *prometheus.CounterVec
+	// EventsIn counts handled events by the topic they were read from.
+	EventsIn *prometheus.CounterVec
+	// EventsOut counts acknowledged writes by the topic they were written to.
+	EventsOut *prometheus.CounterVec
+	// RedisUnchecked counts events forwarded without a limit check because
+	// Redis failed and ON_REDIS_ERROR is forward.
+	RedisUnchecked prometheus.Counter
+	// BatchSize observes the number of events per handled batch.
+	BatchSize prometheus.Histogram
+}
+
+// NewMetrics builds the collectors and registers them with reg; a nil reg
+// leaves them unregistered.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gatekeeper",
+			Name:      "decisions_total",
+			Help:      "Events by decision (admit, defer, reject, invalid, reserved, max_attempts).",
+		}, []string{"decision"}),
+		EventsIn: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gatekeeper",
+			Name:      "events_in_total",
+			Help:      "Events handled, by the topic they were read from.",
+		}, []string{"topic"}),
+		EventsOut: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gatekeeper",
+			Name:      "events_out_total",
+			Help:      "Events written and acknowledged, by destination topic.",
+		}, []string{"topic"}),
+		RedisUnchecked: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gatekeeper",
+			Name:      "redis_unchecked_total",
+			Help:      "Events forwarded without a limit check because Redis failed (ON_REDIS_ERROR=forward).",
+		}),
+		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gatekeeper",
+			Name:      "batch_size",
+			Help:      "Events per handled batch.",
+			Buckets:   []float64{1, 5, 10, 25, 50, 100, 250, 500, 1000},
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.Decisions, m.EventsIn, m.EventsOut, m.RedisUnchecked, m.BatchSize} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register route metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *Metrics) decision(label string, n int) {
+	if m == nil || n == 0 {
+		return
+	}
+	m.Decisions.WithLabelValues(label).Add(float64(n))
+}
+
+func (m *Metrics) batchIn(msgs []kafka.Message) {
+	if m == nil {
+		return
+	}
+	m.BatchSize.Observe(float64(len(msgs)))
+	countTopics(m.EventsIn, msgs)
+}
+
+func (m *Metrics) eventsOut(msgs []kafka.Message) {
+	if m == nil {
+		return
+	}
+	countTopics(m.EventsOut, msgs)
+}
+
+func (m *Metrics) unchecked(n int) {
+	if m == nil || n == 0 {
+		return
+	}
+	m.RedisUnchecked.Add(float64(n))
+}
+
+// countTopics adds msgs to c by topic, with one label lookup per run of equal topics.
+func countTopics(c *prometheus.CounterVec, msgs []kafka.Message) {
+	for i := 0; i < len(msgs); {
+		j := i + 1
+		for j < len(msgs) && msgs[j].Topic == msgs[i].Topic {
+			j++
+		}
+		c.WithLabelValues(msgs[i].Topic).Add(float64(j - i))
+		i = j
+	}
+}

@@ -1,0 +1,214 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/segmentio/kafka-go"
+)
+
+// DefaultMaxAttempts is the number of deferrals after which an event is
+// dead-lettered when Retrier.MaxAttempts is zero.
+const DefaultMaxAttempts = 5
+
+// ReasonMaxAttempts is the dead-letter reason of an event deferred too often.
+const ReasonMaxAttempts = "max attempts"
+
+// ErrEarly means a message was handed to the Retrier before its release
+// time: a bug in the caller. Nothing of the batch was written.
+var ErrEarly = errors.New("released before its time")
+
+// Retrier handles messages released from the retry tiers (Router.Topics).
+// It implements consume.Handler.
+//
+// From a tier with a lower bound L > 0 (released at gk-due - L) a message is
+// written, headers unchanged, to the tier of its remaining delay. From the
+// first tier (released at gk-due) a message inside its reserved slot
+// (before gk-reserved) goes downstream uncounted, gk- headers kept; after the
+// slot it is admitted again: admitted goes downstream, deferred goes back to
+// a retry tier with gk-attempt+1 (or to the dead-letter topic with reason
+// "max attempts" past MaxAttempts), rejected goes to the dead-letter topic.
+// A message whose gk- headers cannot be read goes to the dead-letter topic.
+//
+// A Retrier is safe for concurrent use once configured; do not change its
+// fields while Handle may run.
+type Retrier struct {
+	Admitter Admitter
+	// Router writes the outcomes; its Topics name the tiers and destinations.
+	Router *Router
+	// MaxAttempts is the most deferrals of one event; zero means DefaultMaxAttempts.
+	MaxAttempts int
+	// OnRedisError is RedisPause (also when empty) or RedisForward, as for Gate.
+	OnRedisError string
+	// Clock: nil means time.Now. Use the Router's clock and the one the
+	// caller releases messages by.
+	Clock func() time.Time
+	// Logger: nil means slog.Default().
+	Logger *slog.Logger
+	// Metrics, if set, counts events and decisions of successful batches.
+	Metrics *Metrics
+	// SetReady and Backoff are as for Gate.
+	SetReady func(ready bool)
+	Backoff  Backoff
+}
+
+// Validate reports a missing part or a bad setting.
+func (r *Retrier) Validate() error {
+	switch {
+	case r.Admitter == nil:
+		return errors.New("retrier: no Admitter")
+	case r.Router == nil || r.Router.Writer == nil:
+		return errors.New("retrier: no Router with a Writer")
+	case r.MaxAttempts < 0:
+		return fmt.Errorf("retrier: max attempts %d is negative", r.MaxAttempts)
+	}
+	return validPolicy(r.OnRedisError)
+}
+
+// Handle routes a batch of released messages of one retry tier partition and
+// returns nil only when every one has been written and acknowledged. A
+// message released before its time makes Handle return an error wrapping
+// ErrEarly before anything is written; a message from a topic that is not a
+// retry tier also fails the batch. On error the caller retries the batch.
+func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	log := r.logger()
+	now := r.now()
+	topics := r.Router.Topics
+
+	type pending struct {
+		i int // index in msgs
+		d Deferral
+	}
+	items := make([]Item, len(msgs))
+	var readmit []pending
+	var tenants []string
+	counts := map[string]int{}
+	for i, m := range msgs {
+		tier, ok := topics.Tier(m.Topic)
+		if !ok {
+			return fmt.Errorf("retrier: topic %q (partition %d offset %d) is not a retry tier of %q",
+				m.Topic, m.Partition, m.Offset, topics.Retry)
+		}
+		if tier.LowerBound > 0 {
+			due, err := parseDue(m)
+			if err != nil {
+				counts[DecisionInvalid]++
+				items[i] = r.deadLetter(log, m, err.Error())
+				continue
+			}
+			if release := due.Add(-tier.LowerBound); now.Before(release) {
+				return fmt.Errorf("retrier: topic %s partition %d offset %d: %w: now %s, release at %s",
+					m.Topic, m.Partition, m.Offset, ErrEarly, now.Format(time.RFC3339Nano), release.Format(time.RFC3339Nano))
+			}
+			items[i] = Item{Msg: m, Outcome: Requeue, Deferral: Deferral{Due: due}}
+			continue
+		}
+
+		d, err := ParseDeferral(m)
+		if err != nil {
+			counts[DecisionInvalid]++
+			items[i] = r.deadLetter(log, m, err.Error())
+			continue
+		}
+		if now.Before(d.Due) {
+			return fmt.Errorf("retrier: topic %s partition %d offset %d: %w: now %s, due %s",
+				m.Topic, m.Partition, m.Offset, ErrEarly, now.Format(time.RFC3339Nano), d.Due.Format(time.RFC3339Nano))
+		}
+		if now.Before(d.Reserved) {
+			counts[DecisionReserved]++
+			items[i] = Item{Msg: m, Outcome: Forward}
+			continue
+		}
+		readmit = append(readmit, pending{i: i, d: d})
+		tenants = append(tenants, d.Tenant)
+	}
+
+	ds, unchecked, err := r.admission().admit(ctx, tenants, msgs[0])
+	if err != nil {
+		return fmt.Errorf("retrier: %w", err)
+	}
+	maxAttempts := r.MaxAttempts
+	if maxAttempts == 0 {
+		maxAttempts = DefaultMaxAttempts
+	}
+	for j, p := range readmit {
+		m := msgs[p.i]
+		if unchecked {
+			items[p.i] = Item{Msg: m, Outcome: Forward}
+			continue
+		}
+		d := ds[j]
+		switch d.Kind {
+		case limit.Admit:
+			counts[d.Kind.String()]++
+			items[p.i] = Item{Msg: m, Outcome: Forward}
+		case limit.Defer:
+			next := p.d
+			next.Attempt++
+			if next.Attempt > maxAttempts {
+				counts[DecisionMaxAttempts]++
+				items[p.i] = r.deadLetter(log, m, ReasonMaxAttempts)
+				continue
+			}
+			counts[d.Kind.String()]++
+			next.Due, next.Reserved = d.Due, d.Until
+			items[p.i] = Item{Msg: m, Outcome: Defer, Deferral: next}
+			log.Debug("event deferred again", "tenant", next.Tenant, "topic", m.Topic, "partition", m.Partition,
+				"offset", m.Offset, "attempt", next.Attempt, "due", next.Due)
+		case limit.Reject:
+			counts[d.Kind.String()]++
+			items[p.i] = r.deadLetter(log, m, rejectReason(d))
+		default:
+			return fmt.Errorf("retrier: decision %d for tenant %q is not valid", d.Kind, p.d.Tenant)
+		}
+	}
+
+	if err := r.Router.Route(ctx, items); err != nil {
+		return fmt.Errorf("retrier: %w", err)
+	}
+
+	r.Metrics.batchIn(msgs)
+	for label, n := range counts {
+		r.Metrics.decision(label, n)
+	}
+	if unchecked {
+		r.Metrics.unchecked(len(readmit))
+	}
+	return nil
+}
+
+// deadLetter keeps m's gk- headers, which say where the event came from, and adds the reason.
+func (r *Retrier) deadLetter(log *slog.Logger, m kafka.Message, reason string) Item {
+	tenant, _ := lastHeader(m.Headers, HeaderTenant)
+	log.Debug("retried event dead-lettered", "tenant", tenant, "topic", m.Topic, "partition", m.Partition,
+		"offset", m.Offset, "reason", reason)
+	return Item{Msg: m, Outcome: DeadLetter, Reason: reason}
+}
+
+func (r *Retrier) admission() admission {
+	return admission{admitter: r.Admitter, policy: r.OnRedisError, backoff: r.Backoff, setReady: r.SetReady, logger: r.logger()}
+}
+
+func (r *Retrier) now() time.Time {
+	if r.Clock != nil {
+		return r.Clock()
+	}
+	return time.Now()
+}
+
+func (r *Retrier) logger() *slog.Logger {
+	if r.Logger != nil {
+		return r.Logger
+	}
+	return slog.Default()
+}

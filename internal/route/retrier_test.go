@@ -1,0 +1,243 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/google/go-cmp/cmp"
+	"github.com/segmentio/kafka-go"
+)
+
+// deferral returns the deferral of an event of tenant first deferred an hour before t0.
+func deferral(tenant string, attempt int, due, reserved time.Time) Deferral {
+	return Deferral{Attempt: attempt, Due: due, Reserved: reserved, FirstSeen: t0.Add(-time.Hour),
+		Tenant: tenant, OriginTopic: "events", OriginPartition: 1, OriginOffset: 77}
+}
+
+// retryMsg is a message read from a retry tier topic at offset off.
+func retryMsg(topic string, off int64, d Deferral) kafka.Message {
+	m := kafka.Message{Topic: topic, Partition: 0, Offset: off, Key: []byte("k" + strconv.FormatInt(off, 10)),
+		Value: []byte("v"), Headers: hdr("trace", "x"), Time: t0.Add(-2 * time.Hour)}
+	return WithDeferral(m, d)
+}
+
+// outOf is the expected output of m written to topic, with extra headers appended.
+func outOf(m kafka.Message, topic string, extra ...string) out {
+	o := view([]kafka.Message{m})[0]
+	o.Topic = topic
+	o.Headers = append(o.Headers, extra...)
+	return o
+}
+
+type retrierFixture struct {
+	retrier  *Retrier
+	writer   *fakeWriter
+	admitter *fakeAdmitter
+	metrics  *Metrics
+	ready    *readyLog
+}
+
+func newRetrier(t *testing.T, decide func(int, []string) ([]limit.Decision, error)) retrierFixture {
+	t.Helper()
+	f := retrierFixture{
+		writer:   &fakeWriter{},
+		admitter: &fakeAdmitter{decide: decide},
+		metrics:  newTestMetrics(t),
+		ready:    &readyLog{},
+	}
+	fast := Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
+	f.retrier = &Retrier{
+		Admitter: f.admitter,
+		Router: &Router{Writer: f.writer, Topics: testTopics, Clock: fixedClock(t0), Backoff: fast,
+			Logger: discardLogger(), Metrics: f.metrics},
+		MaxAttempts: 3,
+		Clock:       fixedClock(t0),
+		Logger:      discardLogger(),
+		Metrics:     f.metrics,
+		SetReady:    f.ready.set,
+		Backoff:     fast,
+	}
+	return f
+}
+
+func TestRetrierHandle(t *testing.T) {
+	past := t0.Add(-10 * time.Second)
+	decisions := map[string]limit.Decision{
+		"ok":    {Kind: limit.Admit},
+		"again": {Kind: limit.Defer, Due: t0.Add(20 * time.Minute), Until: t0.Add(21 * time.Minute)},
+		"full":  {Kind: limit.Reject, Reason: "no room within 24h"},
+	}
+
+	requeue1h := retryMsg("down.retry.1h", 1, deferral("ok", 1, t0.Add(time.Minute), t0.Add(2*time.Minute)))
+	requeueLong := retryMsg("down.retry.long", 2, deferral("ok", 1, t0.Add(time.Hour), t0.Add(2*time.Hour)))
+	requeueLate := retryMsg("down.retry.long", 3, deferral("ok", 1, t0.Add(30*time.Second), t0.Add(2*time.Hour)))
+	badDueTier := kafka.Message{Topic: "down.retry.1h", Offset: 4, Key: []byte("k4"), Headers: hdr("gk-due", "x")}
+	reserved := retryMsg("down.retry", 5, deferral("full", 2, past, t0.Add(time.Second)))
+	reservedEdge := retryMsg("down.retry", 6, deferral("full", 2, t0, t0.Add(time.Millisecond)))
+	admitted := retryMsg("down.retry", 7, deferral("ok", 1, past, t0))
+	deferred := retryMsg("down.retry", 8, deferral("again", 2, past, past))
+	maxed := retryMsg("down.retry", 9, deferral("again", 3, past, past))
+	rejected := retryMsg("down.retry", 10, deferral("full", 1, past, past))
+	noHeaders := kafka.Message{Topic: "down.retry", Offset: 11, Key: []byte("k11"), Headers: hdr("trace", "x")}
+
+	batch := []kafka.Message{requeue1h, requeueLong, requeueLate, badDueTier, reserved, reservedEdge,
+		admitted, deferred, maxed, rejected, noHeaders}
+
+	f := newRetrier(t, byTenant(decisions))
+	if err := f.retrier.Handle(context.Background(), batch); err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+
+	if diff := cmp.Diff([][]string{{"ok", "again", "again", "full"}}, f.admitter.Calls()); diff != "" {
+		t.Errorf("Admit calls mismatch (-want +got):\n%s", diff)
+	}
+	next := deferral("again", 3, decisions["again"].Due, decisions["again"].Until)
+	want := []out{
+		outOf(requeue1h, "down.retry"),
+		outOf(requeueLong, "down.retry.1h"),
+		outOf(requeueLate, "down.retry"),
+		outOf(badDueTier, "down.dlq", `gk-reason=header gk-due: "x" is not an integer`),
+		outOf(reserved, "down"),
+		outOf(reservedEdge, "down"),
+		outOf(admitted, "down"),
+		outOf(retryMsg("", 8, next), "down.retry.1h"),
+		outOf(maxed, "down.dlq", "gk-reason=max attempts"),
+		outOf(rejected, "down.dlq", "gk-reason=no room within 24h"),
+		outOf(noHeaders, "down.dlq", "gk-reason=no header gk-attempt"),
+	}
+	calls := f.writer.Calls()
+	if len(calls) != 1 {
+		t.Fatalf("got %d WriteMessages calls, want 1", len(calls))
+	}
+	diffOut(t, want, calls[0])
+
+	for label, want := range map[string]float64{"admit": 1, "defer": 1, "reject": 1, "invalid": 2, "reserved": 2, "max_attempts": 1} {
+		if got := counterValue(t, f.metrics.Decisions.WithLabelValues(label)); got != want {
+			t.Errorf("decisions_total{decision=%q}: got %v, want %v", label, got, want)
+		}
+	}
+	if got := counterValue(t, f.metrics.EventsIn); got != float64(len(batch)) {
+		t.Errorf("events_in_total: got %v, want %d", got, len(batch))
+	}
+}
+
+func TestRetrierDefaultMaxAttempts(t *testing.T) {
+	past := t0.Add(-time.Second)
+	f := newRetrier(t, byTenant(map[string]limit.Decision{
+		"again": {Kind: limit.Defer, Due: t0.Add(time.Second), Until: t0.Add(2 * time.Second)},
+	}))
+	f.retrier.MaxAttempts = 0
+	at4 := retryMsg("down.retry", 1, deferral("again", 4, past, past))
+	at5 := retryMsg("down.retry", 2, deferral("again", 5, past, past))
+	if err := f.retrier.Handle(context.Background(), []kafka.Message{at4, at5}); err != nil {
+		t.Fatal(err)
+	}
+	got := f.writer.last(t)
+	if got[0].Topic != "down.retry" || got[1].Topic != "down.dlq" {
+		t.Errorf("got topics %s, %s, want down.retry, down.dlq (default max attempts %d)", got[0].Topic, got[1].Topic, DefaultMaxAttempts)
+	}
+}
+
+func TestRetrierRefuses(t *testing.T) {
+	ok := retryMsg("down.retry", 1, deferral("ok", 1, t0.Add(-time.Second), t0))
+	tests := []struct {
+		name      string
+		msg       kafka.Message
+		wantEarly bool
+	}{
+		{name: "first tier before due", msg: retryMsg("down.retry", 2, deferral("ok", 1, t0.Add(time.Millisecond), t0.Add(time.Minute))), wantEarly: true},
+		{name: "1h tier before due-1m", msg: retryMsg("down.retry.1h", 2, deferral("ok", 1, t0.Add(time.Minute+time.Millisecond), t0.Add(time.Hour))), wantEarly: true},
+		{name: "long tier before due-1h", msg: retryMsg("down.retry.long", 2, deferral("ok", 1, t0.Add(time.Hour+time.Millisecond), t0.Add(2*time.Hour))), wantEarly: true},
+		{name: "not a retry tier", msg: retryMsg("down", 2, deferral("ok", 1, t0, t0))},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newRetrier(t, byTenant(nil))
+			err := f.retrier.Handle(context.Background(), []kafka.Message{ok, tt.msg})
+			if err == nil {
+				t.Fatal("got no error, want one")
+			}
+			if got := errors.Is(err, ErrEarly); got != tt.wantEarly {
+				t.Errorf("got errors.Is(err, ErrEarly) %v, want %v (err %v)", got, tt.wantEarly, err)
+			}
+			if got := len(f.writer.Calls()); got != 0 {
+				t.Errorf("got %d WriteMessages calls, want none", got)
+			}
+			if got := len(f.admitter.Calls()); got != 0 {
+				t.Errorf("got %d Admit calls, want none", got)
+			}
+		})
+	}
+}
+
+func TestRetrierRedis(t *testing.T) {
+	past := t0.Add(-time.Second)
+	batch := []kafka.Message{
+		retryMsg("down.retry", 1, deferral("full", 1, past, past)),
+		retryMsg("down.retry", 2, deferral("full", 1, past, t0.Add(time.Second))),
+	}
+	t.Run("forward", func(t *testing.T) {
+		f := newRetrier(t, func(int, []string) ([]limit.Decision, error) { return nil, errRedis })
+		f.retrier.OnRedisError = RedisForward
+		if err := f.retrier.Handle(context.Background(), batch); err != nil {
+			t.Fatal(err)
+		}
+		diffOut(t, []out{outOf(batch[0], "down"), outOf(batch[1], "down")}, f.writer.last(t))
+		if got := counterValue(t, f.metrics.RedisUnchecked); got != 1 {
+			t.Errorf("redis_unchecked_total: got %v, want 1", got)
+		}
+	})
+	t.Run("pause", func(t *testing.T) {
+		f := newRetrier(t, func(n int, ts []string) ([]limit.Decision, error) {
+			if n < 2 {
+				return nil, errRedis
+			}
+			return byTenant(map[string]limit.Decision{"full": {Kind: limit.Reject}})(n, ts)
+		})
+		if err := f.retrier.Handle(context.Background(), batch); err != nil {
+			t.Fatal(err)
+		}
+		diffOut(t, []out{outOf(batch[0], "down.dlq", "gk-reason=over limit"), outOf(batch[1], "down")}, f.writer.last(t))
+		if diff := cmp.Diff([]bool{false, true}, f.ready.Got()); diff != "" {
+			t.Errorf("SetReady calls mismatch (-want +got):\n%s", diff)
+		}
+	})
+	t.Run("pause until context ends", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		f := newRetrier(t, func(int, []string) ([]limit.Decision, error) { return nil, errRedis })
+		err := f.retrier.Handle(ctx, batch)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("got error %v, want context.DeadlineExceeded", err)
+		}
+		if got := len(f.writer.Calls()); got != 0 {
+			t.Errorf("got %d WriteMessages calls, want none", got)
+		}
+	})
+}
+
+func TestRetrierValidate(t *testing.T) {
+	r := &Router{Writer: &fakeWriter{}}
+	a := &fakeAdmitter{}
+	tests := []struct {
+		name    string
+		retrier Retrier
+		ok      bool
+	}{
+		{name: "complete", retrier: Retrier{Admitter: a, Router: r}, ok: true},
+		{name: "negative attempts", retrier: Retrier{Admitter: a, Router: r, MaxAttempts: -1}},
+		{name: "bad policy", retrier: Retrier{Admitter: a, Router: r, OnRedisError: "drop"}},
+		{name: "no admitter", retrier: Retrier{Router: r}},
+		{name: "no router", retrier: Retrier{Admitter: a}},
+	}
+	for _, tt := range tests {
+		err := tt.retrier.Validate()
+		if (err == nil) != tt.ok {
+			t.Errorf("%s: got error %v, want ok=%v", tt.name, err, tt.ok)
+		}
+	}
+}

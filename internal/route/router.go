@@ -1,0 +1,377 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Writer writes messages to Kafka; *kafka.Writer implements it. WriteMessages
+// returns nil only when every message is acknowledged. It may return
+// kafka.WriteErrors, index-aligned with msgs, to say which ones failed.
+// Implementations must be safe for concurrent use.
+type Writer interface {
+	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
+}
+
+// WriterOptions tune NewKafkaWriter. The zero value is usable. It is a plain
+// value, read once by NewKafkaWriter.
+type WriterOptions struct {
+	// Transport carries the dial, TLS and SASL settings; nil means kafka.DefaultTransport.
+	Transport kafka.RoundTripper
+	// BatchBytes caps one produce request per partition; it should not exceed
+	// the brokers' message.max.bytes. Zero means 1 MiB.
+	BatchBytes int64
+	// WriteTimeout and ReadTimeout bound each produce and metadata request.
+	// Zero means 10s.
+	WriteTimeout, ReadTimeout time.Duration
+	// Logger, if set, receives kafka-go's error logs.
+	Logger *slog.Logger
+}
+
+// writerBatchSize is the most messages kafka-go sends in one produce request
+// per partition: above the consumer's largest batch, so that a batch written
+// with one WriteMessages call goes out in one request per partition (bytes
+// permitting) after BatchTimeout.
+const writerBatchSize = 10000
+
+// NewKafkaWriter returns a synchronous writer with the settings the gating
+// path relies on: acks from all in-sync replicas, a 2ms batch timeout, the
+// Murmur2 balancer on the key (the partitioning Java clients use), bounded
+// timeouts and no automatic topic creation. Messages must name their topic.
+// Close it when done.
+func NewKafkaWriter(brokers []string, opts WriterOptions) *kafka.Writer {
+	if opts.BatchBytes <= 0 {
+		opts.BatchBytes = 1 << 20
+	}
+	if opts.WriteTimeout <= 0 {
+		opts.WriteTimeout = 10 * time.Second
+	}
+	if opts.ReadTimeout <= 0 {
+		opts.ReadTimeout = 10 * time.Second
+	}
+	w := &kafka.Writer{
+		Addr:                   kafka.TCP(brokers...),
+		Balancer:               &kafka.Murmur2Balancer{},
+		RequiredAcks:           kafka.RequireAll,
+		Async:                  false,
+		BatchTimeout:           2 * time.Millisecond,
+		BatchSize:              writerBatchSize,
+		BatchBytes:             opts.BatchBytes,
+		WriteTimeout:           opts.WriteTimeout,
+		ReadTimeout:            opts.ReadTimeout,
+		Transport:              opts.Transport,
+		AllowAutoTopicCreation: false,
+	}
+	if l := opts.Logger; l != nil {
+		w.ErrorLogger = kafka.LoggerFunc(func(msg string, args ...any) {
+			l.Error(fmt.Sprintf(msg, args...), "component", "kafka-writer")
+		})
+	}
+	return w
+}
+
+// Topics names the output topics. It is a value type, safe for concurrent
+// use as long as it is not modified.
+type Topics struct {
+	// Downstream receives admitted events.
+	Downstream string
+	// Retry is the first retry tier; the other tiers add suffixes (see Tiers).
+	Retry string
+	// DLQ receives rejected and invalid events.
+	DLQ string
+}
+
+// Tier is one retry tier topic. A tier holds events whose remaining delay is
+// in (LowerBound, UpperBound] (the first tier also takes delays <= 0) and
+// releases each one at gk-due minus LowerBound. It is a value type.
+type Tier struct {
+	Topic                  string
+	LowerBound, UpperBound time.Duration // UpperBound 0 means none
+}
+
+// Tier bounds: the first tier (no suffix) takes delays up to 1m, ".1h" up to
+// 1h, ".long" anything longer.
+const (
+	tier1Upper = time.Minute
+	tier2Upper = time.Hour
+)
+
+// Tiers returns the retry tiers, shortest first.
+func (t Topics) Tiers() []Tier {
+	return []Tier{
+		{Topic: t.Retry, LowerBound: 0, UpperBound: tier1Upper},
+		{Topic: t.Retry + ".1h", LowerBound: tier1Upper, UpperBound: tier2Upper},
+		{Topic: t.Retry + ".long", LowerBound: tier2Upper},
+	}
+}
+
+// RetryTier returns the tier topic for an event due in delay, and that tier's
+// lower bound.
+func (t Topics) RetryTier(delay time.Duration) (topic string, lowerBound time.Duration) {
+	tiers := t.Tiers()
+	for _, tr := range tiers[:len(tiers)-1] {
+		if delay <= tr.UpperBound {
+			return tr.Topic, tr.LowerBound
+		}
+	}
+	last := tiers[len(tiers)-1]
+	return last.Topic, last.LowerBound
+}
+
+// Tier returns the retry tier whose topic is topic.
+func (t Topics) Tier(topic string) (Tier, bool) {
+	for _, tr := range t.Tiers() {
+		if tr.Topic == topic {
+			return tr, true
+		}
+	}
+	return Tier{}, false
+}
+
+// ReleaseAt returns when a message read from a retry tier may be released to
+// the Retrier: its gk-due minus the tier's lower bound. A message without a
+// readable gk-due, or from a topic that is not a tier, is released at once
+// (the zero time) so that the Retrier dead-letters it or reports it.
+func (t Topics) ReleaseAt(m kafka.Message) time.Time {
+	tr, ok := t.Tier(m.Topic)
+	if !ok {
+		return time.Time{}
+	}
+	due, err := parseDue(m)
+	if err != nil {
+		return time.Time{}
+	}
+	return due.Add(-tr.LowerBound)
+}
+
+// Outcome says where the Router sends one event. It is a value type.
+type Outcome uint8
+
+// The outcomes of routing.
+const (
+	// Forward sends the event downstream with its headers as they are.
+	Forward Outcome = iota + 1
+	// Defer sends the event to the retry tier of Deferral.Due with the
+	// deferral's gk- headers (replacing any it had).
+	Defer
+	// Requeue sends the event to the retry tier of Deferral.Due with its
+	// headers unchanged (only Deferral.Due is read).
+	Requeue
+	// DeadLetter sends the event to the dead-letter topic with gk-reason set to Reason.
+	DeadLetter
+)
+
+// String returns the outcome's lower-case name.
+func (o Outcome) String() string {
+	switch o {
+	case Forward:
+		return "forward"
+	case Defer:
+		return "defer"
+	case Requeue:
+		return "requeue"
+	case DeadLetter:
+		return "dead_letter"
+	}
+	return "unknown"
+}
+
+// Item is one event to route. It is a value type.
+type Item struct {
+	// Msg is the event as consumed. Its key, value, headers and timestamp are
+	// kept; its topic, partition and offset are not written.
+	Msg     kafka.Message
+	Outcome Outcome
+	// Deferral is read for Defer and (its Due only) Requeue.
+	Deferral Deferral
+	// Reason is read for DeadLetter.
+	Reason string
+}
+
+// Backoff is a capped exponential backoff with jitter. The zero value means
+// 100ms doubling up to 5s. It is a value type, safe for concurrent use.
+type Backoff struct {
+	Min, Max time.Duration
+}
+
+// delay returns the wait before retry number attempt (0-based): Min·2^attempt
+// capped at Max, less up to a half of it at random so that replicas spread out.
+func (b Backoff) delay(attempt int) time.Duration {
+	lo, hi := b.Min, b.Max
+	if lo <= 0 {
+		lo = 100 * time.Millisecond
+	}
+	if hi <= 0 {
+		hi = 5 * time.Second
+	}
+	d := lo
+	for i := 0; i < attempt && d < hi; i++ {
+		d *= 2
+	}
+	d = min(d, hi)
+	return d - rand.N(d/2+1)
+}
+
+// sleep waits for d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Router builds the output messages of a batch and writes them.
+//
+// A Router is safe for concurrent use once configured; do not change its
+// fields while Route may run.
+type Router struct {
+	Writer Writer
+	Topics Topics
+	// Clock gives the time used to pick retry tiers; nil means time.Now.
+	Clock func() time.Time
+	// Backoff paces the retries of a failed write.
+	Backoff Backoff
+	// Logger receives write failures; nil means slog.Default().
+	Logger *slog.Logger
+	// Metrics, if set, counts written events per topic.
+	Metrics *Metrics
+}
+
+// Build returns the messages Route would write for items, in item order.
+// It returns an error if an item has no valid outcome.
+func (r *Router) Build(items []Item) ([]kafka.Message, error) {
+	now := r.now()
+	out := make([]kafka.Message, len(items))
+	for i, it := range items {
+		m := kafka.Message{
+			Key:     it.Msg.Key,
+			Value:   it.Msg.Value,
+			Headers: it.Msg.Headers,
+			Time:    it.Msg.Time,
+		}
+		switch it.Outcome {
+		case Forward:
+			m.Topic = r.Topics.Downstream
+		case Defer:
+			m = WithDeferral(m, it.Deferral)
+			m.Topic, _ = r.Topics.RetryTier(it.Deferral.Due.Sub(now))
+		case Requeue:
+			m.Topic, _ = r.Topics.RetryTier(it.Deferral.Due.Sub(now))
+		case DeadLetter:
+			m = WithReason(m, it.Reason)
+			m.Topic = r.Topics.DLQ
+		default:
+			return nil, fmt.Errorf("item %d (topic %s partition %d offset %d): outcome %d is not valid",
+				i, it.Msg.Topic, it.Msg.Partition, it.Msg.Offset, it.Outcome)
+		}
+		out[i] = m
+	}
+	return out, nil
+}
+
+// Route writes the output messages of items in one WriteMessages call. If
+// the write fails it is retried, after a backoff, until it succeeds or ctx
+// is done: when the writer reports which messages failed (kafka.WriteErrors)
+// only those are written again, otherwise all of them. Route returns nil
+// only when every message has been acknowledged; an event may be written
+// more than once, never lost.
+func (r *Router) Route(ctx context.Context, items []Item) error {
+	msgs, err := r.Build(items)
+	if err != nil {
+		return fmt.Errorf("route: %w", err)
+	}
+	if err := r.write(ctx, msgs); err != nil {
+		return fmt.Errorf("route: %w", err)
+	}
+	r.Metrics.eventsOut(msgs)
+	return nil
+}
+
+func (r *Router) write(ctx context.Context, msgs []kafka.Message) error {
+	pending := msgs
+	for attempt := 0; len(pending) > 0; attempt++ {
+		err := r.Writer.WriteMessages(ctx, pending...)
+		if err == nil {
+			return nil
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			return fmt.Errorf("write %d messages: %w (last error: %v)", len(pending), cerr, err)
+		}
+		var werrs kafka.WriteErrors
+		if errors.As(err, &werrs) && len(werrs) == len(pending) {
+			failed := make([]kafka.Message, 0, werrs.Count())
+			for i, e := range werrs {
+				if e != nil {
+					failed = append(failed, pending[i])
+				}
+			}
+			pending = failed
+			if len(pending) == 0 {
+				return nil
+			}
+		}
+		wait := r.Backoff.delay(attempt)
+		level := slog.LevelWarn
+		if tooLarge(err, werrs) {
+			// Retrying will not help until an operator raises the size limit,
+			// but dropping the event is not an option either.
+			level = slog.LevelError
+		}
+		r.logger().Log(ctx, level, "kafka write failed, retrying",
+			"topic", topicList(pending), "messages", len(pending),
+			"attempt", attempt+1, "backoff", wait, "err", err)
+		if serr := sleep(ctx, wait); serr != nil {
+			return fmt.Errorf("write %d messages: %w (last error: %v)", len(pending), serr, err)
+		}
+	}
+	return nil
+}
+
+func tooLarge(err error, werrs kafka.WriteErrors) bool {
+	if errors.Is(err, kafka.MessageSizeTooLarge) {
+		return true
+	}
+	for _, e := range werrs {
+		if e != nil && errors.Is(e, kafka.MessageSizeTooLarge) {
+			return true
+		}
+	}
+	return false
+}
+
+// topicList returns the distinct topics of msgs, comma-separated, for logs.
+func topicList(msgs []kafka.Message) string {
+	var topics []string
+	for _, m := range msgs {
+		if !slices.Contains(topics, m.Topic) {
+			topics = append(topics, m.Topic)
+		}
+	}
+	return strings.Join(topics, ",")
+}
+
+func (r *Router) now() time.Time {
+	if r.Clock != nil {
+		return r.Clock()
+	}
+	return time.Now()
+}
+
+func (r *Router) logger() *slog.Logger {
+	if r.Logger != nil {
+		return r.Logger
+	}
+	return slog.Default()
+}
