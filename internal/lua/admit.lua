@@ -144,20 +144,49 @@ for ti = 1, ntenants do
   local first = math.huge
   for _, r in ipairs(rules) do
     r.cs, r.ce = win(r, now)
-    local room = r.limit - count_of(wkey(r, r.cs))
-    if room < admitted then
-      admitted = room
-    end
     if r.ce < first then
       first = r.ce
     end
   end
-  if admitted < 0 then
-    admitted = 0
-  end
-  if admitted > 0 then
+  if nrules == 1 then
+    -- One rule: count optimistically and give back what did not fit, one
+    -- call when it fits. A current window's key is never past its expiry
+    -- (keys carry their window's start), so the count read is live.
+    local r = rules[1]
+    local key = wkey(r, r.cs)
+    local c = redis.call("HINCRBY", key, "count", n)
+    if c == n then
+      redis.call("HSET", key, "expire", r.ce)
+      redis.call("PEXPIRE", key, r.ce - now + retention)
+    end
+    local before = c - n
+    admitted = r.limit - before
+    if admitted > n then
+      admitted = n
+    elseif admitted < 0 then
+      admitted = 0
+    end
+    if admitted < n then
+      redis.call("HINCRBY", key, "count", admitted - n)
+    end
+    counts[key] = before + admitted
+    if admitted > 0 and r.ce > r.maxend then
+      r.maxend = r.ce
+    end
+  else
     for _, r in ipairs(rules) do
-      add(r, r.cs, r.ce, admitted)
+      local room = r.limit - count_of(wkey(r, r.cs))
+      if room < admitted then
+        admitted = room
+      end
+    end
+    if admitted < 0 then
+      admitted = 0
+    end
+    if admitted > 0 then
+      for _, r in ipairs(rules) do
+        add(r, r.cs, r.ce, admitted)
+      end
     end
   end
 
