@@ -346,12 +346,20 @@ func testRulesChange(t *testing.T, rdb redis.UniversalClient) {
 		t.Fatalf("cached: got %s, want r", got)
 	}
 	// Tighter rules: the cache of the old rule set does not apply, and the
-	// new rule counts in windows of its own.
+	// new limit applies to what the windows already hold: the current window
+	// (2 admitted) and the next (2 reserved) are over the new limit of 1.
 	if err := l.SetRules(mustRules(t, "acme=1/1s")); err != nil {
 		t.Fatal(err)
 	}
-	if got := kinds(admit(t, l, repeat("acme", 3))); got != "adr" {
-		t.Errorf("after change: got %s, want adr", got)
+	if got := kinds(admit(t, l, repeat("acme", 2))); got != "rr" {
+		t.Errorf("after lowering: got %s, want rr", got)
+	}
+	// Raised: the room is the new limit minus what the window holds.
+	if err := l.SetRules(mustRules(t, "acme=5/1s")); err != nil {
+		t.Fatal(err)
+	}
+	if got := kinds(admit(t, l, repeat("acme", 7))); got != "aaadddr" {
+		t.Errorf("after raising: got %s, want aaadddr", got)
 	}
 	if err := l.SetRules(mustRules(t, "acme=1/7m")); err == nil {
 		t.Errorf("SetRules with a window that does not tile: got nil error")

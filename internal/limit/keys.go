@@ -7,8 +7,12 @@ import (
 	"time"
 )
 
-// Key layout: <prefix>:{<tenant>}:<rule>:<window start ms>, where <rule> is the
-// rule as written ("1000/1m"), with "/ttl" added for ttl windows. The tenant
+// Key layout: <prefix>:{<tenant>}:<window>:<window start ms>, where <window> is
+// the rule's window as written ("1m" for the rule "1000/1m"), with "/ttl" added
+// for ttl windows. The limit is not part of the key: a tenant has one rule per
+// window, and when an operator changes a limit, the new limit applies to what
+// the window already counted (raising 5/1m to 50/1m mid-window admits 45 more,
+// lowering it to 2/1m admits none). The tenant
 // sits in a {hash tag} so that all keys of a tenant live in one Redis Cluster
 // slot and one script call can touch them all.
 //
@@ -48,9 +52,9 @@ func (k keys) tenant(tenant string) string {
 	return k.prefix + ":{" + encodeTenant(tenant) + "}"
 }
 
-// rule returns the prefix of a rule's window keys: <prefix>:{<tenant>}:<rule>.
+// rule returns the prefix of a rule's window keys: <prefix>:{<tenant>}:<window>.
 func (k keys) rule(tenant string, r Rule) string {
-	s := k.tenant(tenant) + ":" + r.String()
+	s := k.tenant(tenant) + ":" + r.Window()
 	if k.kind == TTL {
 		s += "/ttl"
 	}

@@ -58,10 +58,16 @@ type Rule struct {
 	Unit  Unit
 }
 
-// String returns the rule as written in LIMITS, e.g. "1000/1m". It is also the
-// rule's part of every counter key.
+// String returns the rule as written in LIMITS, e.g. "1000/1m".
 func (r Rule) String() string {
-	return fmt.Sprintf("%d/%d%s", r.Limit, r.Count, r.Unit)
+	return fmt.Sprintf("%d/%s", r.Limit, r.Window())
+}
+
+// Window returns the rule's window as written in LIMITS, e.g. "1m". It is the
+// rule's part of every counter key, without the limit, so that a changed
+// limit applies to the counts already in the window.
+func (r Rule) Window() string {
+	return fmt.Sprintf("%d%s", r.Count, r.Unit)
 }
 
 // Length is the window's nominal length (exact for s, m, h and ttl windows).
