@@ -58,3 +58,22 @@ func TestPipelineSmoke(t *testing.T) {
 		t.Errorf("exit code after SIGTERM: got %d, want 0 (took %v)", code, took)
 	}
 }
+
+// A missing topic stops start-up with one line naming it, instead of a
+// consumer that spins on a topic that is not there.
+func TestMissingTopicStopsStartup(t *testing.T) {
+	t.Parallel()
+	f := newFlow(t, 1)
+	gk := startGatekeeper(t, "gk", f.env(t, "GATEKEEPER_LIMITS", "*=10/1m", "GATEKEEPER_SOURCE_TOPICS", f.Source+",no-such-topic-"+f.Source))
+	select {
+	case <-gk.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("still running a minute after start with a missing source topic")
+	}
+	if code := gk.cmd.ProcessState.ExitCode(); code != 1 {
+		t.Errorf("exit code: got %d, want 1", code)
+	}
+	if !gk.logContains(`no-such-topic-` + f.Source) {
+		t.Errorf("log does not name the missing topic:\n%s", gk.tail(10))
+	}
+}

@@ -8,6 +8,8 @@
 //	gatekeeper [run]          run the worker (the default)
 //	gatekeeper usage TENANT   print a tenant's current usage as JSON
 //	gatekeeper check-config   print the effective configuration (secrets masked)
+//	gatekeeper demo           run the gate and retry path over synthetic traffic on
+//	                          an embedded Kafka-protocol broker and Redis
 //	gatekeeper version        print the version
 //	gatekeeper help           print this help and the configuration variables
 //
@@ -59,6 +61,10 @@ Usage:
   gatekeeper usage TENANT   print a tenant's current usage as JSON (reads Redis)
   gatekeeper check-config   print the effective configuration, secrets masked;
                             exit 1 with one line naming a bad variable
+  gatekeeper demo [-duration 30s] [-plain]
+                            run the gate and retry path over synthetic traffic of a
+                            few tenants on an embedded Kafka-protocol broker and Redis
+                            (or GATEKEEPER_KAFKA_BROKERS and GATEKEEPER_REDIS_ADDRS)
   gatekeeper version        print the version
   gatekeeper help           print this help
 
@@ -95,6 +101,8 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return 2
 		}
 		return checkConfigCmd(stdout, stderr)
+	case "demo":
+		return demoCmd(ctx, args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, versionString())
 		return 0

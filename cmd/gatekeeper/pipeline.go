@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
@@ -33,8 +36,11 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		Help: "Deferred events read from a retry tier and waiting for their release time.",
 	}, []string{"topic"})
 	lateness := prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "gatekeeper_retry_lateness_seconds",
-		Help:    "Time from a deferred event's release time (gk-due for the first tier) to its handling.",
+		Name: "gatekeeper_retry_lateness_seconds",
+		Help: "Time from a deferred event's release time to the acknowledgement of its writes. " +
+			"For the first retry tier the release time is gk-due: this is how late the event was " +
+			"forwarded (or deferred again). For the other tiers it is gk-due minus the tier's lower " +
+			"bound, and the write moves the event to a shorter tier.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 	}, []string{"topic"})
 	lag := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -47,6 +53,9 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		}
 	}
 
+	if err := waitForTopics(ctx, p, pipelineTopics(cfg)); err != nil || ctx.Err() != nil {
+		return err
+	}
 	writer := route.NewKafkaWriter(cfg.KafkaBrokers, route.WriterOptions{
 		Transport:    p.Transport,
 		WriteTimeout: cfg.KafkaTimeout,
@@ -148,4 +157,57 @@ func startPipeline(ctx context.Context, p pipeline) error {
 	p.Log.Info("pipeline started", slog.Any("roles", cfg.Roles), slog.Any("source_topics", cfg.SourceTopics),
 		slog.String("downstream_topic", cfg.DownstreamTopic))
 	return g.Wait()
+}
+
+// pipelineTopics lists every topic the roles of cfg read or write.
+func pipelineTopics(cfg *Config) []string {
+	var ts []string
+	if cfg.HasRole("gate") {
+		ts = append(ts, cfg.SourceTopics...)
+	}
+	ts = append(ts, cfg.DownstreamTopic, cfg.DLQTopic)
+	for _, t := range (route.Topics{Downstream: cfg.DownstreamTopic, Retry: cfg.RetryTopic, DLQ: cfg.DLQTopic}).Tiers() {
+		ts = append(ts, t.Topic)
+	}
+	return ts
+}
+
+// waitForTopics checks that every topic exists. Gatekeeper never creates
+// topics: a missing one is a configuration error, named in the one line it
+// returns. While Kafka cannot be reached it waits and tries again (readiness
+// stays false), so that a fleet started before its brokers does not crash-loop.
+func waitForTopics(ctx context.Context, p pipeline, topics []string) error {
+	client := &kafka.Client{Addr: kafka.TCP(p.Config.KafkaBrokers...), Timeout: p.Config.KafkaTimeout, Transport: p.Transport}
+	wait := 250 * time.Millisecond
+	for {
+		mctx, cancel := context.WithTimeout(ctx, p.Config.KafkaTimeout)
+		res, err := client.Metadata(mctx, &kafka.MetadataRequest{Topics: topics})
+		cancel()
+		if err == nil {
+			var missing []string
+			for _, t := range res.Topics {
+				if t.Error != nil {
+					missing = append(missing, fmt.Sprintf("%q (%v)", t.Name, t.Error))
+				}
+			}
+			if len(missing) > 0 {
+				return fmt.Errorf("topics missing (Gatekeeper never creates topics; create them first): %s", strings.Join(missing, ", "))
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		var kerr kafka.Error
+		if errors.As(err, &kerr) && !kerr.Temporary() {
+			return fmt.Errorf("kafka metadata: %w", err)
+		}
+		p.Log.Error("kafka unavailable, waiting to check the topics", slog.String("error", err.Error()), slog.String("retry_in", wait.String()))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 10*time.Second)
+	}
 }

@@ -16,7 +16,7 @@ const (
 	DefaultDrainTimeout = 10 * time.Second
 	DefaultTimeout      = 5 * time.Second
 	DefaultCloseTimeout = 10 * time.Second
-	DefaultFetchMaxWait = 500 * time.Millisecond
+	DefaultFetchMaxWait = 1500 * time.Millisecond
 	DefaultBackoffMin   = 100 * time.Millisecond
 	DefaultBackoffMax   = 5 * time.Second
 	DefaultLookAhead    = 10000
@@ -54,8 +54,12 @@ type Config struct {
 	// CloseTimeout bounds how long Run waits for kafka-go to end the
 	// generation and leave the group at shutdown.
 	CloseTimeout time.Duration
-	// FetchMaxWait is how long a fetch waits at the broker for data on an
-	// idle partition. It also bounds how long closing a partition reader takes.
+	// FetchMaxWait is the socket deadline of a fetch on an idle partition.
+	// kafka-go asks the broker to wait FetchMaxWait minus 1s when it is over
+	// 1s (else minus a quarter) and keeps the rest as slack for the reply:
+	// the default 1.5s gives a 0.5s broker wait and 1s of slack, so a loaded
+	// machine does not turn idle fetches into i/o timeouts. It also bounds how
+	// long closing a partition reader takes.
 	FetchMaxWait time.Duration
 	// MaxBytes caps the bytes of one fetch response per partition. A larger
 	// message is still fetched, alone.
@@ -192,8 +196,11 @@ type DelayedConfig struct {
 	// OnWaiting, if set, is called with the change in the number of messages
 	// waiting for their release time in a topic (summed over partitions it is
 	// a gauge). OnLateness, if set, is called for each released message with
-	// the time between its release time and its handing to the Handler. Both
-	// are called from partition goroutines, concurrently.
+	// the time from its release time to the return of the Handler call that
+	// succeeded with it (its writes acknowledged): the delay a reader of the
+	// Handler's output sees, failed attempts included. Messages released at
+	// once (zero release time) are not reported. Both are called from
+	// partition goroutines, concurrently.
 	OnWaiting  func(topic string, delta int)
 	OnLateness func(topic string, late time.Duration)
 }

@@ -125,12 +125,20 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 			offsets := make([]int64, len(due))
 			for i, w := range due {
 				msgs[i], offsets[i] = w.msg, w.msg.Offset
-				if c.OnLateness != nil && !w.at.IsZero() {
-					c.OnLateness(p.topic, now.Sub(w.at))
-				}
 			}
 			if !p.handle(stop, hctx, msgs) {
 				return
+			}
+			// Lateness runs to the Handler's success (its writes are
+			// acknowledged), not to the hand-over: it covers the write and
+			// any retries of a failing batch.
+			if c.OnLateness != nil {
+				handled := clock.Now()
+				for _, w := range due {
+					if !w.at.IsZero() {
+						c.OnLateness(p.topic, handled.Sub(w.at))
+					}
+				}
 			}
 			tr.done(offsets...)
 			for range due {

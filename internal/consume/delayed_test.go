@@ -240,3 +240,46 @@ func TestDelayedRetriesFailedBatch(t *testing.T) {
 		t.Errorf("handler called %d times, want at least 3 (two failures)", h.attempts)
 	}
 }
+
+// Lateness runs from the release time to the Handler's success, so that the
+// time the Handler takes to write (and any failed attempts) is included.
+func TestDelayedLatenessIncludesHandling(t *testing.T) {
+	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	f := &chanFetcher{ch: make(chan kafka.Message, 2)}
+	f.ch <- withRelease(msgs(0, 1)[0], t0)
+	clock := newFakeClock(t0)
+	var (
+		mu   sync.Mutex
+		late []time.Duration
+	)
+	handler := HandlerFunc(func(context.Context, []kafka.Message) error {
+		clock.Set(clock.Now().Add(250 * time.Millisecond)) // the write takes 250ms
+		return nil
+	})
+	c := &commits{}
+	p := testPartition(f, handler, c, func(cfg *Config) { cfg.Clock = clock })
+	dc := DelayedConfig{
+		Config:    *p.cfg,
+		ReleaseAt: releaseAtHeader,
+		LookAhead: 10,
+		OnLateness: func(_ string, d time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			late = append(late, d)
+		},
+	}
+	stop, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.runDelayed(&dc, stop, context.Background())
+	}()
+	defer func() { cancel(); <-done }()
+
+	eventually(t, 5*time.Second, "committed", func() bool { return len(c.get()) > 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	if diff := cmp.Diff([]time.Duration{250 * time.Millisecond}, late); diff != "" {
+		t.Errorf("lateness (-want +got):\n%s", diff)
+	}
+}

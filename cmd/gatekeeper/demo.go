@@ -1,0 +1,624 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/kelseyhightower/envconfig"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"golang.org/x/term"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+)
+
+// The demo's tenants, limits and deferral horizon. Windows are short so that
+// deferred events come back within the run; the horizon is short so that the
+// flood tenant also shows rejections.
+var demoTenants = []demoTenant{
+	{Name: "flood", Rule: "20/1s", Rate: 100, About: "100/s, far over its limit"},
+	{Name: "steady", Rule: "50/1s", Rate: 20, About: "20/s, under its limit"},
+	{Name: "bursty", Rule: "30/5s", Burst: 60, Every: 10 * time.Second, About: "bursts of 60 every 10s"},
+}
+
+const (
+	demoHorizon    = 10 * time.Second
+	demoPartitions = 3
+)
+
+// demoLimits is the LIMITS value of the demo tenants.
+func demoLimits() string {
+	parts := make([]string, len(demoTenants))
+	for i, t := range demoTenants {
+		parts[i] = t.Name + "=" + t.Rule
+	}
+	return strings.Join(parts, ";")
+}
+
+// demoConn holds the connection variables the demo honours when it runs
+// against real servers. Field names match Config's, so the variables are the
+// same GATEKEEPER_* ones. An empty KafkaBrokers or RedisAddrs means the
+// embedded server.
+type demoConn struct {
+	KafkaBrokers       []string `split_words:"true"`
+	KafkaTLS           bool     `split_words:"true"`
+	KafkaSASLMechanism string   `split_words:"true"`
+	KafkaSASLUsername  string   `split_words:"true"`
+	KafkaSASLPassword  string   `split_words:"true"`
+	RedisAddrs         []string `split_words:"true"`
+	RedisUsername      string   `split_words:"true"`
+	RedisPassword      string   `split_words:"true"`
+	RedisTLS           bool     `split_words:"true"`
+}
+
+// demoOptions configure runDemo. It is a plain value.
+type demoOptions struct {
+	// Duration is how long traffic is produced (the run ends earlier when
+	// ctx is done).
+	Duration time.Duration
+	// Out receives the view and the summary; Live redraws the view in
+	// place with ANSI escapes about once a Refresh, otherwise one plain line
+	// is printed about every PlainEvery.
+	Out                 io.Writer
+	Live                bool
+	Refresh, PlainEvery time.Duration
+	// Log receives the pipeline's warnings and errors.
+	Log io.Writer
+	// Conn names real servers; its empty address lists mean embedded ones.
+	Conn demoConn
+	// Drain bounds the wait, after traffic stops, for the gate to route
+	// every offered event.
+	Drain time.Duration
+}
+
+// demoCmd runs `gatekeeper demo [-duration 30s] [-plain]`.
+func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gatekeeper demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	duration := fs.Duration("duration", 30*time.Second, "how long to produce traffic (Ctrl-C ends the run early)")
+	plain := fs.Bool("plain", false, "plain output: one line about every 5s instead of a live view (default when stdout is not a terminal)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: gatekeeper demo [-duration 30s] [-plain]\n\n"+
+			"Runs the gate and the retry path over synthetic traffic of a few tenants, on an embedded\n"+
+			"Kafka-protocol broker (kfake) and an embedded Redis (miniredis), or on the servers named by\n"+
+			"GATEKEEPER_KAFKA_BROKERS and GATEKEEPER_REDIS_ADDRS when set. Flags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "gatekeeper demo: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if *duration <= 0 {
+		fmt.Fprintln(stderr, "gatekeeper demo: -duration must be positive")
+		return 2
+	}
+	var conn demoConn
+	if err := envconfig.Process(envPrefix, &conn); err != nil {
+		fmt.Fprintln(stderr, processError(err))
+		return 1
+	}
+	live := !*plain && isTerminal(stdout)
+	logw := &logBuffer{}
+	opts := demoOptions{
+		Duration:   *duration,
+		Out:        stdout,
+		Live:       live,
+		Refresh:    time.Second,
+		PlainEvery: 5 * time.Second,
+		Log:        logw,
+		Conn:       conn,
+		Drain:      20 * time.Second,
+	}
+	if !live {
+		// Plain output goes to logs (CI): warnings go there as they happen.
+		opts.Log = stderr
+	}
+	sum, err := runDemo(ctx, opts)
+	if live {
+		logw.printTo(stderr)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "gatekeeper demo: %s\n", oneLine(err.Error()))
+		return 1
+	}
+	if !sum.OK() {
+		return 1
+	}
+	return 0
+}
+
+// logBuffer keeps log lines for printing after the live view ends. Safe for
+// concurrent use.
+type logBuffer struct {
+	mu    sync.Mutex
+	buf   strings.Builder
+	lines int
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.lines += strings.Count(string(p), "\n")
+	return b.buf.Write(p)
+}
+
+// printTo writes what was logged, if anything, under a heading.
+func (b *logBuffer) printTo(w io.Writer) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.buf.Len() == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nwarnings and errors logged during the run (%d lines):\n%s", b.lines, b.buf.String())
+}
+
+// demoNames are the topics, group and key prefix of one run.
+type demoNames struct {
+	Source, Downstream, Retry, DLQ string
+	Group, Prefix                  string
+}
+
+// outputs lists the topics the gatekeeper writes to.
+func (n demoNames) outputs() []string {
+	return []string{n.Downstream, n.Retry, n.Retry + ".1h", n.Retry + ".long", n.DLQ}
+}
+
+func newDemoNames(unique bool) demoNames {
+	base, prefix := "demo", "gkdemo"
+	if unique {
+		b := make([]byte, 3)
+		_, _ = rand.Read(b)
+		id := time.Now().UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b)
+		base, prefix = "gatekeeper-demo-"+id, "gkdemo-"+id
+	}
+	return demoNames{
+		Source:     base + ".events",
+		Downstream: base + ".out",
+		Retry:      base + ".out.retry",
+		DLQ:        base + ".out.dlq",
+		Group:      base,
+		Prefix:     prefix,
+	}
+}
+
+// demoConfig is the gatekeeper configuration of the demo: the values an
+// operator would set, with short windows, a short horizon and short waits.
+func demoConfig(conn demoConn, brokers, redisAddrs []string, n demoNames) *Config {
+	return &Config{
+		KafkaBrokers:       brokers,
+		GroupID:            n.Group,
+		SourceTopics:       []string{n.Source},
+		DownstreamTopic:    n.Downstream,
+		RetryTopic:         n.Retry,
+		DLQTopic:           n.DLQ,
+		RedisAddrs:         redisAddrs,
+		RedisKeyPrefix:     n.Prefix,
+		TenantFrom:         "json:tenant",
+		Limits:             demoLimits(),
+		Window:             string(limit.Aligned),
+		Timezone:           "UTC",
+		DeferHorizon:       demoHorizon,
+		OnRedisError:       "pause",
+		MaxAttempts:        5,
+		HTTPAddr:           "127.0.0.1:0",
+		LogLevel:           "warn",
+		Roles:              []string{roleGate, roleRetry},
+		BatchSize:          500,
+		BatchWait:          20 * time.Millisecond,
+		ShutdownGrace:      15 * time.Second,
+		RedisTimeout:       2 * time.Second,
+		KafkaTimeout:       10 * time.Second,
+		Retention:          10 * time.Minute,
+		RedisUsername:      conn.RedisUsername,
+		RedisPassword:      conn.RedisPassword,
+		RedisTLS:           conn.RedisTLS,
+		KafkaSASLMechanism: conn.KafkaSASLMechanism,
+		KafkaSASLUsername:  conn.KafkaSASLUsername,
+		KafkaSASLPassword:  conn.KafkaSASLPassword,
+		KafkaTLS:           conn.KafkaTLS,
+	}
+}
+
+// runDemo starts the servers (embedded unless opts.Conn names real ones),
+// creates the topics, runs the real pipeline (gate and retry) over synthetic
+// traffic for opts.Duration while showing the live view, then drains, stops
+// the pipeline, reads every output topic to its end and prints the summary.
+func runDemo(ctx context.Context, opts demoOptions) (*demoSummary, error) {
+	if opts.Refresh <= 0 {
+		opts.Refresh = time.Second
+	}
+	if opts.PlainEvery <= 0 {
+		opts.PlainEvery = 5 * time.Second
+	}
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	out := opts.Out
+	say := func(format string, args ...any) { fmt.Fprintf(out, "gatekeeper demo: "+format+"\n", args...) }
+	// The shutdown steps run on their own context: Ctrl-C ends the traffic,
+	// not the drain and the summary.
+	bg := context.Background()
+
+	brokers, redisAddrs := opts.Conn.KafkaBrokers, opts.Conn.RedisAddrs
+	var where, short []string // where the servers are, in full and for the live view
+	if len(brokers) == 0 {
+		kc, err := kfake.NewCluster(kfake.NumBrokers(1))
+		if err != nil {
+			return nil, fmt.Errorf("start embedded kafka (kfake): %w", err)
+		}
+		defer kc.Close()
+		brokers = kc.ListenAddrs()
+		where = append(where, "embedded Kafka-protocol broker (kfake) at "+strings.Join(brokers, ","))
+		short = append(short, "kfake "+strings.Join(brokers, ","))
+	} else {
+		where = append(where, "Kafka at "+strings.Join(brokers, ","))
+		short = append(short, "Kafka "+strings.Join(brokers, ","))
+	}
+	if len(redisAddrs) == 0 {
+		mr := miniredis.NewMiniRedis()
+		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
+			return nil, fmt.Errorf("start embedded redis (miniredis): %w", err)
+		}
+		defer mr.Close()
+		// TTLs follow the wall clock, as on a real Redis.
+		mr.ClockTTL(true)
+		redisAddrs = []string{mr.Addr()}
+		where = append(where, "embedded Redis (miniredis) at "+mr.Addr())
+		short = append(short, "miniredis "+mr.Addr())
+	} else {
+		where = append(where, "Redis at "+strings.Join(redisAddrs, ","))
+		short = append(short, "Redis "+strings.Join(redisAddrs, ","))
+	}
+	realKafka := len(opts.Conn.KafkaBrokers) > 0
+	names := newDemoNames(realKafka || len(opts.Conn.RedisAddrs) > 0)
+	cfg := demoConfig(opts.Conn, brokers, redisAddrs, names)
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("demo configuration: %w", err)
+	}
+	rules, err := cfg.Rules()
+	if err != nil {
+		return nil, fmt.Errorf("rules: %w", err)
+	}
+	say("%s", strings.Join(where, "; "))
+
+	log := slog.New(slog.NewTextHandler(opts.Log, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	dialer, err := newKafkaDialer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	transport, err := newKafkaTransport(cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer transport.CloseIdleConnections()
+	admin := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: cfg.KafkaTimeout, Transport: transport}
+
+	if err := createDemoTopics(ctx, admin, names); err != nil {
+		return nil, err
+	}
+	if realKafka {
+		defer deleteDemoTopics(bg, admin, names, log)
+	}
+
+	reg := prometheus.NewRegistry()
+	rdb := newRedis(cfg)
+	defer rdb.Close()
+	lopts, err := limiterOptions(cfg, reg)
+	if err != nil {
+		return nil, err
+	}
+	lim, err := limit.New(ctx, rdb, rules, lopts)
+	if err != nil {
+		return nil, fmt.Errorf("start limiter: %w", err)
+	}
+
+	tl := newTally(rules, time.UTC)
+	rctx, stopReaders := context.WithCancel(bg)
+	var readers sync.WaitGroup
+	defer func() {
+		stopReaders()
+		readers.Wait()
+	}()
+	for _, topic := range names.outputs() {
+		for p := 0; p < demoPartitions; p++ {
+			readers.Add(1)
+			go func() {
+				defer readers.Done()
+				readDemoTopic(rctx, brokers, dialer, topic, p, tl, names, log)
+			}()
+		}
+	}
+
+	kafkaLog, kafkaErrLog := kafkaLoggers(log)
+	var paused atomic.Bool
+	pctx, stopPipeline := context.WithCancel(bg)
+	defer stopPipeline()
+	pipeDone := make(chan error, 1)
+	go func() {
+		pipeDone <- startPipeline(pctx, pipeline{
+			Config:           cfg,
+			Log:              log,
+			Registerer:       reg,
+			Redis:            rdb,
+			Limiter:          lim,
+			Dialer:           dialer,
+			Transport:        transport,
+			KafkaLogger:      kafkaLog,
+			KafkaErrorLogger: kafkaErrLog,
+			Paused:           &paused,
+		})
+	}()
+	pipelineErr := func() error {
+		stopPipeline()
+		select {
+		case err := <-pipeDone:
+			return err
+		case <-time.After(cfg.ShutdownGrace + 10*time.Second):
+			return errors.New("pipeline did not stop within the shutdown grace")
+		}
+	}
+
+	say("waiting for the consumer groups to join")
+	if err := waitGroupsJoined(ctx, admin, []string{cfg.GroupID, cfg.GroupID + ".retry"}, pipeDone); err != nil {
+		perr := pipelineErr()
+		return nil, errors.Join(err, perr)
+	}
+
+	view := &demoView{
+		out: out, live: opts.Live, tenants: demoTenants, where: strings.Join(short, ", "),
+		names: names, horizon: demoHorizon, duration: opts.Duration,
+	}
+	if f, ok := out.(*os.File); ok && opts.Live {
+		if w, _, err := term.GetSize(int(f.Fd())); err == nil {
+			view.width = w
+		}
+	}
+	if lb, ok := opts.Log.(*logBuffer); ok {
+		view.logLines = func() int { lb.mu.Lock(); defer lb.mu.Unlock(); return lb.lines }
+	}
+	defer view.close()
+	say("%s of traffic; limits %s, deferral horizon %v", opts.Duration, cfg.Limits, demoHorizon)
+
+	// Traffic, with the view refreshed until it ends.
+	start := time.Now()
+	tctx, stopTraffic := context.WithTimeout(ctx, opts.Duration)
+	defer stopTraffic()
+	prod := newDemoProducer(brokers, transport, names.Source, tl)
+	defer prod.Close()
+	trafficDone := make(chan error, 1)
+	go func() { trafficDone <- prod.Run(tctx, bg, start, demoTenants) }()
+	every := opts.PlainEvery
+	if opts.Live {
+		every = opts.Refresh
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	view.draw(tl.snapshot(time.Now()), "traffic", time.Since(start))
+	var trafficErr error
+traffic:
+	for {
+		select {
+		case trafficErr = <-trafficDone:
+			break traffic
+		case err := <-pipeDone:
+			stopTraffic()
+			<-trafficDone
+			if err == nil {
+				err = errors.New("stopped early")
+			}
+			return nil, fmt.Errorf("pipeline: %w", err)
+		case <-tick.C:
+			view.draw(tl.snapshot(time.Now()), "traffic", time.Since(start))
+		}
+	}
+	trafficTime := time.Since(start)
+	interrupted := ctx.Err() != nil
+
+	// Drain: wait until the gate has routed every offered event and the
+	// retrier has released every deferred event due by the end of the
+	// traffic (not long after Ctrl-C).
+	trafficEnd := time.Now()
+	drain := opts.Drain
+	if interrupted {
+		drain = min(drain, 5*time.Second)
+	}
+	drainEnd := trafficEnd.Add(drain)
+	for time.Now().Before(drainEnd) {
+		if unrouted, overdue := tl.pending(trafficEnd); unrouted+overdue == 0 {
+			break
+		}
+		select {
+		case err := <-pipeDone:
+			return nil, fmt.Errorf("pipeline stopped while draining: %v", err)
+		case <-tick.C:
+			view.draw(tl.snapshot(time.Now()), "draining", time.Since(start))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	view.draw(tl.snapshot(time.Now()), "stopping", time.Since(start))
+	perr := pipelineErr()
+
+	// Read every output topic to its end, so that the summary sees every
+	// write the pipeline made.
+	if err := catchUp(bg, admin, names, tl, 30*time.Second); err != nil {
+		log.Warn("output topics not read to their end", slog.String("error", err.Error()))
+	}
+	stopReaders()
+	readers.Wait()
+
+	sum := tl.summary(time.Now())
+	sum.Traffic = trafficTime
+	sum.Interrupted = interrupted
+	sum.Where = strings.Join(where, "; ")
+	view.finish(sum)
+	if trafficErr != nil {
+		return sum, fmt.Errorf("producer: %w", trafficErr)
+	}
+	if perr != nil {
+		return sum, fmt.Errorf("pipeline: %w", perr)
+	}
+	return sum, nil
+}
+
+// createDemoTopics creates the source and output topics and waits until
+// their metadata shows every partition with a leader.
+func createDemoTopics(ctx context.Context, admin *kafka.Client, n demoNames) error {
+	var topics []kafka.TopicConfig
+	for _, t := range append([]string{n.Source}, n.outputs()...) {
+		topics = append(topics, kafka.TopicConfig{Topic: t, NumPartitions: demoPartitions, ReplicationFactor: -1})
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	res, err := admin.CreateTopics(cctx, &kafka.CreateTopicsRequest{Topics: topics})
+	if err != nil {
+		return fmt.Errorf("create topics: %w", err)
+	}
+	var names []string
+	for _, tc := range topics {
+		if err := res.Errors[tc.Topic]; err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+			return fmt.Errorf("create topic %s: %w", tc.Topic, err)
+		}
+		names = append(names, tc.Topic)
+	}
+	for {
+		md, err := admin.Metadata(cctx, &kafka.MetadataRequest{Topics: names})
+		if err == nil && topicsReady(md, names) {
+			return nil
+		}
+		select {
+		case <-cctx.Done():
+			return fmt.Errorf("topics not ready: %w", errors.Join(err, cctx.Err()))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func topicsReady(md *kafka.MetadataResponse, names []string) bool {
+	ready := 0
+	for _, t := range md.Topics {
+		if t.Error != nil || len(t.Partitions) != demoPartitions {
+			return false
+		}
+		for _, p := range t.Partitions {
+			if p.Error != nil || p.Leader.Host == "" {
+				return false
+			}
+		}
+		ready++
+	}
+	return ready == len(names)
+}
+
+// deleteDemoTopics removes a run's topics from a real cluster.
+func deleteDemoTopics(ctx context.Context, admin *kafka.Client, n demoNames, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	topics := append([]string{n.Source}, n.outputs()...)
+	res, err := admin.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: topics})
+	if err == nil {
+		for _, t := range topics {
+			if err = res.Errors[t]; err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		log.Warn("delete demo topics", slog.String("error", err.Error()))
+	}
+}
+
+// waitGroupsJoined waits until every group is stable with a member that has
+// partitions assigned, so that traffic starts when the gatekeeper consumes.
+func waitGroupsJoined(ctx context.Context, admin *kafka.Client, groups []string, pipeDone <-chan error) error {
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var last string
+	for {
+		res, err := admin.DescribeGroups(wctx, &kafka.DescribeGroupsRequest{GroupIDs: groups})
+		if err == nil {
+			ready := 0
+			for _, g := range res.Groups {
+				assigned := 0
+				for _, m := range g.Members {
+					for _, t := range m.MemberAssignments.Topics {
+						assigned += len(t.Partitions)
+					}
+				}
+				if g.Error == nil && g.GroupState == "Stable" && assigned > 0 {
+					ready++
+				} else {
+					last = fmt.Sprintf("group %s: state %q, %d partitions assigned, error %v", g.GroupID, g.GroupState, assigned, g.Error)
+				}
+			}
+			if ready == len(groups) {
+				return nil
+			}
+		} else {
+			last = err.Error()
+		}
+		select {
+		case err := <-pipeDone:
+			return fmt.Errorf("pipeline stopped before its groups joined: %v", err)
+		case <-wctx.Done():
+			return fmt.Errorf("consumer groups did not join: %s", last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// catchUp waits until the tally has read every output partition up to its
+// end offset as of now.
+func catchUp(ctx context.Context, admin *kafka.Client, n demoNames, tl *tally, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for _, t := range n.outputs() {
+		for p := 0; p < demoPartitions; p++ {
+			req.Topics[t] = append(req.Topics[t], kafka.LastOffsetOf(p))
+		}
+	}
+	res, err := admin.ListOffsets(ctx, req)
+	if err != nil {
+		return fmt.Errorf("list offsets: %w", err)
+	}
+	for {
+		behind := ""
+		for t, ps := range res.Topics {
+			for _, p := range ps {
+				if p.Error != nil {
+					return fmt.Errorf("list offsets of %s/%d: %w", t, p.Partition, p.Error)
+				}
+				if next := tl.next(t, p.Partition); next < p.LastOffset {
+					behind = fmt.Sprintf("%s/%d at %d of %d", t, p.Partition, next, p.LastOffset)
+				}
+			}
+		}
+		if behind == "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("still behind: %s", behind)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
