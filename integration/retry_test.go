@@ -605,7 +605,7 @@ func rtWindowCounts(t testing.TB, prefix string) []rtWindowCount {
 func TestRetryNoLossAcrossKill(t *testing.T) {
 	t.Parallel()
 	f := newFlow(t, 3)
-	env := f.env(t, "GATEKEEPER_LIMITS", "fast=5/1s;slow=20/10s")
+	env := f.env(t, "GATEKEEPER_LIMITS", "fast=5/1s;slow=20/10s", "GATEKEEPER_KAFKA_SESSION_TIMEOUT", "8s")
 	a := startGatekeeper(t, "a", env)
 	b := startGatekeeper(t, "b", env)
 	a.waitReady(90 * time.Second)

@@ -89,6 +89,9 @@ type Config struct {
 	RedisTimeout time.Duration `split_words:"true" default:"2s" desc:"timeout of every Redis call"`
 	// KafkaTimeout bounds every Kafka call.
 	KafkaTimeout time.Duration `split_words:"true" default:"10s" desc:"timeout of every Kafka call"`
+	// KafkaSessionTimeout is how long the group waits for a silent member
+	// (a crashed replica) before its partitions move to the others.
+	KafkaSessionTimeout time.Duration `split_words:"true" default:"30s" desc:"consumer-group session timeout: how soon a crashed replica's partitions move (6s to 30s with Kafka's defaults)"`
 	// Retention keeps aligned window keys this long after their window ends.
 	Retention time.Duration `default:"168h" desc:"how long aligned window counters stay queryable after the window ends"`
 	// RedisUsername is the Redis ACL user (none: the default user).
@@ -288,6 +291,12 @@ func (c *Config) Validate() error {
 		func() error { return positive("SHUTDOWN_GRACE", c.ShutdownGrace) },
 		func() error { return positive("REDIS_TIMEOUT", c.RedisTimeout) },
 		func() error { return positive("KAFKA_TIMEOUT", c.KafkaTimeout) },
+		func() error {
+			if c.KafkaSessionTimeout < time.Second || c.KafkaSessionTimeout > 5*time.Minute {
+				return bad("KAFKA_SESSION_TIMEOUT", "%v is not from 1s to 5m", c.KafkaSessionTimeout)
+			}
+			return nil
+		},
 		func() error { return positive("RETENTION", c.Retention) },
 		c.checkSASL,
 	}

@@ -266,6 +266,7 @@ type state struct {
 	limiter  atomic.Pointer[limit.Limiter]
 	paused   atomic.Bool // consumption paused (Redis trouble, ON_REDIS_ERROR=pause)
 	draining atomic.Bool // shutting down
+	joined   atomic.Pointer[[]func() bool]
 }
 
 // serve builds everything in dependency order and runs the HTTP server, the
@@ -346,6 +347,18 @@ func serve(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			}
 			return nil
 		}},
+		{Name: "groups", Check: func(context.Context) error {
+			js := st.joined.Load()
+			if js == nil {
+				return errors.New("not started")
+			}
+			for _, ready := range *js {
+				if !ready() {
+					return errors.New("not joined")
+				}
+			}
+			return nil
+		}},
 		{Name: "consumption", Check: func(context.Context) error {
 			if st.paused.Load() {
 				return errors.New("paused")
@@ -417,6 +430,7 @@ func serve(ctx context.Context, cfg *Config, log *slog.Logger) error {
 				KafkaLogger:      kafkaLog,
 				KafkaErrorLogger: kafkaErrLog,
 				Paused:           &st.paused,
+				Joined:           &st.joined,
 			})
 		})
 		return pg.Wait()
@@ -490,4 +504,7 @@ type pipeline struct {
 	// Paused must be true while consumption is paused (Redis trouble with
 	// ON_REDIS_ERROR=pause); /readyz reports it.
 	Paused *atomic.Bool
+	// Joined, if set, receives the consumer groups' "joined" checks, for
+	// /readyz.
+	Joined *atomic.Pointer[[]func() bool]
 }

@@ -85,14 +85,18 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		DrainTimeout:     min(cfg.ShutdownGrace, rebalanceTimeout-time.Second),
 		Timeout:          cfg.KafkaTimeout,
 		RebalanceTimeout: rebalanceTimeout,
-		Dialer:           p.Dialer,
-		Logger:           p.Log,
+		SessionTimeout:   cfg.KafkaSessionTimeout,
+		// kafka-go's default heartbeat is 3s; a short session needs more.
+		HeartbeatInterval: min(3*time.Second, cfg.KafkaSessionTimeout/5),
+		Dialer:            p.Dialer,
+		Logger:            p.Log,
 		OnLag: func(topic string, partition int, n int64) {
 			lag.WithLabelValues(topic, fmt.Sprint(partition)).Set(float64(n))
 		},
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
+	var joined []func() bool // one per consumer group: has it joined?
 	if cfg.HasRole("gate") {
 		extractor, err := route.ParseTenantFrom(cfg.TenantFrom)
 		if err != nil {
@@ -118,6 +122,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		if err != nil {
 			return fmt.Errorf("source consumer: %w", err)
 		}
+		joined = append(joined, src.Ready)
 		g.Go(func() error { return src.Run(gctx) })
 	}
 	if cfg.HasRole("retry") {
@@ -152,7 +157,11 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		if err != nil {
 			return fmt.Errorf("retry consumer: %w", err)
 		}
+		joined = append(joined, retry.Ready)
 		g.Go(func() error { return retry.Run(gctx) })
+	}
+	if p.Joined != nil {
+		p.Joined.Store(&joined)
 	}
 	p.Log.Info("pipeline started", slog.Any("roles", cfg.Roles), slog.Any("source_topics", cfg.SourceTopics),
 		slog.String("downstream_topic", cfg.DownstreamTopic))

@@ -75,10 +75,11 @@ func (e *Extractor) String() string { return e.spec }
 // For a header source the last header of that name counts, as with Kafka's
 // lastHeader. For a JSON source the value must be an object; the path is
 // followed through nested objects, and the field may hold a string or a
-// number, whose literal text is the tenant. The value is read as a token
-// stream up to the field: other fields are skipped without being decoded,
-// and what follows the field is not read (nor validated). If an object has
-// the same key twice, the first one counts.
+// number, whose literal text is the tenant. The whole value must be valid
+// JSON (json.Valid scans it without building anything), so a truncated event
+// is dead-lettered even when its tenant comes first; then it is read as a
+// token stream up to the field: other fields are skipped without being
+// decoded. If an object has the same key twice, the first one counts.
 func (e *Extractor) Tenant(m kafka.Message) (string, error) {
 	var tenant string
 	switch e.source {
@@ -124,6 +125,14 @@ func checkTenant(t string) error {
 
 // jsonTenant walks the token stream of value down e.path.
 func (e *Extractor) jsonTenant(value []byte) (string, error) {
+	if !json.Valid(value) {
+		// Let the decoder say where: it names the first syntax error.
+		var v any
+		if err := json.Unmarshal(value, &v); err != nil {
+			return "", badJSON(err)
+		}
+		return "", badJSON(errors.New("invalid JSON"))
+	}
 	dec := json.NewDecoder(bytes.NewReader(value))
 	dec.UseNumber()
 	notFound := fmt.Errorf("json path %q not found", e.dotted)
