@@ -1,6 +1,6 @@
 //go:build testcontainers
 
-// Built only with -tags testcontainers, which needs these modules in go.mod:
+// Built only with -tags testcontainers (go.mod requires these modules):
 //
 //	go get github.com/testcontainers/testcontainers-go@v0.40.0 \
 //	  github.com/testcontainers/testcontainers-go/modules/kafka@v0.40.0 \
@@ -12,6 +12,7 @@
 package integration
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/url"
@@ -24,8 +25,8 @@ import (
 
 // Images; confluent-local 7.9 is Apache Kafka 3.9 (the Kafka module needs a Confluent image).
 var (
-	kafkaImage = cmpOr(os.Getenv("GATEKEEPER_TEST_KAFKA_IMAGE"), "confluentinc/confluent-local:7.9.0")
-	redisImage = cmpOr(os.Getenv("GATEKEEPER_TEST_REDIS_IMAGE"), "redis:7.0")
+	kafkaImage = cmp.Or(os.Getenv("GATEKEEPER_TEST_KAFKA_IMAGE"), "confluentinc/confluent-local:7.9.0")
+	redisImage = cmp.Or(os.Getenv("GATEKEEPER_TEST_REDIS_IMAGE"), "redis:7.0")
 )
 
 func init() { startContainers = runContainers }

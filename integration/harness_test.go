@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -74,21 +75,21 @@ func resolveServers(ctx context.Context) (stop func(), err error) {
 			return stop, fmt.Errorf("start containers: %w", err)
 		default:
 			stop = s
-			servers.kafka = cmpOr(servers.kafka, k)
-			servers.redis = cmpOr(servers.redis, r)
+			servers.kafka = cmp.Or(servers.kafka, k)
+			servers.redis = cmp.Or(servers.redis, r)
 		}
 	}
 	if servers.kafka == "" {
 		if err := localScript(ctx, "kafka.sh"); err != nil {
 			return stop, err
 		}
-		servers.kafka = "127.0.0.1:" + cmpOr(os.Getenv("KAFKA_PORT"), "9092")
+		servers.kafka = "127.0.0.1:" + cmp.Or(os.Getenv("KAFKA_PORT"), "9092")
 	}
 	if servers.redis == "" {
 		if err := localScript(ctx, "redis.sh"); err != nil {
 			return stop, err
 		}
-		servers.redis = "127.0.0.1:" + cmpOr(os.Getenv("REDIS_PORT"), "6379")
+		servers.redis = "127.0.0.1:" + cmp.Or(os.Getenv("REDIS_PORT"), "6379")
 	}
 	if err := pingKafka(ctx, servers.kafka); err != nil {
 		return stop, fmt.Errorf("kafka at %s: %w", servers.kafka, err)
@@ -97,19 +98,14 @@ func resolveServers(ctx context.Context) (stop func(), err error) {
 	if err := warmUpGroupCoordinator(ctx, servers.kafka); err != nil {
 		return stop, fmt.Errorf("kafka at %s: group coordinator: %w", servers.kafka, err)
 	}
-	if err := redis.NewClient(&redis.Options{Addr: servers.redis}).Ping(ctx).Err(); err != nil {
+	rdb := redis.NewClient(&redis.Options{Addr: servers.redis})
+	defer rdb.Close()
+	if err := rdb.Ping(ctx).Err(); err != nil {
 		return stop, fmt.Errorf("redis at %s: %w", servers.redis, err)
 	}
 	fmt.Fprintf(os.Stderr, "integration: kafka=%s redis=%s (group coordinator ready in %v)\n",
 		servers.kafka, servers.redis, time.Since(t0).Round(time.Millisecond))
 	return stop, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // localScript runs deploy/local/<name> start, which starts the server or reuses a running one.
@@ -311,9 +307,22 @@ func topicReady(ctx context.Context, topic string, partitions int) (bool, error)
 	if len(parts) != partitions {
 		return false, fmt.Errorf("%d of %d partitions", len(parts), partitions)
 	}
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
 	for _, p := range parts {
 		if p.Leader.Host == "" {
 			return false, fmt.Errorf("partition %d has no leader", p.ID)
+		}
+		req.Topics[topic] = append(req.Topics[topic], kafka.LastOffsetOf(p.ID))
+	}
+	// Metadata can name a leader a moment before that broker acts as one (Produce then fails
+	// with Not Leader For Partition); ListOffsets is answered only by an acting leader.
+	res, err := adminClient().ListOffsets(ctx, req)
+	if err != nil {
+		return false, err
+	}
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			return false, fmt.Errorf("partition %d: %w", p.Partition, p.Error)
 		}
 	}
 	return true, nil

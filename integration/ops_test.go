@@ -436,8 +436,8 @@ func TestOpsLimitsFileReload(t *testing.T) {
 	decided(12)
 	check("limit 5/1d", 5, "5/1d", 5, 5)
 
-	// Raised to 50/1d: applied live. A changed rule counts in windows of its
-	// own, so the next 12 all fit.
+	// Raised to 50/1d: applied live, to what the window already holds
+	// (5), so the next 12 all fit and the count is 17.
 	ld.write("default: [1000/1d]\ntenants:\n  reload: [50/1d]\n")
 	waitFor(t, 30*time.Second, "the new limit in the usage API", func() (bool, string) {
 		u := opsUsageOf(t, gk, token, "reload")
@@ -448,7 +448,7 @@ func TestOpsLimitsFileReload(t *testing.T) {
 	}
 	produce(t, f.Source, opsMessages("reload", 12))
 	decided(24)
-	check("limit 50/1d", 17, "50/1d", 12, 50)
+	check("limit 50/1d", 17, "50/1d", 17, 50)
 
 	// Invalid edits: a bad rule, then one that parses but does not tile the
 	// calendar (refused when applied). Each is counted; 50/1d stays.
@@ -475,7 +475,7 @@ func TestOpsLimitsFileReload(t *testing.T) {
 	}
 	produce(t, f.Source, opsMessages("reload", 3))
 	decided(27)
-	check("after invalid edits", 20, "50/1d", 15, 50)
+	check("after invalid edits", 20, "50/1d", 20, 50)
 	if !gk.logContains("limits file not applied") {
 		t.Error("log: want a line saying the limits file was not applied")
 	}

@@ -571,7 +571,8 @@ type rtWindowCount struct {
 }
 
 // rtWindowCounts returns the window counters under prefix
-// (<prefix>:{<tenant>}:<rule>:<start ms>).
+// (<prefix>:{<tenant>}:<window>:<start ms>, e.g. gk:{acme}:1s:1700000000000;
+// the tenant's frontier and ttl anchor keys are left out).
 func rtWindowCounts(t testing.TB, prefix string) []rtWindowCount {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -579,9 +580,12 @@ func rtWindowCounts(t testing.TB, prefix string) []rtWindowCount {
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
 	defer rdb.Close()
 	var out []rtWindowCount
-	iter := rdb.Scan(ctx, 0, prefix+":{*}:*/*:*", 1000).Iterator()
+	iter := rdb.Scan(ctx, 0, prefix+":{*}:*:*", 1000).Iterator()
 	for iter.Next(ctx) {
 		key := iter.Val()
+		if strings.Contains(key, ":frontier:") || strings.HasSuffix(key, ":anchor") {
+			continue
+		}
 		lb, rb := strings.Index(key, "{"), strings.Index(key, "}")
 		c, err := rdb.HGet(ctx, key, "count").Int64()
 		if err != nil {

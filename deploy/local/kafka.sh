@@ -19,12 +19,14 @@ classpath() {
   local cp="$DIR/classpath"
   if [[ ! -s $cp ]] || ! [[ -f $(cut -d: -f1 "$cp") ]]; then
     log "resolving Kafka jars with Maven (downloads them on first use)"
+    local t0=$SECONDS
     if ! mvn -B dependency:build-classpath -f "$ROOT/deploy/local/kafka-pom.xml" \
       -Dmdep.outputFile="$cp.tmp" >"$DIR/maven.log" 2>&1; then
       tail -n 30 "$DIR/maven.log" >&2
       die "Maven could not fetch the Kafka jars (full output: $DIR/maven.log)"
     fi
     mv "$cp.tmp" "$cp"
+    log "jars resolved in $((SECONDS - t0))s"
   fi
   cat "$cp"
 }
@@ -77,8 +79,9 @@ start() {
   exec 9>"$DIR/lock" && flock 9 # one start at a time (fd 9 is closed for the broker below)
   write_config
   if serving; then log "already serving on $ADDR"; return 0; fi
-  local cp t0=$SECONDS
+  local cp t0
   cp="$(classpath)"
+  t0=$SECONDS
   if ! pid_alive "$PIDFILE"; then
     if port_open 127.0.0.1 "$PORT"; then die "port $PORT is taken by something that is not a Kafka broker"; fi
     if [[ ! -f $DIR/data/meta.properties ]]; then # format the storage once
