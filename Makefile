@@ -5,10 +5,25 @@
 
 GO        ?= go
 WITH_SERVERS := deploy/local/test-env.sh
-# Packages and duration for `make bench`; add packages here as benchmarks appear.
+# Packages and duration of the micro-benchmarks of `make bench`; add packages here as benchmarks appear.
 BENCH_PKGS ?= ./internal/limit/
 BENCHTIME  ?= 2s
 BENCHFLAGS ?= -benchmem
+# The end-to-end benchmark of `make bench` (integration/bench): the data set, the
+# sweep, and a Redis of its own on BENCH_REDIS_PORT (its command stats are reset per
+# mode, so other clients must not share it). BENCH_ARGS passes more flags
+# (go run ./integration/bench -help lists them).
+BENCH_EVENTS        ?= 1000000
+BENCH_TENANTS       ?= 10000
+BENCH_EVENT_SIZE    ?= 200
+BENCH_PARTITIONS    ?= 6
+BENCH_BATCH         ?= 500
+BENCH_SWEEP_EVENTS  ?= 200000
+BENCH_SWEEP_TENANTS ?= 100,10000,1000000
+BENCH_SWEEP_BATCHES ?= 100,500,2000
+BENCH_REDIS_PORT    ?= 6395
+BENCH_OUT           ?= bench-results
+BENCH_ARGS          ?=
 # Duration of each fuzz target in `make fuzz`.
 FUZZTIME   ?= 20s
 
@@ -26,8 +41,15 @@ vet:
 test: vet
 	$(WITH_SERVERS) $(GO) test -race -count=1 -timeout 40m ./...
 
-bench:
+# Micro-benchmarks first (the limiter's BenchmarkAdmit), then the end-to-end run.
+bench: build
 	$(WITH_SERVERS) $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) $(BENCHFLAGS) $(BENCH_PKGS)
+	REDIS_PORT=$(BENCH_REDIS_PORT) deploy/local/redis.sh start
+	GATEKEEPER_BENCH_REDIS=127.0.0.1:$(BENCH_REDIS_PORT) $(WITH_SERVERS) $(GO) run ./integration/bench \
+	  -events $(BENCH_EVENTS) -tenants $(BENCH_TENANTS) -event-size $(BENCH_EVENT_SIZE) \
+	  -partitions $(BENCH_PARTITIONS) -batch $(BENCH_BATCH) -sweep-events $(BENCH_SWEEP_EVENTS) \
+	  -sweep-tenants $(BENCH_SWEEP_TENANTS) -sweep-batches $(BENCH_SWEEP_BATCHES) \
+	  -gatekeeper-bin bin/gatekeeper -out $(BENCH_OUT) $(BENCH_ARGS)
 
 demo:
 	$(GO) run ./cmd/gatekeeper demo
@@ -50,6 +72,7 @@ servers-up:
 servers-down:
 	deploy/local/kafka.sh stop
 	deploy/local/redis.sh stop
+	REDIS_PORT=$(BENCH_REDIS_PORT) deploy/local/redis.sh stop
 	deploy/local/redis-cluster.sh stop
 
 servers-status:

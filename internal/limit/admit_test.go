@@ -365,3 +365,31 @@ func testRulesChange(t *testing.T, rdb redis.UniversalClient) {
 		t.Errorf("SetRules with a window that does not tile: got nil error")
 	}
 }
+
+// TestAdmitFrontierPerRuleSet checks that, in a batch mixing tenants of the
+// "*" rules and a tenant with rules of its own, each tenant's search frontier
+// is kept under its own rule set (Admit names the shared "*" set once per batch).
+func TestAdmitFrontierPerRuleSet(t *testing.T) {
+	rdb := testRedis(t)
+	ctx := context.Background()
+	clk := newFakeClock(time.Date(2026, 3, 2, 10, 0, 30, 0, time.UTC))
+	prefix := testPrefix(t)
+	l := newTestLimiter(t, rdb, "*=1/1h;acme=1/1m", Options{Prefix: prefix, Clock: clk.Now})
+	ds, err := l.Admit(ctx, []string{"x", "acme", "y", "acme", "x", "acme", "y"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := kinds(ds), "aaadddd"; got != want {
+		t.Fatalf("decisions: got %s, want %s", got, want)
+	}
+	for tenant, set := range map[string]string{"x": "aligned:1/1h", "y": "aligned:1/1h", "acme": "aligned:1/1m"} {
+		key := prefix + ":{" + tenant + "}:frontier:" + set
+		n, err := rdb.Exists(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 1 {
+			t.Errorf("tenant %s: got no frontier key %q, want one (its own rule set)", tenant, key)
+		}
+	}
+}

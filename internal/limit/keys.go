@@ -67,8 +67,9 @@ func (k keys) window(tenant string, r Rule, start time.Time) string {
 }
 
 // frontier returns the key of the tenant's search frontier for a rule set.
-func (k keys) frontier(tenant string, rules []Rule) string {
-	return k.tenant(tenant) + ":frontier:" + ruleSetID(k.kind, rules)
+// set is the rule set's ruleSetID(k.kind, rules).
+func (k keys) frontier(tenant, set string) string {
+	return k.tenant(tenant) + ":frontier:" + set
 }
 
 // ruleSetID names a rule set, for frontier keys and the local cache.

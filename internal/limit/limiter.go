@@ -189,11 +189,20 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 	out := make([]Decision, len(tenants))
 	byTenant := map[string]*group{}
 	var order []*group
+	// Most tenants share one rule list (the "*" rules, one slice): name it
+	// once per batch rather than once per tenant.
+	var lastRules []Rule
+	var lastSet string
 	for i, t := range tenants {
 		g := byTenant[t]
 		if g == nil {
 			g = &group{tenant: t, rules: rules.For(t)}
-			g.set = ruleSetID(l.opts.Window, g.rules)
+			if len(g.rules) > 0 && len(lastRules) == len(g.rules) && &lastRules[0] == &g.rules[0] {
+				g.set = lastSet
+			} else {
+				g.set = ruleSetID(l.opts.Window, g.rules)
+				lastRules, lastSet = g.rules, g.set
+			}
 			byTenant[t] = g
 			order = append(order, g)
 		}
@@ -265,7 +274,7 @@ func (l *Limiter) markFull(g *group, until time.Time, now time.Time) {
 // args returns the KEYS and ARGV of one tenant for admit.lua.
 func (l *Limiter) args(g *group, now, hend time.Time) ([]string, []any) {
 	ks := make([]string, 0, 1+len(g.rules))
-	ks = append(ks, l.keys.frontier(g.tenant, g.rules))
+	ks = append(ks, l.keys.frontier(g.tenant, g.set))
 	av := []any{len(g.idx), len(g.rules)}
 	for _, r := range g.rules {
 		ks = append(ks, l.keys.rule(g.tenant, r))

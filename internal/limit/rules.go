@@ -23,11 +23,22 @@ const (
 
 var unitNames = map[string]Unit{"s": Second, "m": Minute, "h": Hour, "d": Day, "w": Week, "mo": Month}
 
+// String returns the unit as written in LIMITS. It is on every Admit's path
+// (rule keys), so it is a switch rather than a search of unitNames.
 func (u Unit) String() string {
-	for k, v := range unitNames {
-		if v == u {
-			return k
-		}
+	switch u {
+	case Second:
+		return "s"
+	case Minute:
+		return "m"
+	case Hour:
+		return "h"
+	case Day:
+		return "d"
+	case Week:
+		return "w"
+	case Month:
+		return "mo"
 	}
 	return "?"
 }
@@ -60,14 +71,14 @@ type Rule struct {
 
 // String returns the rule as written in LIMITS, e.g. "1000/1m".
 func (r Rule) String() string {
-	return fmt.Sprintf("%d/%s", r.Limit, r.Window())
+	return strconv.FormatInt(r.Limit, 10) + "/" + r.Window()
 }
 
 // Window returns the rule's window as written in LIMITS, e.g. "1m". It is the
 // rule's part of every counter key, without the limit, so that a changed
 // limit applies to the counts already in the window.
 func (r Rule) Window() string {
-	return fmt.Sprintf("%d%s", r.Count, r.Unit)
+	return strconv.FormatInt(int64(r.Count), 10) + r.Unit.String()
 }
 
 // Length is the window's nominal length (exact for s, m, h and ttl windows).

@@ -124,3 +124,23 @@ func TestNewRules(t *testing.T) {
 		}
 	}
 }
+
+// TestUnitStringMatchesNames checks that Unit.String (a switch, on the Admit
+// path) names every unit as LIMITS writes it.
+func TestUnitStringMatchesNames(t *testing.T) {
+	if len(unitNames) != 6 {
+		t.Fatalf("got %d unit names, want 6: extend Unit.String with the new unit", len(unitNames))
+	}
+	for name, u := range unitNames {
+		if got := u.String(); got != name {
+			t.Errorf("Unit(%d).String(): got %q, want %q", u, got, name)
+		}
+		r := Rule{Limit: 7, Count: 3, Unit: u}
+		if got, want := r.String(), "7/3"+name; got != want {
+			t.Errorf("Rule.String(): got %q, want %q", got, want)
+		}
+	}
+	if got := Unit(0).String(); got != "?" {
+		t.Errorf("Unit(0).String(): got %q, want %q", got, "?")
+	}
+}

@@ -291,6 +291,11 @@ func TestNewKafkaWriter(t *testing.T) {
 	if w.BatchTimeout != 2*time.Millisecond || w.BatchSize < 500 {
 		t.Errorf("got BatchTimeout %v BatchSize %d, want 2ms and >= 500", w.BatchTimeout, w.BatchSize)
 	}
+	// kafka-go allocates BatchSize messages for every batch it starts: a
+	// large value costs allocation and GC on every write (see writerBatchSize).
+	if w.BatchSize > 1000 {
+		t.Errorf("got BatchSize %d, want <= 1000", w.BatchSize)
+	}
 	if w.WriteTimeout != 10*time.Second || w.ReadTimeout != 10*time.Second {
 		t.Errorf("got timeouts %v/%v, want 10s/10s", w.WriteTimeout, w.ReadTimeout)
 	}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseCommandStats(t *testing.T) {
+	info := "# Commandstats\r\n" +
+		"cmdstat_evalsha:calls=12,usec=3400,usec_per_call=283.33,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_hincrby:calls=300,usec=150,usec_per_call=0.50,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_info:calls=2,usec=40,usec_per_call=20.00,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_config|resetstat:calls=1,usec=9,usec_per_call=9.00,rejected_calls=0,failed_calls=0\r\n"
+	calls, usec, err := parseCommandStats(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := calls.total(), int64(312); got != want {
+		t.Errorf("total calls: got %d, want %d (the driver's own info and config|resetstat left out)", got, want)
+	}
+	if got, want := calls["evalsha"], int64(12); got != want {
+		t.Errorf("evalsha calls: got %d, want %d", got, want)
+	}
+	if got, want := usec.busy(), int64(3400); got != want {
+		t.Errorf("busy usec: got %d, want %d (the script's time, which covers its commands)", got, want)
+	}
+	if got, want := strings.Join(calls.top(2), " "), "hincrby=300 evalsha=12"; got != want {
+		t.Errorf("top: got %q, want %q", got, want)
+	}
+	plain, plainUsec, err := parseCommandStats("cmdstat_get:calls=5,usec=10\ncmdstat_set:calls=5,usec=20\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := plainUsec.busy(), int64(30); got != want || plain.total() != 10 {
+		t.Errorf("without scripts: got busy %d calls %d, want %d and 10", got, plain.total(), want)
+	}
+}
+
+func TestSolveLimit(t *testing.T) {
+	for _, tc := range []struct {
+		counts   []int
+		fraction float64
+		want     int
+	}{
+		{[]int{10, 10, 10}, 0, 10},
+		{[]int{100, 10, 10}, 0.5, 40}, // 60 of 120 over 40
+		{[]int{5, 5}, 0.99, 1},
+	} {
+		if got := solveLimit(tc.counts, tc.fraction); got != tc.want {
+			t.Errorf("solveLimit(%v, %v): got %d, want %d", tc.counts, tc.fraction, got, tc.want)
+		}
+	}
+}
+
+func TestWorkloadIsDeterministicAndSkewed(t *testing.T) {
+	w := workload{Events: 20000, Tenants: 1000, Skew: 1.1, EventSize: 200, Partitions: 6, Seed: 1}
+	a, b := w.ranks(), w.ranks()
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("ranks differ at %d: got %d and %d, want the same data set twice", i, a[i], b[i])
+		}
+	}
+	c := counts(a, w.Tenants)
+	if c[0] < 10*c[100] {
+		t.Errorf("rank 0 has %d events, rank 100 %d: want a heavy head (at least 10x)", c[0], c[100])
+	}
+	limit := solveLimit(c, 1.0/3)
+	if got := float64(overLimit(c, limit)) / float64(w.Events); got < 0.30 || got > 0.34 {
+		t.Errorf("share over limit %d: got %.3f, want about 1/3", limit, got)
+	}
+	if w.name() != w.name() || w.name() == (workload{Events: 20000, Tenants: 1000, Skew: 1.1, EventSize: 200, Partitions: 6, Seed: 2}).name() {
+		t.Errorf("topic name %q: want it stable and different for another seed", w.name())
+	}
+}
+
+func TestEventValueSize(t *testing.T) {
+	for _, size := range []int{120, 200, 1000} {
+		v := eventValue("t-12345", 987654, time.UnixMilli(1700000000000), size)
+		if len(v) != size {
+			t.Errorf("size %d: got %d bytes: %s", size, len(v), v)
+		}
+		if !strings.HasPrefix(string(v), `{"tenant":"t-12345"`) || !strings.HasSuffix(string(v), `"}`) {
+			t.Errorf("size %d: got %s, want a JSON object with the tenant", size, v)
+		}
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	v := []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	for _, tc := range []struct{ p, want float64 }{{0.5, 5}, {0.99, 10}, {0.1, 1}} {
+		if got := percentile(v, tc.p); got != tc.want {
+			t.Errorf("p%v: got %v, want %v", tc.p, got, tc.want)
+		}
+	}
+	if got := percentile(nil, 0.5); got != 0 {
+		t.Errorf("empty: got %v, want 0", got)
+	}
+}
+
+func TestRuleUnit(t *testing.T) {
+	for d, want := range map[time.Duration]string{time.Hour: "1h", 48 * time.Hour: "2d", 90 * time.Second: "90s", 15 * time.Minute: "15m"} {
+		if got := ruleUnit(d); got != want {
+			t.Errorf("ruleUnit(%v): got %q, want %q", d, got, want)
+		}
+	}
+}
+
+func TestReportMarkdownAndChart(t *testing.T) {
+	r := report{Machine: machine{CPUs: 2, CPUModel: "cpu", MemoryGiB: "24", Redis: "7.0"}, Started: time.Unix(0, 0).UTC()}
+	r.Main = scenario{Workload: workload{Events: 1000, Tenants: 10, Skew: 1.1, EventSize: 200, Partitions: 6, Seed: 1},
+		Limit: 100, Window: "ttl 1h", Batch: 500, LiveEvents: 10, LiveRate: 5}
+	r.Main.Results = []result{
+		{Mode: modePassthrough, Events: 1000, EventsPerSec: 100000},
+		{Mode: modeGatekeeper, Events: 1000, EventsPerSec: 50000, RedisCalls: 500, EvalSHA: 2, LatencyN: 10, P50ms: 50, P99ms: 90},
+	}
+	r.fillRatios()
+	if got := r.Main.Results[1].Ratio; got != 0.5 {
+		t.Errorf("ratio: got %v, want 0.5", got)
+	}
+	md := r.markdown()
+	for _, want := range []string{"| gatekeeper | 50.0k | 0.50 | 500 | 2.00 | 50 ms | 90 ms |", "chart.svg", "2 CPUs (cpu)"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	svg := r.mainChart()
+	if !strings.HasPrefix(svg, "<svg") || !strings.Contains(svg, "gatekeeper") || strings.Count(svg, "<rect") != 3 {
+		t.Errorf("chart: got %s, want an SVG with a background and two bars", svg)
+	}
+}

@@ -1,0 +1,673 @@
+// Command bench is Gatekeeper's end-to-end benchmark (`make bench`). Against
+// a real Kafka and a real Redis it produces one data set into one source
+// topic, then drains it, in one run, with each mode:
+//
+//   - passthrough: the same consumer group, Router and Kafka writer as
+//     Gatekeeper, every event forwarded, no limiter: the ceiling;
+//   - seed-naive: one EVALSHA of the seed's ttl script per event, the count
+//     against the limit deciding forward or divert to the retry topic;
+//   - redis-rate: one go-redis/redis_rate Allow (GCRA) per event, then
+//     forward or divert;
+//   - gatekeeper: the real binary (cmd/gatekeeper) as shipped, configured
+//     only by its environment.
+//
+// Modes 1-3 run in a child process of this command (it re-executes itself
+// with -child MODE), Gatekeeper as its own binary, so that each mode's peak
+// RSS is its own. Each mode consumes the source topic with its own consumer
+// group and writes to its own output topics (LogAppendTime).
+//
+// Per mode it reports events per second (events divided by the time from the
+// first to the last append to the output topics), the ratio to passthrough,
+// Redis calls per 1,000 events from Redis's own INFO commandstats (which
+// counts the commands scripts run too) and EVALSHA calls alone, p50/p99
+// latency from source append to output append in a paced phase that follows
+// the drain (see -live-rate), and peak RSS. A second scenario sweeps tenants
+// and batch size. Results go to -out as results.md, results.json and SVG
+// charts.
+//
+//	go run ./integration/bench -events 1000000 -tenants 10000
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The modes. gatekeeper-lib is Gatekeeper's packages wired in-process (for
+// profiling); it is not run unless asked for.
+const (
+	modePassthrough   = "passthrough"
+	modeSeedNaive     = "seed-naive"
+	modeRedisRate     = "redis-rate"
+	modeGatekeeper    = "gatekeeper"
+	modeGatekeeperLib = "gatekeeper-lib"
+)
+
+var allModes = []string{modePassthrough, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperLib}
+
+type options struct {
+	Brokers      []string
+	Redis        string
+	Workload     workload
+	Deferred     float64
+	Batch        int
+	Modes        []string
+	Window       string
+	WindowLen    time.Duration
+	LiveEvents   int
+	LiveRate     int
+	SweepEvents  int
+	SweepTenant  []int
+	SweepBatch   []int
+	Out          string
+	Work         string
+	GKBin        string
+	Keep         bool
+	KeepData     bool
+	GKEnv        []string
+	ModeTimeout  time.Duration
+	StallTimeout time.Duration
+	Profile      bool
+}
+
+func main() {
+	var child childConfig
+	var o options
+	fs := flag.NewFlagSet("bench", flag.ExitOnError)
+	child.flags(fs)
+	defKafka := envOr("GATEKEEPER_TEST_KAFKA", "127.0.0.1:9092")
+	defRedis := envOr("GATEKEEPER_BENCH_REDIS", envOr("GATEKEEPER_TEST_REDIS", "127.0.0.1:6379"))
+	kafkaAddrs := fs.String("kafka", defKafka, "Kafka bootstrap brokers, comma-separated (default $GATEKEEPER_TEST_KAFKA)")
+	fs.StringVar(&o.Redis, "redis", defRedis, "Redis address; best a server of its own, as its command stats are reset per mode (default $GATEKEEPER_BENCH_REDIS, else $GATEKEEPER_TEST_REDIS)")
+	fs.IntVar(&o.Workload.Events, "events", 1000000, "events in the data set")
+	fs.IntVar(&o.Workload.Tenants, "tenants", 10000, "tenants (Zipf-skewed: a few heavy, a long tail)")
+	fs.Float64Var(&o.Workload.Skew, "skew", 1.1, "Zipf exponent of the tenant distribution (> 1)")
+	fs.IntVar(&o.Workload.EventSize, "event-size", 200, "bytes of each JSON event")
+	fs.IntVar(&o.Workload.Partitions, "partitions", 6, "partitions of every topic")
+	fs.Int64Var(&o.Workload.Seed, "seed", 1, "seed of the data set")
+	fs.Float64Var(&o.Deferred, "deferred", 1.0/3, "share of events the per-tenant limit leaves over it (diverted)")
+	fs.IntVar(&o.Batch, "batch", 500, "consumer batch size of every mode (GATEKEEPER_BATCH_SIZE)")
+	modes := fs.String("modes", "passthrough,seed-naive,redis-rate,gatekeeper", "modes to run: "+strings.Join(allModes, ","))
+	fs.StringVar(&o.Window, "window", "ttl", "Gatekeeper's GATEKEEPER_WINDOW: ttl (the seed's window, as seed-naive counts) or aligned")
+	fs.DurationVar(&o.WindowLen, "window-len", time.Hour, "length of the limit's window (every mode)")
+	fs.IntVar(&o.LiveEvents, "live-events", 10000, "events of the paced latency phase after each drain (0: none)")
+	fs.IntVar(&o.LiveRate, "live-rate", 1000, "events per second of the paced latency phase")
+	fs.IntVar(&o.SweepEvents, "sweep-events", 200000, "events per data set of the sweep scenario (0: no sweep)")
+	sweepTenants := fs.String("sweep-tenants", "100,10000,1000000", "tenant counts of the sweep")
+	sweepBatches := fs.String("sweep-batches", "100,500,2000", "batch sizes of the sweep")
+	fs.StringVar(&o.Out, "out", "bench-results", "results folder")
+	fs.StringVar(&o.Work, "work", filepath.Join(".local", "bench"), "folder for the modes' logs and profiles")
+	fs.StringVar(&o.GKBin, "gatekeeper-bin", "", "gatekeeper binary (default: go build ./cmd/gatekeeper into -work)")
+	fs.BoolVar(&o.Keep, "keep", false, "keep the topics and Redis keys of each mode")
+	gkEnv := fs.String("gatekeeper-env", "", "more variables for the gatekeeper mode, semicolon-separated, without the GATEKEEPER_ prefix (e.g. 'ROLES=gate;WINDOW=aligned')")
+	fs.BoolVar(&o.KeepData, "keep-data", false, "keep the source topics of the data sets, for the next run to reuse")
+	fs.DurationVar(&o.ModeTimeout, "mode-timeout", 20*time.Minute, "longest one mode may take to drain the data set")
+	fs.DurationVar(&o.StallTimeout, "stall-timeout", 2*time.Minute, "longest a mode may go without writing anything (group join included)")
+	fs.BoolVar(&o.Profile, "profile", false, "write a CPU profile of each in-process mode to -work")
+	_ = fs.Parse(os.Args[1:])
+
+	if child.Mode != "" {
+		if err := runChild(child); err != nil {
+			fmt.Fprintln(os.Stderr, "bench child:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	o.Brokers = strings.Split(*kafkaAddrs, ",")
+	o.Modes = splitList(*modes)
+	for _, kv := range strings.Split(*gkEnv, ";") {
+		if kv = strings.TrimSpace(kv); kv != "" {
+			o.GKEnv = append(o.GKEnv, kv)
+		}
+	}
+	var err error
+	if o.SweepTenant, err = intList(*sweepTenants); err != nil {
+		fatal(fmt.Errorf("-sweep-tenants: %w", err))
+	}
+	if o.SweepBatch, err = intList(*sweepBatches); err != nil {
+		fatal(fmt.Errorf("-sweep-batches: %w", err))
+	}
+	for _, m := range o.Modes {
+		if !slices.Contains(allModes, m) {
+			fatal(fmt.Errorf("-modes: unknown mode %q", m))
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fatal(err)
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "bench:", err)
+	os.Exit(1)
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range splitList(s) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a positive number", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+// driver is one benchmark run.
+type driver struct {
+	o     options
+	admin *kafkaAdmin
+	rdb   *redis.Client
+	runID string
+	self  string
+}
+
+func run(ctx context.Context, o options) error {
+	if err := os.MkdirAll(o.Work, 0o755); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	d := &driver{
+		o:     o,
+		admin: newKafkaAdmin(o.Brokers),
+		rdb:   redis.NewClient(&redis.Options{Addr: o.Redis, ClientName: "gkbench-driver", PoolSize: 1}),
+		runID: strconv.FormatInt(time.Now().Unix()%1000000, 36),
+		self:  self,
+	}
+	defer d.rdb.Close()
+	if err := d.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis at %s: %w", o.Redis, err)
+	}
+	unlock, err := lock(ctx, d.rdb, fmt.Sprintf("run %s, pid %d", d.runID, os.Getpid()), 30*time.Minute, logf)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if slices.Contains(o.Modes, modeGatekeeper) && d.o.GKBin == "" {
+		bin, err := filepath.Abs(filepath.Join(o.Work, "gatekeeper"))
+		if err != nil {
+			return err
+		}
+		logf("building ./cmd/gatekeeper into %s", bin)
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/gatekeeper")
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("build gatekeeper: %w", err)
+		}
+		d.o.GKBin = bin
+	}
+	m, err := describeMachine(ctx, d.rdb)
+	if err != nil {
+		return err
+	}
+	logf("machine: %s", m.String())
+	rep := report{Machine: m, Started: time.Now().UTC()}
+
+	// Scenario 1: every mode on the same data set.
+	wl := o.Workload
+	src, limit, err := d.dataset(ctx, wl)
+	if err != nil {
+		return err
+	}
+	rep.Main = scenario{Workload: wl, Limit: limit, Window: fmt.Sprintf("%s %s", o.Window, ruleUnit(o.WindowLen)),
+		Batch: o.Batch, LiveEvents: o.LiveEvents, LiveRate: o.LiveRate}
+	for _, mode := range o.Modes {
+		r, err := d.runMode(ctx, modeRun{mode: mode, wl: wl, src: src, limit: limit, batch: o.Batch,
+			live: o.LiveEvents, tag: mode})
+		if err != nil {
+			return fmt.Errorf("%s: %w", mode, err)
+		}
+		rep.Main.Results = append(rep.Main.Results, r)
+		rep.fillRatios()
+		if err := rep.write(o.Out); err != nil {
+			return err
+		}
+	}
+	if !o.Keep && !o.KeepData {
+		d.cleanupTopics(ctx, src)
+	}
+
+	// Scenario 2: Gatekeeper over tenants x batch size, with passthrough
+	// per batch size as its ceiling.
+	if o.SweepEvents > 0 {
+		for _, tenants := range o.SweepTenant {
+			wl := o.Workload
+			wl.Events, wl.Tenants = o.SweepEvents, tenants
+			src, limit, err := d.dataset(ctx, wl)
+			if err != nil {
+				return err
+			}
+			for _, b := range o.SweepBatch {
+				modes := []string{modeGatekeeper}
+				if tenants == o.SweepTenant[0] {
+					// Passthrough does not look at tenants: once per batch size.
+					modes = []string{modePassthrough, modeGatekeeper}
+				}
+				for _, mode := range modes {
+					r, err := d.runMode(ctx, modeRun{mode: mode, wl: wl, src: src, limit: limit, batch: b,
+						tag: fmt.Sprintf("sw-%s-t%d-b%d", mode, tenants, b)})
+					if err != nil {
+						return fmt.Errorf("sweep %s tenants=%d batch=%d: %w", mode, tenants, b, err)
+					}
+					rep.Sweep = append(rep.Sweep, r)
+					rep.fillRatios()
+					if err := rep.write(o.Out); err != nil {
+						return err
+					}
+				}
+			}
+			if !o.Keep && !o.KeepData {
+				d.cleanupTopics(ctx, src)
+			}
+		}
+	}
+	rep.Finished = time.Now().UTC()
+	if err := rep.write(o.Out); err != nil {
+		return err
+	}
+	logf("results in %s", filepath.Join(o.Out, "results.md"))
+	fmt.Println(rep.mainTable())
+	return nil
+}
+
+// dataset makes sure the workload's source topic holds its events and
+// returns the topic and the per-tenant limit that leaves about
+// options.Deferred of the events over it.
+func (d *driver) dataset(ctx context.Context, wl workload) (string, int, error) {
+	ranks := wl.ranks()
+	c := counts(ranks, wl.Tenants)
+	limit := solveLimit(c, d.o.Deferred)
+	topic := wl.name()
+	heavy := 0
+	for _, n := range c {
+		if n > limit {
+			heavy++
+		}
+	}
+	logf("data set: %d events, %d tenants (heaviest %d events), limit %d per tenant per %s: %d tenants and %.1f%% of events over it",
+		wl.Events, wl.Tenants, slices.Max(c), limit, ruleUnit(d.o.WindowLen), heavy, 100*float64(overLimit(c, limit))/float64(wl.Events))
+	n, err := d.admin.total(ctx, wl.Partitions, topic)
+	if err != nil {
+		return "", 0, err
+	}
+	if n == int64(wl.Events) {
+		logf("reusing source topic %s", topic)
+		return topic, limit, nil
+	}
+	if n > 0 {
+		if err := d.admin.deleteTopics(ctx, topic); err != nil {
+			return "", 0, err
+		}
+	}
+	if err := d.admin.createTopics(ctx, wl.Partitions, false, topic); err != nil {
+		return "", 0, err
+	}
+	if err := produceWorkload(ctx, d.o.Brokers, topic, wl, ranks, logf); err != nil {
+		return "", 0, err
+	}
+	return topic, limit, nil
+}
+
+func (d *driver) cleanupTopics(ctx context.Context, topics ...string) {
+	if err := d.admin.deleteTopics(ctx, topics...); err != nil {
+		logf("warning: %v", err)
+	}
+}
+
+// modeRun is one mode over one data set.
+type modeRun struct {
+	mode  string
+	wl    workload
+	src   string
+	limit int
+	batch int
+	live  int
+	tag   string
+}
+
+func (d *driver) runMode(ctx context.Context, mr modeRun) (result, error) {
+	o := d.o
+	base := fmt.Sprintf("gkbench-%s-%s", d.runID, mr.tag)
+	live := base + "-live"
+	out := base + "-out"
+	outputs := []string{out, out + ".retry", out + ".retry.1h", out + ".retry.long", out + ".dlq"}
+	res := result{Mode: mr.mode, Events: mr.wl.Events, Tenants: mr.wl.Tenants, Batch: mr.batch, Limit: mr.limit}
+	if err := d.admin.createTopics(ctx, mr.wl.Partitions, false, live); err != nil {
+		return res, err
+	}
+	if err := d.admin.createTopics(ctx, mr.wl.Partitions, true, outputs...); err != nil {
+		return res, err
+	}
+	if !o.Keep {
+		defer d.cleanupTopics(context.WithoutCancel(ctx), append([]string{live}, outputs...)...)
+		defer func() {
+			for _, p := range []string{base, "rate:" + base} {
+				if _, err := deletePrefix(context.WithoutCancel(ctx), d.rdb, p); err != nil {
+					logf("warning: delete redis keys %s*: %v", p, err)
+				}
+			}
+		}()
+	}
+	if n, err := otherClients(ctx, d.rdb); err == nil && n > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("%d other Redis clients connected at start: command counts may include their calls", n))
+		logf("warning: %d other clients are connected to Redis %s: its command counts may include their calls (use a Redis of its own: GATEKEEPER_BENCH_REDIS)", n, o.Redis)
+	}
+	if err := resetStats(ctx, d.rdb); err != nil {
+		return res, err
+	}
+
+	logPath := filepath.Join(o.Work, base+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return res, err
+	}
+	defer logFile.Close()
+	var cmd *exec.Cmd
+	if mr.mode == modeGatekeeper {
+		cmd = exec.Command(o.GKBin)
+		cmd.Env = gatekeeperEnv(map[string]string{
+			"KAFKA_BROKERS":    strings.Join(o.Brokers, ","),
+			"GROUP_ID":         base,
+			"SOURCE_TOPICS":    mr.src + "," + live,
+			"DOWNSTREAM_TOPIC": out,
+			"REDIS_ADDRS":      o.Redis,
+			"REDIS_KEY_PREFIX": base,
+			"LIMITS":           fmt.Sprintf("*=%d/%s", mr.limit, ruleUnit(o.WindowLen)),
+			"WINDOW":           o.Window,
+			"BATCH_SIZE":       strconv.Itoa(mr.batch),
+			"HTTP_ADDR":        "127.0.0.1:0",
+		}, o.GKEnv)
+	} else {
+		c := childConfig{Mode: mr.mode, Brokers: strings.Join(o.Brokers, ","), Redis: o.Redis, Group: base,
+			Sources: mr.src + "," + live, Downstream: out, BatchSize: mr.batch, Limit: int64(mr.limit),
+			Window: o.WindowLen, WindowKind: o.Window, Prefix: base}
+		if o.Profile {
+			c.CPUProfile, _ = filepath.Abs(filepath.Join(o.Work, base+".cpu.pprof"))
+		}
+		cmd = exec.Command(d.self, c.args()...)
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return res, fmt.Errorf("start: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stopChild := func() error {
+		if cmd.ProcessState != nil {
+			return nil
+		}
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-exited:
+			return err
+		case <-time.After(45 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+			return errors.New("did not stop within 45s of SIGTERM; killed")
+		}
+	}
+	defer func() { _ = stopChild() }()
+	logf("[%s] started (pid %d, batch %d, log %s)", mr.tag, cmd.Process.Pid, mr.batch, logPath)
+	// Peak RSS is the child's VmHWM, read while it runs. (rusage's Maxrss
+	// would do, but on Linux a child started by vfork+exec reports at least
+	// the parent's RSS at the fork.)
+	var peakKB int64
+	sampleRSS := func() {
+		if kb, err := vmHWM(cmd.Process.Pid); err == nil {
+			peakKB = max(peakKB, kb)
+		}
+	}
+
+	// Drain the backlog, with a progress line every 5 seconds.
+	want := int64(mr.wl.Events)
+	deadline := time.Now().Add(o.ModeTimeout)
+	var lastN, progressN int64
+	lastT, lastLog, progressT := time.Now(), time.Now(), time.Now()
+	for {
+		n, err := d.admin.total(ctx, mr.wl.Partitions, outputs...)
+		if err != nil {
+			return res, err
+		}
+		if n >= want {
+			break
+		}
+		if n != progressN {
+			progressN, progressT = n, time.Now()
+		} else if time.Since(progressT) > o.StallTimeout {
+			return res, fmt.Errorf("no progress for %v (%d/%d events out); see %s", o.StallTimeout, n, want, logPath)
+		}
+		if time.Since(lastLog) >= 5*time.Second {
+			rate := float64(n-lastN) / time.Since(lastT).Seconds()
+			logf("[%s] %d/%d events out (%.0f%%), %.0f ev/s, %s", mr.tag, n, want, 100*float64(n)/float64(want), rate,
+				time.Since(start).Round(time.Second))
+			lastN, lastT, lastLog = n, time.Now(), time.Now()
+		}
+		sampleRSS()
+		select {
+		case err := <-exited:
+			return res, fmt.Errorf("exited early (%v); see %s", err, logPath)
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return res, fmt.Errorf("not drained within %v (%d/%d events out)", o.ModeTimeout, n, want)
+		}
+	}
+	res.WallSeconds = time.Since(start).Seconds()
+	stats, usec, err := readStats(ctx, d.rdb)
+	if err != nil {
+		return res, err
+	}
+	res.RedisCalls, res.EvalSHA = stats.total(), stats["evalsha"]
+	res.RedisBusySeconds = float64(usec.busy()) / 1e6
+	res.TopCommands = stats.top(8)
+	ends := map[string]map[int]int64{}
+	for _, t := range outputs {
+		if ends[t], err = d.admin.ends(ctx, t, mr.wl.Partitions); err != nil {
+			return res, err
+		}
+	}
+	res.Forwarded = sum(ends[out])
+	res.Diverted = sum(ends[out+".retry"]) + sum(ends[out+".retry.1h"]) + sum(ends[out+".retry.long"])
+	res.DeadLettered = sum(ends[out+".dlq"])
+	first, last, err := d.admin.appendSpan(ctx, ends)
+	if err != nil {
+		return res, err
+	}
+	res.Seconds = last.Sub(first).Seconds()
+	res.EventsPerSec = float64(mr.wl.Events) / max(res.Seconds, 0.001)
+	logf("[%s] drained %d events in %.1fs: %.0f ev/s; redis calls %d (evalsha %d), redis busy %.2fs; out %d, diverted %d, dlq %d",
+		mr.tag, want, res.Seconds, res.EventsPerSec, res.RedisCalls, res.EvalSHA, res.RedisBusySeconds, res.Forwarded, res.Diverted, res.DeadLettered)
+
+	// Paced phase: latency from source append to output append.
+	if mr.live > 0 {
+		lat, err := d.latency(ctx, mr, live, outputs, ends, exited)
+		if err != nil {
+			return res, err
+		}
+		res.LatencyN = len(lat)
+		res.P50ms, res.P99ms = percentile(lat, 0.50), percentile(lat, 0.99)
+		logf("[%s] latency over %d paced events at %d ev/s: p50 %.1f ms, p99 %.1f ms", mr.tag, len(lat), o.LiveRate, res.P50ms, res.P99ms)
+	}
+
+	sampleRSS()
+	res.PeakRSSMB = float64(peakKB) / 1024
+	if err := stopChild(); err != nil {
+		res.Notes = append(res.Notes, fmt.Sprintf("stop: %v", err))
+		logf("[%s] warning: stop: %v", mr.tag, err)
+	}
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		res.CPUSeconds = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+	}
+	logf("[%s] peak RSS %.0f MB, CPU %.1fs", mr.tag, res.PeakRSSMB, res.CPUSeconds)
+	return res, nil
+}
+
+// vmHWM returns the peak resident set size of process pid in kilobytes.
+func vmHWM(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		}
+	}
+	return 0, errors.New("no VmHWM in /proc status")
+}
+
+func sum(m map[int]int64) int64 {
+	var n int64
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// latency produces the paced events into the mode's live topic, waits for
+// all of them in the outputs, and returns each one's time from its producer
+// timestamp to its append to an output topic, in milliseconds.
+func (d *driver) latency(ctx context.Context, mr modeRun, live string, outputs []string, ends map[string]map[int]int64, exited <-chan error) ([]float64, error) {
+	n := mr.live
+	logf("[%s] paced phase: %d events at %d ev/s", mr.tag, n, d.o.LiveRate)
+	if err := producePaced(ctx, d.o.Brokers, live, mr.wl, n, d.o.LiveRate); err != nil {
+		return nil, err
+	}
+	want := int64(mr.wl.Events + n)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		got, err := d.admin.total(ctx, mr.wl.Partitions, outputs...)
+		if err != nil {
+			return nil, err
+		}
+		if got >= want {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("paced phase: %d of %d events out after 2 minutes", got-int64(mr.wl.Events), n)
+		}
+		select {
+		case err := <-exited:
+			return nil, fmt.Errorf("exited during the paced phase: %v", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	var lat []float64
+	for _, t := range outputs {
+		now, err := d.admin.ends(ctx, t, mr.wl.Partitions)
+		if err != nil {
+			return nil, err
+		}
+		from := map[int]int64{}
+		for p := range now {
+			from[p] = ends[t][p]
+		}
+		rs, err := d.admin.read(ctx, t, from, now)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rs {
+			if v, ok := r.Headers[liveHeader]; ok {
+				us, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return nil, fmt.Errorf("%s/%d at %d: header %s: %w", t, r.Partition, r.Offset, liveHeader, err)
+				}
+				lat = append(lat, float64(r.Time.Sub(time.UnixMicro(us)).Microseconds())/1000)
+			}
+		}
+	}
+	sort.Float64s(lat)
+	return lat, nil
+}
+
+// percentile returns the p-quantile of sorted values (nearest rank).
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(p*float64(len(sorted))+0.5) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// gatekeeperEnv is the environment of the gatekeeper child: this process's
+// environment without any GATEKEEPER_ variable, plus vars and then extra
+// ("KEY=value"), prefixed.
+func gatekeeperEnv(vars map[string]string, extra []string) []string {
+	for _, kv := range extra {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			vars[strings.TrimPrefix(k, "GATEKEEPER_")] = v
+		}
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GATEKEEPER_") {
+			env = append(env, kv)
+		}
+	}
+	keys := make([]string, 0, len(vars))
+	for k := range vars {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, "GATEKEEPER_"+k+"="+vars[k])
+	}
+	return env
+}
+
+// writeJSON writes v as indented JSON to path.
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
