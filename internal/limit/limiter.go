@@ -271,26 +271,35 @@ func (l *Limiter) markFull(g *group, until time.Time, now time.Time) {
 	l.full[g.tenant+"\x00"+g.set] = until
 }
 
+// windowArgs caches, for one call, the ARGV part that describes a rule's
+// windows: it depends only on the rule and the time, not on the tenant.
+type windowArgs map[Rule][]any
+
 // args returns the KEYS and ARGV of one tenant for admit.lua.
-func (l *Limiter) args(g *group, now, hend time.Time) ([]string, []any) {
+func (l *Limiter) args(g *group, now, hend time.Time, cache windowArgs) ([]string, []any) {
 	ks := make([]string, 0, 1+len(g.rules))
 	ks = append(ks, l.keys.frontier(g.tenant, g.set))
 	av := []any{len(g.idx), len(g.rules)}
 	for _, r := range g.rules {
 		ks = append(ks, l.keys.rule(g.tenant, r))
-		switch {
-		case l.opts.Window == TTL:
-			av = append(av, r.Limit, "t", r.Length().Milliseconds(), 0, 0)
-		case r.Unit == Second || r.Unit == Minute:
-			s, _ := Window(r, now, l.opts.Location)
-			av = append(av, r.Limit, "a", r.Length().Milliseconds(), s.UnixMilli(), 0)
-		default:
-			b := boundaries(r, now, hend, l.opts.Location)
-			av = append(av, r.Limit, "e", 0, 0, len(b))
-			for _, t := range b {
-				av = append(av, t.UnixMilli())
+		w, ok := cache[r]
+		if !ok {
+			switch {
+			case l.opts.Window == TTL:
+				w = []any{r.Limit, "t", r.Length().Milliseconds(), 0, 0}
+			case r.Unit == Second || r.Unit == Minute:
+				s, _ := Window(r, now, l.opts.Location)
+				w = []any{r.Limit, "a", r.Length().Milliseconds(), s.UnixMilli(), 0}
+			default:
+				b := boundaries(r, now, hend, l.opts.Location)
+				w = []any{r.Limit, "e", 0, 0, len(b)}
+				for _, t := range b {
+					w = append(w, t.UnixMilli())
+				}
 			}
+			cache[r] = w
 		}
+		av = append(av, w...)
 	}
 	return ks, av
 }
@@ -309,11 +318,12 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([][]
 	start := time.Now()
 	defer func() { l.metrics.redisSeconds.WithLabelValues("admit").Observe(time.Since(start).Seconds()) }()
 	hend := now.Add(l.opts.Horizon)
+	cache := windowArgs{}
 	if !l.cluster {
 		var ks []string
 		av := l.header(now, len(calls))
 		for _, g := range calls {
-			k, a := l.args(g, now, hend)
+			k, a := l.args(g, now, hend, cache)
 			ks = append(ks, k...)
 			av = append(av, a...)
 		}
@@ -327,7 +337,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([][]
 	cmds := make([]*redis.Cmd, len(calls))
 	run := func(pipe redis.Pipeliner, sha bool) {
 		for i, g := range calls {
-			k, a := l.args(g, now, hend)
+			k, a := l.args(g, now, hend, cache)
 			if sha {
 				cmds[i] = l.admit.EvalSha(ctx, pipe, k, append(l.header(now, 1), a...)...)
 			} else {
@@ -342,7 +352,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([][]
 		_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, g := range calls {
 				if cmds[i].Err() != nil && redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
-					k, a := l.args(g, now, hend)
+					k, a := l.args(g, now, hend, cache)
 					cmds[i] = l.admit.Eval(ctx, p, k, append(l.header(now, 1), a...)...)
 				}
 			}
