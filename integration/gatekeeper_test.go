@@ -305,53 +305,13 @@ func produce(t testing.TB, topic string, msgs []kafka.Message) {
 	}
 }
 
-// readTopic returns every message of topic present now, partition by partition.
+// readTopic returns every message of topic present now, partition by
+// partition. It reads with franz-go (rtReadTopic), because kafka-go reports
+// the producer's timestamp even on a LogAppendTime topic: with franz-go, m.Time
+// is the broker's append time there, i.e. when Gatekeeper forwarded the event.
 func readTopic(t testing.TB, topic string) []kafka.Message {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := kafka.DialContext(ctx, "tcp", kafkaAddr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	parts, err := conn.ReadPartitions(topic)
-	conn.Close()
-	if err != nil {
-		t.Fatalf("partitions of %s: %v", topic, err)
-	}
-	var out []kafka.Message
-	for _, p := range parts {
-		pc, err := kafka.DialLeader(ctx, "tcp", kafkaAddr(), topic, p.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		first, last, err := pc.ReadOffsets()
-		pc.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if last <= first {
-			continue
-		}
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{kafkaAddr()}, Topic: topic, Partition: p.ID,
-			MinBytes: 1, MaxBytes: 10 << 20, MaxWait: 200 * time.Millisecond})
-		if err := r.SetOffset(first); err != nil {
-			t.Fatal(err)
-		}
-		for {
-			m, err := r.ReadMessage(ctx)
-			if err != nil {
-				r.Close()
-				t.Fatalf("read %s/%d: %v", topic, p.ID, err)
-			}
-			out = append(out, m)
-			if m.Offset >= last-1 {
-				break
-			}
-		}
-		r.Close()
-	}
-	return out
+	return rtReadTopic(t, topic)
 }
 
 // waitFor polls cond every half second until it holds or timeout passes.

@@ -349,23 +349,20 @@ func runDemo(ctx context.Context, opts demoOptions) (*demoSummary, error) {
 		}
 	}
 
-	kafkaLog, kafkaErrLog := kafkaLoggers(log)
 	var paused atomic.Bool
 	pctx, stopPipeline := context.WithCancel(bg)
 	defer stopPipeline()
 	pipeDone := make(chan error, 1)
 	go func() {
 		pipeDone <- startPipeline(pctx, pipeline{
-			Config:           cfg,
-			Log:              log,
-			Registerer:       reg,
-			Redis:            rdb,
-			Limiter:          lim,
-			Dialer:           dialer,
-			Transport:        transport,
-			KafkaLogger:      kafkaLog,
-			KafkaErrorLogger: kafkaErrLog,
-			Paused:           &paused,
+			Config:     cfg,
+			Log:        log,
+			Registerer: reg,
+			Redis:      rdb,
+			Limiter:    lim,
+			Dialer:     dialer,
+			Transport:  transport,
+			Paused:     &paused,
 		})
 	}()
 	pipelineErr := func() error {

@@ -8,7 +8,6 @@ import (
 	"os"
 	"strings"
 
-	"github.com/segmentio/kafka-go"
 	"golang.org/x/term"
 )
 
@@ -58,23 +57,6 @@ func newLogger(w io.Writer, level string) (*slog.Logger, error) {
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
-}
-
-// kafkaLoggers adapts log for kafka-go: its chatty Logger goes to debug,
-// its ErrorLogger to error, both with component=kafka. Set them as the
-// Logger and ErrorLogger of kafka-go readers, writers and consumer groups.
-func kafkaLoggers(log *slog.Logger) (logger, errorLogger kafka.Logger) {
-	log = log.With(slog.String("component", "kafka"))
-	at := func(level slog.Level) kafka.LoggerFunc {
-		return func(format string, args ...any) {
-			ctx := context.Background()
-			if !log.Enabled(ctx, level) {
-				return
-			}
-			log.Log(ctx, level, oneLine(fmt.Sprintf(format, args...)))
-		}
-	}
-	return at(slog.LevelDebug), at(slog.LevelError)
 }
 
 // redisLogger adapts log for go-redis's internal messages (redis.SetLogger),

@@ -83,39 +83,6 @@ func TestLoggerJSONAndSecrets(t *testing.T) {
 	}
 }
 
-func TestKafkaLoggers(t *testing.T) {
-	var buf bytes.Buffer
-	log, err := newLogger(&buf, "debug")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, errs := kafkaLoggers(log)
-	info.Printf("joined group %s generation %d", "g", 3)
-	errs.Printf("fetch failed: %v\nretrying", "EOF")
-	got := lines(t, &buf)
-	if len(got) != 2 {
-		t.Fatalf("got %d lines, want 2: %s", len(got), buf.String())
-	}
-	want := []struct{ level, msg string }{
-		{"DEBUG", "joined group g generation 3"},
-		{"ERROR", "fetch failed: EOF; retrying"},
-	}
-	for i, w := range want {
-		if got[i]["level"] != w.level || got[i]["msg"] != w.msg || got[i]["component"] != "kafka" {
-			t.Errorf("line %d: got %v, want level %s msg %q component kafka", i, got[i], w.level, w.msg)
-		}
-	}
-
-	// At info, kafka-go's chatter is dropped.
-	buf.Reset()
-	log, _ = newLogger(&buf, "info")
-	info, _ = kafkaLoggers(log)
-	info.Printf("noise")
-	if buf.Len() != 0 {
-		t.Errorf("got %q at info, want nothing", buf.String())
-	}
-}
-
 func TestRedisLogger(t *testing.T) {
 	var buf bytes.Buffer
 	log, _ := newLogger(&buf, "info")

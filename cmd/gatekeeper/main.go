@@ -395,7 +395,6 @@ func serve(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	srv := newHTTPServer(handler, log)
 	log.Info("http listening", slog.String("addr", ln.Addr().String()))
 
-	kafkaLog, kafkaErrLog := kafkaLoggers(log)
 	g, gctx := errgroup.WithContext(ctx)
 	httpStop := make(chan struct{})
 	g.Go(func() error { return serveHTTP(httpStop, srv, ln, 5*time.Second) })
@@ -420,17 +419,15 @@ func serve(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		pg.Go(func() error {
 			defer cancel()
 			return startPipeline(pctx, pipeline{
-				Config:           cfg,
-				Log:              log,
-				Registerer:       reg,
-				Redis:            rdb,
-				Limiter:          lim,
-				Dialer:           dialer,
-				Transport:        transport,
-				KafkaLogger:      kafkaLog,
-				KafkaErrorLogger: kafkaErrLog,
-				Paused:           &st.paused,
-				Joined:           &st.joined,
+				Config:     cfg,
+				Log:        log,
+				Registerer: reg,
+				Redis:      rdb,
+				Limiter:    lim,
+				Dialer:     dialer,
+				Transport:  transport,
+				Paused:     &st.paused,
+				Joined:     &st.joined,
 			})
 		})
 		return pg.Wait()
@@ -499,8 +496,6 @@ type pipeline struct {
 	// Both carry TLS, SASL and KAFKA_TIMEOUT.
 	Dialer    *kafka.Dialer
 	Transport *kafka.Transport
-	// KafkaLogger and KafkaErrorLogger route kafka-go's logs into slog.
-	KafkaLogger, KafkaErrorLogger kafka.Logger
 	// Paused must be true while consumption is paused (Redis trouble with
 	// ON_REDIS_ERROR=pause); /readyz reports it.
 	Paused *atomic.Bool
