@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -247,6 +249,13 @@ func testUsageMatchesCounts(t *testing.T, rdb redis.UniversalClient) {
 	us, err = l.Usage(context.Background(), "nobody")
 	if err != nil || us[0].Count != 0 || us[0].Remaining != 10 {
 		t.Errorf("unused tenant: got %+v %v, want count 0 remaining 10", us, err)
+	}
+	var m dto.Metric
+	if err := l.metrics.redisSeconds.WithLabelValues("usage").(prometheus.Histogram).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetHistogram().GetSampleCount(); got != 3 {
+		t.Errorf("gatekeeper_redis_call_seconds{op=usage} count: got %d, want 3", got)
 	}
 }
 

@@ -440,9 +440,16 @@ type Usage struct {
 // (admitted events and slots reserved in it), the limit, what remains, and
 // when the window ends. A ttl rule with no live window reports zero and a
 // reset of now (its window starts at the next event). It reads only.
-func (l *Limiter) Usage(ctx context.Context, tenant string) ([]Usage, error) {
+func (l *Limiter) Usage(ctx context.Context, tenant string) (_ []Usage, err error) {
 	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
+	start := time.Now()
+	defer func() {
+		l.metrics.redisSeconds.WithLabelValues("usage").Observe(time.Since(start).Seconds())
+		if err != nil {
+			l.metrics.redisErrors.Inc()
+		}
+	}()
 	now := l.opts.Clock()
 	rules := l.rules.Load().For(tenant)
 	out := make([]Usage, len(rules))
