@@ -282,11 +282,10 @@ func (f flow) env(t testing.TB, more ...string) map[string]string {
 	return e
 }
 
-// produce writes msgs to topic, each to the partition it names, and waits
-// for the acknowledgements.
-func produce(t testing.TB, topic string, msgs []kafka.Message) {
-	t.Helper()
-	w := &kafka.Writer{
+// partitionWriter returns a producer for topic that writes each message to
+// the partition it names, with acks from all replicas.
+func partitionWriter(topic string) *kafka.Writer {
+	return &kafka.Writer{
 		Addr:         kafka.TCP(kafkaAddr()),
 		Topic:        topic,
 		Balancer:     kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }),
@@ -295,6 +294,13 @@ func produce(t testing.TB, topic string, msgs []kafka.Message) {
 		BatchSize:    1000,
 		WriteTimeout: 30 * time.Second,
 	}
+}
+
+// produce writes msgs to topic, each to the partition it names, and waits
+// for the acknowledgements.
+func produce(t testing.TB, topic string, msgs []kafka.Message) {
+	t.Helper()
+	w := partitionWriter(topic)
 	defer w.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -303,15 +309,6 @@ func produce(t testing.TB, topic string, msgs []kafka.Message) {
 			t.Fatalf("produce to %s: %v", topic, err)
 		}
 	}
-}
-
-// readTopic returns every message of topic present now, partition by
-// partition. It reads with franz-go (rtReadTopic), because kafka-go reports
-// the producer's timestamp even on a LogAppendTime topic: with franz-go, m.Time
-// is the broker's append time there, i.e. when Gatekeeper forwarded the event.
-func readTopic(t testing.TB, topic string) []kafka.Message {
-	t.Helper()
-	return rtReadTopic(t, topic)
 }
 
 // waitFor polls cond every half second until it holds or timeout passes.

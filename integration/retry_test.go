@@ -25,7 +25,7 @@ import (
 // The downstream topic stamps LogAppendTime (newFlow). kafka-go's reader
 // ignores a batch's timestamp type and returns the producer's time (which
 // the Router keeps from the source event), so these tests read outputs with
-// rtReadTopic (franz-go), whose m.Time is the broker's append time: when the
+// readTopic (franz-go), whose m.Time is the broker's append time: when the
 // event was forwarded.
 
 // rtEvent returns a test event of tenant for a source partition.
@@ -61,15 +61,7 @@ func rtMillis(t testing.TB, m kafka.Message, k string) (time.Time, bool) {
 // rtWriter returns a producer for topic that writes each message to the
 // partition it names; it is closed when the test ends.
 func rtWriter(t testing.TB, topic string) *kafka.Writer {
-	w := &kafka.Writer{
-		Addr:         kafka.TCP(kafkaAddr()),
-		Topic:        topic,
-		Balancer:     kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }),
-		RequiredAcks: kafka.RequireAll,
-		BatchTimeout: 2 * time.Millisecond,
-		BatchSize:    1000,
-		WriteTimeout: 30 * time.Second,
-	}
+	w := partitionWriter(topic)
 	t.Cleanup(func() { w.Close() })
 	return w
 }
@@ -321,7 +313,7 @@ func TestRetryNeverEarly(t *testing.T) {
 	short := []string{"fast-a", "fast-b", "slow-a", "slow-b"}
 	var down []kafka.Message
 	waitFor(t, 90*time.Second, "the fast and slow tenants' events downstream", func() (bool, string) {
-		down = rtReadTopic(t, f.Downstream)
+		down = readTopic(t, f.Downstream)
 		got := map[string]map[string]bool{}
 		for _, m := range down {
 			id, _ := rtID(m)
@@ -405,7 +397,7 @@ func TestRetryNeverEarly(t *testing.T) {
 	// without holding them up.
 	tiers := map[string]int{}
 	for _, tier := range []string{f.Retry, f.Retry + ".1h", f.Retry + ".long"} {
-		for _, m := range rtReadTopic(t, tier) {
+		for _, m := range readTopic(t, tier) {
 			if strings.HasPrefix(string(m.Key), "long-") {
 				tiers[tier]++
 			}
@@ -458,7 +450,7 @@ func TestRetryNoStarvation(t *testing.T) {
 	lastBurst := map[string]time.Time{} // tenant -> latest gk-due of the burst
 	waitFor(t, 60*time.Second, "burst routed", func() (bool, string) {
 		retry := rtReadRetry(t, f)
-		down := rtReadTopic(t, f.Downstream)
+		down := readTopic(t, f.Downstream)
 		routed := map[string]bool{}
 		for _, m := range append(down, retry...) {
 			if id, _ := rtID(m); burst[id] {
@@ -501,7 +493,7 @@ func TestRetryNoStarvation(t *testing.T) {
 
 	var down []kafka.Message
 	waitFor(t, 90*time.Second, "burst and live events downstream", func() (bool, string) {
-		down = rtReadTopic(t, f.Downstream)
+		down = readTopic(t, f.Downstream)
 		got := map[string]bool{}
 		for _, m := range down {
 			id, _ := rtID(m)
@@ -637,7 +629,7 @@ func TestRetryNoLossAcrossKill(t *testing.T) {
 	burst("one", 40, 60)
 	waitFor(t, 60*time.Second, "first burst routed", func() (bool, string) {
 		n := 0
-		for _, m := range append(rtReadTopic(t, f.Downstream), rtReadRetry(t, f)...) {
+		for _, m := range append(readTopic(t, f.Downstream), rtReadRetry(t, f)...) {
 			if id, _ := rtID(m); produced[id] {
 				n++
 			}
@@ -672,7 +664,7 @@ func TestRetryNoLossAcrossKill(t *testing.T) {
 
 	var down, dlq []kafka.Message
 	waitFor(t, 150*time.Second, "every event downstream or dead-lettered", func() (bool, string) {
-		down, dlq = rtReadTopic(t, f.Downstream), rtReadTopic(t, f.DLQ)
+		down, dlq = readTopic(t, f.Downstream), readTopic(t, f.DLQ)
 		got := map[string]bool{}
 		for _, m := range append(down, dlq...) {
 			got[rtIDOf(m)] = true
@@ -735,10 +727,12 @@ func rtMetricSum(t testing.TB, p *gkProc, name string) float64 {
 	return sum
 }
 
-// rtReadTopic returns every message of topic present now, as readTopic does,
-// but read with franz-go so that m.Time is the broker's append time on a
-// LogAppendTime topic (the timestamp of the batch, not of the producer).
-func rtReadTopic(t testing.TB, topic string) []kafka.Message {
+// readTopic returns every message of topic present now, partition by
+// partition. It reads with franz-go, because kafka-go reports the producer's
+// timestamp even on a LogAppendTime topic: here m.Time is the broker's append
+// time on such a topic (the timestamp of the batch), i.e. when Gatekeeper
+// forwarded the event.
+func readTopic(t testing.TB, topic string) []kafka.Message {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -807,7 +801,7 @@ func rtReadTopic(t testing.TB, topic string) []kafka.Message {
 func rtReadRetry(t testing.TB, f flow) []kafka.Message {
 	var out []kafka.Message
 	for _, tier := range []string{f.Retry, f.Retry + ".1h", f.Retry + ".long"} {
-		out = append(out, rtReadTopic(t, tier)...)
+		out = append(out, readTopic(t, tier)...)
 	}
 	return out
 }

@@ -358,7 +358,6 @@ func runDemo(ctx context.Context, opts demoOptions) (*demoSummary, error) {
 			Config:     cfg,
 			Log:        log,
 			Registerer: reg,
-			Redis:      rdb,
 			Limiter:    lim,
 			Dialer:     dialer,
 			Transport:  transport,

@@ -422,7 +422,6 @@ func serve(ctx context.Context, cfg *Config, log *slog.Logger) error {
 				Config:     cfg,
 				Log:        log,
 				Registerer: reg,
-				Redis:      rdb,
 				Limiter:    lim,
 				Dialer:     dialer,
 				Transport:  transport,
@@ -490,7 +489,6 @@ type pipeline struct {
 	Config     *Config
 	Log        *slog.Logger
 	Registerer prometheus.Registerer
-	Redis      redis.UniversalClient
 	Limiter    *limit.Limiter
 	// Dialer is for consumer groups and readers; Transport for writers.
 	// Both carry TLS, SASL and KAFKA_TIMEOUT.

@@ -53,7 +53,8 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		}
 	}
 
-	if err := waitForTopics(ctx, p, pipelineTopics(cfg)); err != nil || ctx.Err() != nil {
+	topics := route.Topics{Downstream: cfg.DownstreamTopic, Retry: cfg.RetryTopic, DLQ: cfg.DLQTopic}
+	if err := waitForTopics(ctx, p, pipelineTopics(cfg, topics)); err != nil || ctx.Err() != nil {
 		return err
 	}
 	writer := route.NewKafkaWriter(cfg.KafkaBrokers, route.WriterOptions{
@@ -65,7 +66,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 	defer writer.Close()
 	router := &route.Router{
 		Writer:  writer,
-		Topics:  route.Topics{Downstream: cfg.DownstreamTopic, Retry: cfg.RetryTopic, DLQ: cfg.DLQTopic},
+		Topics:  topics,
 		Clock:   clock,
 		Logger:  p.Log,
 		Metrics: routeMetrics,
@@ -169,13 +170,13 @@ func startPipeline(ctx context.Context, p pipeline) error {
 }
 
 // pipelineTopics lists every topic the roles of cfg read or write.
-func pipelineTopics(cfg *Config) []string {
+func pipelineTopics(cfg *Config, topics route.Topics) []string {
 	var ts []string
 	if cfg.HasRole("gate") {
 		ts = append(ts, cfg.SourceTopics...)
 	}
 	ts = append(ts, cfg.DownstreamTopic, cfg.DLQTopic)
-	for _, t := range (route.Topics{Downstream: cfg.DownstreamTopic, Retry: cfg.RetryTopic, DLQ: cfg.DLQTopic}).Tiers() {
+	for _, t := range topics.Tiers() {
 		ts = append(ts, t.Topic)
 	}
 	return ts

@@ -86,9 +86,11 @@ type Limiter struct {
 	admit   *redis.Script
 	get     *redis.Script
 	metrics *metrics
+	// fullReason is the reason of events rejected for want of room.
+	fullReason string
 
 	mu   sync.Mutex
-	full map[string]time.Time // tenant \x00 rule set -> no room within the horizon before this time
+	full map[fullKey]time.Time // no room within the horizon before this time
 }
 
 // New returns a Limiter over rdb (a *redis.Client or *redis.ClusterClient)
@@ -110,8 +112,9 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		admit:   redis.NewScript(lua.Admit),
 		get:     redis.NewScript(lua.AlignedGet),
 		metrics: newMetrics(),
-		full:    map[string]time.Time{},
+		full:    map[fullKey]time.Time{},
 	}
+	l.fullReason = fmt.Sprintf("no room within the deferral horizon (%v)", opts.Horizon)
 	l.rules.Store(rules)
 	for _, s := range []*redis.Script{l.admit, l.get} {
 		cctx, cancel := context.WithTimeout(ctx, opts.Timeout)
@@ -209,21 +212,23 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 		g.idx = append(g.idx, i)
 	}
 	var calls []*group
+	l.mu.Lock()
 	for _, g := range order {
 		switch {
 		case len(g.rules) == 0:
 			for _, i := range g.idx {
 				out[i] = Decision{Kind: Admit}
 			}
-		case l.knownFull(g, now):
+		case l.knownFullLocked(g, now):
 			l.metrics.cacheHits.Add(float64(len(g.idx)))
 			for _, i := range g.idx {
-				out[i] = Decision{Kind: Reject, Reason: l.fullReason()}
+				out[i] = Decision{Kind: Reject, Reason: l.fullReason}
 			}
 		default:
 			calls = append(calls, g)
 		}
 	}
+	l.mu.Unlock()
 	if len(calls) == 0 {
 		return out, nil
 	}
@@ -239,17 +244,15 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 	return out, nil
 }
 
-func (l *Limiter) fullReason() string {
-	return fmt.Sprintf("no room within the deferral horizon (%v)", l.opts.Horizon)
-}
+// fullKey names a tenant under one rule set in the local cache.
+type fullKey struct{ tenant, set string }
 
-// knownFull reports whether the tenant's windows are known to be full up to
-// the horizon: then nothing can change before the horizon reaches a window
-// that was not full, and events are rejected without asking Redis.
-func (l *Limiter) knownFull(g *group, now time.Time) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	k := g.tenant + "\x00" + g.set
+// knownFullLocked reports whether the tenant's windows are known to be full
+// up to the horizon: then nothing can change before the horizon reaches a
+// window that was not full, and events are rejected without asking Redis.
+// l.mu must be held.
+func (l *Limiter) knownFullLocked(g *group, now time.Time) bool {
+	k := fullKey{g.tenant, g.set}
 	until, ok := l.full[k]
 	if ok && !now.Before(until) {
 		delete(l.full, k)
@@ -268,7 +271,7 @@ func (l *Limiter) markFull(g *group, until time.Time, now time.Time) {
 			}
 		}
 	}
-	l.full[g.tenant+"\x00"+g.set] = until
+	l.full[fullKey{g.tenant, g.set}] = until
 }
 
 // windowArgs caches, for one call, the ARGV part that describes a rule's
@@ -416,7 +419,7 @@ func (l *Limiter) apply(g *group, r []int64, now time.Time, out []Decision) erro
 	}
 	reason := "no room found within the scan limit"
 	if full := r[len(r)-1]; full > 0 {
-		reason = l.fullReason()
+		reason = l.fullReason
 		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon), now)
 	}
 	give(r[len(r)-2], Decision{Kind: Reject, Reason: reason})
