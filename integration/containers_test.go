@@ -1,13 +1,9 @@
-//go:build testcontainers
-
-// Built only with -tags testcontainers (go.mod requires these modules):
+// The testcontainers-go path of the harness: used when no address is given in
+// the environment and a Docker engine answers.
 //
-//	go get github.com/testcontainers/testcontainers-go@v0.40.0 \
-//	  github.com/testcontainers/testcontainers-go/modules/kafka@v0.40.0 \
-//	  github.com/testcontainers/testcontainers-go/modules/redis@v0.40.0
-//
-// v0.40.0 because modules/kafka has no later release on the module proxy, and
-// modules/kafka v0.40.0 does not compile against testcontainers-go v0.45.0.
+// testcontainers-go is at v0.40.0 because modules/kafka has no later release on
+// the module proxy, and modules/kafka v0.40.0 does not compile against
+// testcontainers-go v0.45.0.
 
 package integration
 
@@ -28,8 +24,6 @@ var (
 	kafkaImage = cmp.Or(os.Getenv("GATEKEEPER_TEST_KAFKA_IMAGE"), "confluentinc/confluent-local:7.9.0")
 	redisImage = cmp.Or(os.Getenv("GATEKEEPER_TEST_REDIS_IMAGE"), "redis:7.0")
 )
-
-func init() { startContainers = runContainers }
 
 // runContainers starts the requested servers in Docker; errNoDocker when no engine answers.
 func runContainers(ctx context.Context, needKafka, needRedis bool) (kafkaAddr, redisAddr string, stop func(), err error) {

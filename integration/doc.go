@@ -4,8 +4,7 @@
 // TestMain resolves the servers once per run, in this order:
 //
 //  1. GATEKEEPER_TEST_KAFKA and GATEKEEPER_TEST_REDIS (host:port), when set;
-//  2. containers started by testcontainers-go, when the tests are built with
-//     -tags testcontainers and a Docker engine is reachable;
+//  2. containers started by testcontainers-go, when a Docker engine is reachable;
 //  3. otherwise the scripts in deploy/local, which start (or reuse) a local
 //     KRaft broker from the Maven jars and a local redis-server.
 //

@@ -30,9 +30,9 @@ var servers struct {
 var errNoDocker = errors.New("no Docker engine reachable")
 
 // startContainers starts Kafka and/or Redis containers and returns their addresses and a
-// function that removes them. It is nil unless the tests are built with -tags testcontainers
-// (see containers_test.go); it returns errNoDocker when there is no engine to use.
-var startContainers func(ctx context.Context, kafka, redis bool) (kafkaAddr, redisAddr string, stop func(), err error)
+// function that removes them (containers_test.go); it returns errNoDocker when there is no
+// engine to use.
+var startContainers = runContainers
 
 var (
 	runID = strings.ToLower(rand.Text()[:6]) // makes names unique across runs against long-lived servers
@@ -66,7 +66,7 @@ func resolveServers(ctx context.Context) (stop func(), err error) {
 	stop = func() {}
 	servers.kafka = os.Getenv("GATEKEEPER_TEST_KAFKA")
 	servers.redis = os.Getenv("GATEKEEPER_TEST_REDIS")
-	if (servers.kafka == "" || servers.redis == "") && startContainers != nil {
+	if servers.kafka == "" || servers.redis == "" {
 		k, r, s, err := startContainers(ctx, servers.kafka == "", servers.redis == "")
 		switch {
 		case errors.Is(err, errNoDocker):
