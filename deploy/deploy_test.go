@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	keda "github.com/kedacore/keda/v2/apis/keda/v1alpha1"
 	"net"
 	"os"
 	"os/exec"
@@ -772,7 +773,7 @@ func TestK8sScaledObject(t *testing.T) {
 
 // checkTriggerAuth checks that the trigger authenticates with the SASL user
 // and password of Gatekeeper's own Secret.
-func checkTriggerAuth(t *testing.T, w *wiring, name string, ref *authenticationRef) {
+func checkTriggerAuth(t *testing.T, w *wiring, name string, ref *keda.AuthenticationRef) {
 	t.Helper()
 	if ref == nil || (ref.Kind != "" && ref.Kind != "TriggerAuthentication") {
 		t.Errorf("%s authenticationRef: got %+v, want a TriggerAuthentication (SASL is on)", name, ref)

@@ -11,9 +11,9 @@
 //   - local/: scripts that run Kafka and Redis without Docker, for tests.
 //
 // deploy_test.go decodes every manifest strictly into its real type (k8s.io/api
-// types; local copies of KEDA's ScaledObject and TriggerAuthentication types,
-// because KEDA's own API package pulls in its whole operator; compose-go's
-// loader with schema validation for compose.yaml), so that a misspelt field
+// types; KEDA's own keda.sh/v1alpha1 API package for the ScaledObject and
+// TriggerAuthentication; compose-go's loader with schema validation for
+// compose.yaml; a local struct for kustomization.yaml), so that a misspelt field
 // fails, and checks the files against each other and against the gatekeeper
 // binary's own configuration check (gatekeeper check-config).
 package deploy
