@@ -18,16 +18,19 @@ type admitCase func(t *testing.T, rdb redis.UniversalClient)
 
 // admitCases run against a single Redis and against a Redis Cluster.
 var admitCases = map[string]admitCase{
-	"AdmitThenDeferInOrder":   testAdmitThenDeferInOrder,
-	"MultiRuleAllOrNothing":   testMultiRuleAllOrNothing,
-	"HorizonReject":           testHorizonReject,
-	"AlignedWindowResets":     testAlignedWindowResets,
-	"TTLWindowResetsAndChain": testTTLWindow,
-	"UsageMatchesCounts":      testUsageMatchesCounts,
-	"Exactness":               testExactness,
-	"ManyTenantsOneCall":      testManyTenants,
-	"RulesChangeAtRunTime":    testRulesChange,
-	"ScriptCacheFlushed":      testScriptFlushed,
+	"AdmitThenDeferInOrder":    testAdmitThenDeferInOrder,
+	"MultiRuleAllOrNothing":    testMultiRuleAllOrNothing,
+	"HorizonReject":            testHorizonReject,
+	"AlignedWindowResets":      testAlignedWindowResets,
+	"TTLWindowResetsAndChain":  testTTLWindow,
+	"UsageMatchesCounts":       testUsageMatchesCounts,
+	"Exactness":                testExactness,
+	"ManyTenantsOneCall":       testManyTenants,
+	"RulesChangeAtRunTime":     testRulesChange,
+	"ScriptCacheFlushed":       testScriptFlushed,
+	"TTLChainCachedByReplicas": testTTLChainCachedByReplicas,
+	"TTLChainLost":             testTTLChainLost,
+	"TTLChainNeverShrinks":     testTTLChainNeverShrinks,
 }
 
 // Redis loses its script cache on restart or failover: Admit loads it again.

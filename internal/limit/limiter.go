@@ -91,7 +91,18 @@ type Limiter struct {
 
 	mu   sync.Mutex
 	full map[fullKey]time.Time // no room within the horizon before this time
+	// chains caches the ttl chain of one-rule tenants, by rule key, as the
+	// last reply gave it: while now is before its end the script need not
+	// read the anchor (one command per tenant instead of two).
+	chains map[string]chain
 }
+
+// chain is a ttl chain: windows start + i*step up to end (unix ms).
+type chain struct{ start, end int64 }
+
+// maxCached bounds each local cache of the Limiter (full tenants, ttl
+// chains); past it, entries that no longer apply are dropped, then all.
+const maxCached = 100000
 
 // New returns a Limiter over rdb (a *redis.Client or *redis.ClusterClient)
 // with the given rules. It loads the scripts, so a broken script or an
@@ -113,6 +124,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		get:     redis.NewScript(lua.AlignedGet),
 		metrics: newMetrics(),
 		full:    map[fullKey]time.Time{},
+		chains:  map[string]chain{},
 	}
 	l.fullReason = fmt.Sprintf("no room within the deferral horizon (%v)", opts.Horizon)
 	l.rules.Store(rules)
@@ -178,6 +190,10 @@ type group struct {
 	idx    []int
 	rules  []Rule
 	set    string
+	// keys are the rules' key prefixes; chain the cached ttl chain of a
+	// one-rule ttl tenant (zero: unknown).
+	keys  []string
+	chain chain
 }
 
 // Admit decides a batch. The result is index-aligned with tenants; one
@@ -225,6 +241,13 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 				out[i] = Decision{Kind: Reject, Reason: l.fullReason}
 			}
 		default:
+			g.keys = make([]string, len(g.rules))
+			for i, r := range g.rules {
+				g.keys[i] = l.keys.rule(g.tenant, r)
+			}
+			if l.opts.Window == TTL && len(g.rules) == 1 {
+				g.chain = l.chains[g.keys[0]]
+			}
 			calls = append(calls, g)
 		}
 	}
@@ -241,7 +264,35 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 			return nil, err
 		}
 	}
+	if l.opts.Window == TTL {
+		l.cacheChains(calls, replies, now)
+	}
 	return out, nil
+}
+
+// cacheChains keeps the ttl chains of the one-rule tenants in replies (the
+// last two numbers of each reply).
+func (l *Limiter) cacheChains(calls []*group, replies [][]int64, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.chains) > maxCached {
+		ms := now.UnixMilli()
+		for k, c := range l.chains {
+			if c.end <= ms {
+				delete(l.chains, k)
+			}
+		}
+		if len(l.chains) > maxCached {
+			clear(l.chains)
+		}
+	}
+	for j, g := range calls {
+		if len(g.rules) != 1 {
+			continue
+		}
+		r := replies[j]
+		l.chains[g.keys[0]] = chain{start: r[len(r)-2], end: r[len(r)-1]}
+	}
 }
 
 // fullKey names a tenant under one rule set in the local cache.
@@ -264,52 +315,69 @@ func (l *Limiter) knownFullLocked(g *group, now time.Time) bool {
 func (l *Limiter) markFull(g *group, until time.Time, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.full) > 100000 {
+	if len(l.full) > maxCached {
 		for k, u := range l.full {
 			if !now.Before(u) {
 				delete(l.full, k)
 			}
 		}
+		if len(l.full) > maxCached {
+			clear(l.full)
+		}
 	}
 	l.full[fullKey{g.tenant, g.set}] = until
 }
 
-// windowArgs caches, for one call, the ARGV part that describes a rule's
-// windows: it depends only on the rule and the time, not on the tenant.
-type windowArgs map[Rule][]any
-
-// args returns the KEYS and ARGV of one tenant for admit.lua.
-func (l *Limiter) args(g *group, now, hend time.Time, cache windowArgs) ([]string, []any) {
-	ks := make([]string, 0, 1+len(g.rules))
-	ks = append(ks, l.keys.frontier(g.tenant, g.set))
-	av := []any{len(g.idx), len(g.rules)}
-	for _, r := range g.rules {
-		ks = append(ks, l.keys.rule(g.tenant, r))
-		w, ok := cache[r]
-		if !ok {
-			switch {
-			case l.opts.Window == TTL:
-				w = []any{r.Limit, "t", r.Length().Milliseconds(), 0, 0}
-			case r.Unit == Second || r.Unit == Minute:
-				s, _ := Window(r, now, l.opts.Location)
-				w = []any{r.Limit, "a", r.Length().Milliseconds(), s.UnixMilli(), 0}
-			default:
-				b := boundaries(r, now, hend, l.opts.Location)
-				w = []any{r.Limit, "e", 0, 0, len(b)}
-				for _, t := range b {
-					w = append(w, t.UnixMilli())
-				}
-			}
-			cache[r] = w
-		}
-		av = append(av, w...)
-	}
-	return ks, av
+// descriptors numbers the distinct rules of one script call and holds their
+// ARGV descriptions (limit, kind, step, base, boundaries): a description
+// depends only on the rule and the time, not on the tenant, so it is sent
+// once per call however many tenants share the rule.
+type descriptors struct {
+	index map[Rule]int // 1-based, as the script counts
+	args  []any
 }
 
-func (l *Limiter) header(now time.Time, tenants int) []any {
-	return []any{now.UnixMilli(), now.Add(l.opts.Horizon).UnixMilli(),
-		l.opts.Retention.Milliseconds(), l.opts.MaxScan, tenants}
+// describe returns the 1-based descriptor index of r, adding it when new.
+func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
+	if i, ok := d.index[r]; ok {
+		return i
+	}
+	switch {
+	case l.opts.Window == TTL:
+		d.args = append(d.args, r.Limit, "t", r.Length().Milliseconds(), 0, 0)
+	case r.Unit == Second || r.Unit == Minute:
+		s, _ := Window(r, now, l.opts.Location)
+		d.args = append(d.args, r.Limit, "a", r.Length().Milliseconds(), s.UnixMilli(), 0)
+	default:
+		b := boundaries(r, now, hend, l.opts.Location)
+		d.args = append(d.args, r.Limit, "e", 0, 0, len(b))
+		for _, t := range b {
+			d.args = append(d.args, t.UnixMilli())
+		}
+	}
+	d.index[r] = len(d.index) + 1
+	return len(d.index)
+}
+
+// script returns the KEYS and ARGV of one admit.lua call over groups.
+func (l *Limiter) script(groups []*group, now, hend time.Time) ([]string, []any) {
+	d := descriptors{index: map[Rule]int{}}
+	var ks []string
+	var tenants []any
+	for _, g := range groups {
+		ks = append(ks, l.keys.frontier(g.tenant, g.set))
+		ks = append(ks, g.keys...)
+		tenants = append(tenants, len(g.idx), len(g.rules))
+		for _, r := range g.rules {
+			tenants = append(tenants, l.describe(&d, r, now, hend), g.chain.start, g.chain.end)
+		}
+	}
+	av := make([]any, 0, 6+len(d.args)+len(tenants))
+	av = append(av, now.UnixMilli(), hend.UnixMilli(), l.opts.Retention.Milliseconds(), l.opts.MaxScan,
+		len(d.index), len(groups))
+	av = append(av, d.args...)
+	av = append(av, tenants...)
+	return ks, av
 }
 
 // call runs admit.lua: one call for the batch on a single node; on Redis
@@ -321,42 +389,31 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([][]
 	start := time.Now()
 	defer func() { l.metrics.redisSeconds.WithLabelValues("admit").Observe(time.Since(start).Seconds()) }()
 	hend := now.Add(l.opts.Horizon)
-	cache := windowArgs{}
 	if !l.cluster {
-		var ks []string
-		av := l.header(now, len(calls))
-		for _, g := range calls {
-			k, a := l.args(g, now, hend, cache)
-			ks = append(ks, k...)
-			av = append(av, a...)
-		}
+		ks, av := l.script(calls, now, hend)
 		res, err := l.admit.Run(ctx, l.rdb, ks, av...).Result()
 		if err != nil {
 			l.metrics.redisErrors.Inc()
 			return nil, fmt.Errorf("admit batch: %w", err)
 		}
-		return parseReplies(res, len(calls))
+		return l.parseReplies(res, calls)
 	}
 	cmds := make([]*redis.Cmd, len(calls))
-	run := func(pipe redis.Pipeliner, sha bool) {
-		for i, g := range calls {
-			k, a := l.args(g, now, hend, cache)
-			if sha {
-				cmds[i] = l.admit.EvalSha(ctx, pipe, k, append(l.header(now, 1), a...)...)
-			} else {
-				cmds[i] = l.admit.Eval(ctx, pipe, k, append(l.header(now, 1), a...)...)
-			}
+	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range calls {
+			ks, av := l.script(calls[i:i+1], now, hend)
+			cmds[i] = l.admit.EvalSha(ctx, p, ks, av...)
 		}
-	}
-	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { run(p, true); return nil })
+		return nil
+	})
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		// A node lost its script cache (restart, failover): send the source.
 		// Scripts that did run are not run again: only NOSCRIPT ones failed.
 		_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, g := range calls {
+			for i := range calls {
 				if cmds[i].Err() != nil && redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
-					k, a := l.args(g, now, hend, cache)
-					cmds[i] = l.admit.Eval(ctx, p, k, append(l.header(now, 1), a...)...)
+					ks, av := l.script(calls[i:i+1], now, hend)
+					cmds[i] = l.admit.Eval(ctx, p, ks, av...)
 				}
 			}
 			return nil
@@ -368,7 +425,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([][]
 	}
 	out := make([][]int64, len(calls))
 	for i, c := range cmds {
-		r, err := parseReplies(c.Val(), 1)
+		r, err := l.parseReplies(c.Val(), calls[i:i+1])
 		if err != nil {
 			return nil, err
 		}
@@ -379,32 +436,49 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([][]
 
 var errReply = errors.New("admit: unexpected script reply")
 
-func parseReplies(res any, n int) ([][]int64, error) {
+// parseReplies splits admit.lua's flat reply into one slice per group:
+// admitted, reservations, 3 numbers per reservation, rejected, full_until,
+// then the ttl chain (start, end) of each rule when the window is ttl.
+func (l *Limiter) parseReplies(res any, groups []*group) ([][]int64, error) {
 	arr, ok := res.([]any)
-	if !ok || len(arr) != n {
-		return nil, fmt.Errorf("%w: %T of %d", errReply, res, n)
+	if !ok {
+		return nil, fmt.Errorf("%w: %T", errReply, res)
 	}
-	out := make([][]int64, n)
-	for i, v := range arr {
-		inner, ok := v.([]any)
-		if !ok {
-			return nil, fmt.Errorf("%w: tenant %d: %T", errReply, i, v)
+	flat := make([]int64, len(arr))
+	for i, x := range arr {
+		if flat[i], ok = x.(int64); !ok {
+			return nil, fmt.Errorf("%w: field %d: %T", errReply, i, x)
 		}
-		out[i] = make([]int64, len(inner))
-		for j, x := range inner {
-			if out[i][j], ok = x.(int64); !ok {
-				return nil, fmt.Errorf("%w: tenant %d field %d: %T", errReply, i, j, x)
-			}
+	}
+	out := make([][]int64, len(groups))
+	for i, g := range groups {
+		chains := 0
+		if l.opts.Window == TTL {
+			chains = 2 * len(g.rules)
 		}
+		if len(flat) < 2 || flat[1] < 0 || int64(len(flat)-4-chains) < 3*flat[1] {
+			return nil, fmt.Errorf("%w: tenant %d: %v", errReply, i, flat)
+		}
+		n := 4 + chains + 3*int(flat[1])
+		out[i], flat = flat[:n:n], flat[n:]
+	}
+	if len(flat) != 0 {
+		return nil, fmt.Errorf("%w: %d numbers left over", errReply, len(flat))
 	}
 	return out, nil
 }
 
 // apply turns one tenant's reply into decisions, in the tenant's event order.
 func (l *Limiter) apply(g *group, r []int64, now time.Time, out []Decision) error {
-	if len(r) < 4 || int64(len(r)) != 4+3*r[1] {
+	// The ttl chain (start, end) of each rule follows the fixed fields.
+	chains := 0
+	if l.opts.Window == TTL {
+		chains = 2 * len(g.rules)
+	}
+	if len(r) < 4+chains || int64(len(r)) != int64(4+chains)+3*r[1] {
 		return fmt.Errorf("%w: %v", errReply, r)
 	}
+	r = r[:len(r)-chains]
 	next := 0
 	give := func(n int64, d Decision) {
 		for ; n > 0 && next < len(g.idx); n-- {

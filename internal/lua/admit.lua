@@ -32,26 +32,41 @@
 --   Cluster slot.
 -- ARGV[1] now (unix ms)      ARGV[2] horizon end (now + horizon, unix ms)
 -- ARGV[3] retention (ms)     ARGV[4] most windows one tenant may scan
--- ARGV[5] number of tenants
+-- ARGV[5] number of rule descriptors   ARGV[6] number of tenants
+--   then per rule descriptor (each distinct rule once per call, whatever the
+--   number of tenants it applies to):
+--     limit, kind, step ms, base ms, number of boundaries, boundaries...
 --   then per tenant: n events, number of rules, then per rule:
---   limit, kind, step ms, base ms, number of boundaries, boundaries...
--- Reply: one array per tenant, in order:
---   {admitted, reservations, due_1, count_1, until_1, ..., rejected, full_until}
+--     descriptor index (1-based), cached ttl chain start, cached chain end
+--   The cached chain (0 0 when unknown; used only for a tenant with one ttl
+--   rule) is what an earlier reply said the tenant's <rule key>:anchor held:
+--   a chain is never moved before its end, so while now < end its start is
+--   still the anchor's and the anchor need not be read. The end may since have
+--   grown; the script reads the anchor before writing it, and before trusting
+--   the cache to open a window (a lost anchor then starts a new chain).
+-- Reply: one flat array, per tenant in order:
+--   admitted, reservations, due_1, count_1, until_1, ..., rejected, full_until,
+--   then chain start, chain end per rule for ttl rules
 --   where until_i is the end of the reserved slot (the earliest end of the
 --   windows it was counted in), and full_until is, when events were rejected
 --   because every window up to the horizon is full, the first time at which a
---   window might have room (0 otherwise).
+--   window might have room (0 otherwise). The chain end may be lower than the
+--   anchor's (another caller extended it); it is never higher.
 
 local now = tonumber(ARGV[1])
 local hend = tonumber(ARGV[2])
 local retention = tonumber(ARGV[3])
 local maxscan = tonumber(ARGV[4])
-local ntenants = tonumber(ARGV[5])
+local ndescs = tonumber(ARGV[5])
+local ntenants = tonumber(ARGV[6])
 
 local counts = {}
+local none = {} -- an empty list, never written
 
+-- wkey is the key of rule r's window starting at s. Times are whole
+-- numbers below 1e14, which Lua writes without exponent or decimals.
 local function wkey(r, s)
-  return r.key .. ":" .. string.format("%.0f", s)
+  return r.key .. ":" .. s
 end
 
 -- count_of reads a window's live count once per call and caches it.
@@ -104,176 +119,298 @@ local function win(r, t)
   return s, s + r.step
 end
 
+-- anchor reads rule r's ttl chain from Redis: it continues while now is
+-- before its end; otherwise the next window starts a new chain at now.
+local function anchor(r)
+  r.anchor = r.key .. ":anchor"
+  local v = redis.call("HMGET", r.anchor, "start", "until")
+  local st, un = tonumber(v[1]), tonumber(v[2])
+  r.cached = false
+  if st and un and now < un then
+    r.base, r.chainend = st, un
+  else
+    r.base, r.chainend = now, now
+  end
+end
+
+-- Rule descriptors, parsed once per call.
+local descs = {}
+local a = 7
+for di = 1, ndescs do
+  local nb = tonumber(ARGV[a + 4])
+  local bounds = {}
+  for bi = 1, nb do
+    bounds[bi] = tonumber(ARGV[a + 4 + bi])
+  end
+  local d = {
+    limit = tonumber(ARGV[a]), kind = ARGV[a + 1],
+    step = tonumber(ARGV[a + 2]), base = tonumber(ARGV[a + 3]), bounds = bounds,
+    hint = 1, cs = 0, ce = 0,
+  }
+  if d.kind ~= "t" then
+    -- The current window is the same for every tenant of an aligned rule.
+    d.cs, d.ce = win(d, now)
+  end
+  descs[di] = d
+  a = a + 5 + nb
+end
+
 local out = {}
-local a = 6
 local k = 1
 for ti = 1, ntenants do
   local n = tonumber(ARGV[a])
   local nrules = tonumber(ARGV[a + 1])
-  a = a + 2
   local fkey = KEYS[k]
-  k = k + 1
-  local rules = {}
-  for ri = 1, nrules do
-    local r = {
-      limit = tonumber(ARGV[a]), kind = ARGV[a + 1],
-      step = tonumber(ARGV[a + 2]), base = tonumber(ARGV[a + 3]),
-      key = KEYS[k], bounds = {}, hint = 1, maxend = 0,
-    }
-    local nb = tonumber(ARGV[a + 4])
-    for bi = 1, nb do
-      r.bounds[bi] = tonumber(ARGV[a + 4 + bi])
-    end
-    a = a + 5 + nb
-    k = k + 1
-    if r.kind == "t" then
-      r.anchor = r.key .. ":anchor"
-      local v = redis.call("HMGET", r.anchor, "start", "until")
-      local st, un = tonumber(v[1]), tonumber(v[2])
-      if st and un and now < un then
-        r.base, r.chainend = st, un
-      else
-        r.base, r.chainend = now, now
-      end
-    end
-    rules[ri] = r
-  end
 
-  -- 1. admit into the current windows.
-  local admitted = n
-  local first = math.huge
-  for _, r in ipairs(rules) do
-    r.cs, r.ce = win(r, now)
-    if r.ce < first then
-      first = r.ce
-    end
-  end
+  -- Fast path, for a tenant with one rule whose current window is known
+  -- without reading Redis (aligned; ttl with a cached chain that already
+  -- covers the current window): count optimistically; when everything fits
+  -- and no window opens in a cached chain, that is the whole decision.
+  -- Otherwise pre keeps the count for the general path below.
+  local pre, done = nil, false
   if nrules == 1 then
-    -- One rule: count optimistically and give back what did not fit, one
-    -- call when it fits. A current window's key is never past its expiry
-    -- (keys carry their window's start), so the count read is live.
-    local r = rules[1]
-    local key = wkey(r, r.cs)
-    local c = redis.call("HINCRBY", key, "count", n)
-    if c == n then
-      redis.call("HSET", key, "expire", r.ce)
-      redis.call("PEXPIRE", key, r.ce - now + retention)
-    end
-    local before = c - n
-    admitted = r.limit - before
-    if admitted > n then
-      admitted = n
-    elseif admitted < 0 then
-      admitted = 0
-    end
-    if admitted < n then
-      redis.call("HINCRBY", key, "count", admitted - n)
-    end
-    counts[key] = before + admitted
-    if admitted > 0 and r.ce > r.maxend then
-      r.maxend = r.ce
-    end
-  else
-    for _, r in ipairs(rules) do
-      local room = r.limit - count_of(wkey(r, r.cs))
-      if room < admitted then
-        admitted = room
+    local d = descs[tonumber(ARGV[a + 2])]
+    local cs, ce, cend = nil, nil, nil
+    if d.kind ~= "t" then
+      cs, ce = d.cs, d.ce
+    else
+      local cst = tonumber(ARGV[a + 3])
+      cend = tonumber(ARGV[a + 4])
+      if cend > now then
+        cs = cst + math.floor((now - cst) / d.step) * d.step
+        ce = cs + d.step
       end
     end
-    if admitted < 0 then
-      admitted = 0
-    end
-    if admitted > 0 then
-      for _, r in ipairs(rules) do
-        add(r, r.cs, r.ce, admitted)
+    if cs and (not cend or ce <= cend) then
+      local key = KEYS[k + 1] .. ":" .. cs
+      local c = redis.call("HINCRBY", key, "count", n)
+      if c <= d.limit and (c ~= n or not cend) then
+        if c == n then
+          redis.call("HSET", key, "expire", ce)
+          redis.call("PEXPIRE", key, ce - now + retention)
+        end
+        local o = #out
+        out[o + 1] = n
+        out[o + 2] = 0
+        out[o + 3] = 0
+        out[o + 4] = 0
+        if cend then
+          out[o + 5] = tonumber(ARGV[a + 3])
+          out[o + 6] = cend
+        end
+        a = a + 5
+        k = k + 2
+        done = true
+      else
+        pre = c
       end
     end
   end
 
-  -- 2. reserve the rest in the earliest future windows with room.
-  local rest = n - admitted
-  local res = {}
-  local t = first
-  if rest > 0 then
-    local fr = tonumber(redis.call("GET", fkey))
-    if fr and fr > t then
-      t = fr
-    end
-  end
-  local scans = 0
-  while rest > 0 and t <= hend and scans < maxscan do
-    scans = scans + 1
-    local minroom, jump, untilt = math.huge, 0, math.huge
-    local past = false
-    for _, r in ipairs(rules) do
-      local s, e = win(r, t)
-      if not s then
-        past = true
-        break
-      end
-      r.ts, r.te = s, e
-      local room = r.limit - count_of(wkey(r, s))
-      if room < minroom then
-        minroom = room
-      end
-      if room <= 0 and e > jump then
-        jump = e
-      end
-      if e < untilt then
-        untilt = e
-      end
-    end
-    if past then
-      t = hend + 1
-      break
-    end
-    if minroom > 0 then
-      local take = minroom
-      if rest < take then
-        take = rest
-      end
-      for _, r in ipairs(rules) do
-        add(r, r.ts, r.te, take)
-      end
-      res[#res + 1] = t
-      res[#res + 1] = take
-      res[#res + 1] = untilt
-      rest = rest - take
-      if take == minroom then
-        jump = 0
-        for _, r in ipairs(rules) do
-          if r.limit - count_of(wkey(r, r.ts)) <= 0 and r.te > jump then
-            jump = r.te
-          end
+  if not done then
+    a = a + 2
+    k = k + 1
+    local rules = {}
+    for ri = 1, nrules do
+      local d = descs[tonumber(ARGV[a])]
+      local r = {
+        limit = d.limit, kind = d.kind, step = d.step, base = d.base,
+        bounds = d.bounds, key = KEYS[k], hint = 1, maxend = 0,
+        anchor = false, cached = false, chainend = 0, cs = 0, ce = 0, ts = 0, te = 0,
+      }
+      if r.kind == "t" then
+        local cst, cend = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+        if nrules == 1 and cend > now then
+          r.base, r.chainend, r.cached = cst, cend, true
+        else
+          anchor(r)
         end
-        t = jump
+      end
+      a = a + 3
+      k = k + 1
+      rules[ri] = r
+    end
+
+    -- 1. admit into the current windows.
+    local admitted = n
+    for ri = 1, nrules do
+      local r = rules[ri]
+      r.cs, r.ce = win(r, now)
+    end
+    if nrules == 1 then
+      -- One rule: count optimistically and give back what did not fit, one
+      -- call when it fits. A current window's key is never past its expiry
+      -- (keys carry their window's start), so the count read is live.
+      local r = rules[1]
+      local key = wkey(r, r.cs)
+      local c = pre or redis.call("HINCRBY", key, "count", n)
+      if c == n and r.cached then
+        -- The window was empty and the chain is known only from the cache:
+        -- check the anchor before counting there.
+        local cst = r.base
+        anchor(r)
+        if r.base ~= cst then
+          -- The chain is gone (lost keys): undo (the window held nothing
+          -- before) and count in the chain that starts now.
+          redis.call("DEL", key)
+          r.cs, r.ce = win(r, now)
+          key = wkey(r, r.cs)
+          c = redis.call("HINCRBY", key, "count", n)
+        end
+      end
+      if c == n then
+        redis.call("HSET", key, "expire", r.ce)
+        redis.call("PEXPIRE", key, r.ce - now + retention)
+      end
+      local before = c - n
+      admitted = r.limit - before
+      if admitted > n then
+        admitted = n
+      elseif admitted < 0 then
+        admitted = 0
+      end
+      if admitted < n then
+        redis.call("HINCRBY", key, "count", admitted - n)
+      end
+      -- (No need to remember the count: with one rule the search below
+      -- starts after the current window.)
+      if admitted > 0 and r.ce > r.maxend then
+        r.maxend = r.ce
       end
     else
-      t = jump
+      for _, r in ipairs(rules) do
+        local room = r.limit - count_of(wkey(r, r.cs))
+        if room < admitted then
+          admitted = room
+        end
+      end
+      if admitted < 0 then
+        admitted = 0
+      end
+      if admitted > 0 then
+        for _, r in ipairs(rules) do
+          add(r, r.cs, r.ce, admitted)
+        end
+      end
+    end
+    local first = math.huge
+    for ri = 1, nrules do
+      local ce = rules[ri].ce
+      if ce < first then
+        first = ce
+      end
+    end
+    -- 2. reserve the rest in the earliest future windows with room.
+    local rest = n - admitted
+    local res = none
+    local t = first
+    if rest > 0 then
+      res = {}
+      local fr = tonumber(redis.call("GET", fkey))
+      if fr and fr > t then
+        t = fr
+      end
+    end
+    local scans = 0
+    while rest > 0 and t <= hend and scans < maxscan do
+      scans = scans + 1
+      local minroom, jump, untilt = math.huge, 0, math.huge
+      local past = false
+      for _, r in ipairs(rules) do
+        local s, e = win(r, t)
+        if not s then
+          past = true
+          break
+        end
+        r.ts, r.te = s, e
+        local room = r.limit - count_of(wkey(r, s))
+        if room < minroom then
+          minroom = room
+        end
+        if room <= 0 and e > jump then
+          jump = e
+        end
+        if e < untilt then
+          untilt = e
+        end
+      end
+      if past then
+        t = hend + 1
+        break
+      end
+      if minroom > 0 then
+        local take = minroom
+        if rest < take then
+          take = rest
+        end
+        for _, r in ipairs(rules) do
+          add(r, r.ts, r.te, take)
+        end
+        res[#res + 1] = t
+        res[#res + 1] = take
+        res[#res + 1] = untilt
+        rest = rest - take
+        if take == minroom then
+          jump = 0
+          for _, r in ipairs(rules) do
+            if r.limit - count_of(wkey(r, r.ts)) <= 0 and r.te > jump then
+              jump = r.te
+            end
+          end
+          t = jump
+        end
+      else
+        t = jump
+      end
+    end
+    if t > first then
+      redis.call("SET", fkey, string.format("%.0f", t), "PX", string.format("%.0f", t - now + 1000))
+    end
+
+    -- Keep ttl chains alive while any of their windows holds a count. A
+    -- cached chain end may be behind the anchor's: read it before extending.
+    for ri = 1, nrules do
+      local r = rules[ri]
+      if r.kind == "t" and r.maxend > r.chainend then
+        if not r.anchor then
+          r.anchor = r.key .. ":anchor"
+        end
+        if r.cached then
+          local un = tonumber(redis.call("HGET", r.anchor, "until"))
+          if un and un > r.chainend then
+            r.chainend = un
+          end
+        end
+        if r.maxend > r.chainend then
+          redis.call("HSET", r.anchor, "start", string.format("%.0f", r.base), "until", string.format("%.0f", r.maxend))
+          redis.call("PEXPIRE", r.anchor, string.format("%.0f", r.maxend - now + 1000))
+          r.chainend = r.maxend
+        end
+      end
+    end
+
+    local full = 0
+    if rest > 0 and t > hend then
+      full = t
+    end
+    local o = #out
+    out[o + 1] = admitted
+    out[o + 2] = #res / 3
+    for i = 1, #res do
+      out[o + 2 + i] = res[i]
+    end
+    o = o + 2 + #res
+    out[o + 1] = rest
+    out[o + 2] = full
+    o = o + 2
+    for ri = 1, nrules do
+      local r = rules[ri]
+      if r.kind == "t" then
+        out[o + 1] = r.base
+        out[o + 2] = r.chainend
+        o = o + 2
+      end
     end
   end
-  if t > first then
-    redis.call("SET", fkey, string.format("%.0f", t), "PX", string.format("%.0f", t - now + 1000))
-  end
-
-  -- Keep ttl chains alive while any of their windows holds a count.
-  for _, r in ipairs(rules) do
-    if r.kind == "t" and r.maxend > r.chainend then
-      redis.call("HSET", r.anchor, "start", string.format("%.0f", r.base), "until", string.format("%.0f", r.maxend))
-      redis.call("PEXPIRE", r.anchor, string.format("%.0f", r.maxend - now + 1000))
-    end
-  end
-
-  local full = 0
-  if rest > 0 and t > hend then
-    full = t
-  end
-  local reply = {admitted, #res / 3}
-  for i = 1, #res do
-    reply[#reply + 1] = res[i]
-  end
-  reply[#reply + 1] = rest
-  reply[#reply + 1] = full
-  out[ti] = reply
 end
 return out
