@@ -10,7 +10,9 @@ import (
 // assigned partition runs in its own goroutine: it fetches a batch (up to
 // Config.BatchSize messages, waiting at most Config.BatchWait after the first),
 // hands it to the Handler, and once the Handler returns nil commits the
-// offset after the batch's last message. A failing batch is retried as it is;
+// offset after the batch's last message. That commit runs while the next
+// batch is fetched and handled, and the commits of all partitions that fall
+// due while one is in flight go in one request. A failing batch is retried as it is;
 // the partition does not move on until it succeeds. Partitions progress
 // independently.
 //
@@ -46,7 +48,12 @@ func (g *Group) Run(ctx context.Context) error { return g.m.run(ctx) }
 func (g *Group) Ready() bool { return g.m.ready.Load() }
 
 // runBatches is the partition loop of Group.
+//
+// The commit of a batch runs while the next batch is fetched and handled;
+// it is finished before the next commit starts and before the loop returns.
 func (p *partition) runBatches(stop, hctx context.Context) {
+	var inflight *pendingCommit
+	defer func() { p.finishCommit(inflight) }()
 	for attempt := 0; ; {
 		batch, err := p.fetchBatch(stop)
 		if stop.Err() != nil {
@@ -66,7 +73,8 @@ func (p *partition) runBatches(stop, hctx context.Context) {
 		}
 		last := batch[len(batch)-1]
 		p.hwm = last.HighWaterMark
-		p.commitNext(last.Offset + 1)
+		p.finishCommit(inflight)
+		inflight = p.startCommit(last.Offset + 1)
 	}
 }
 

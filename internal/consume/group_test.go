@@ -231,10 +231,13 @@ type ctxKey struct{}
 // Once the generation has ended, the committer refuses without touching
 // the (gone) coordinator connection.
 func TestCommitterRefusesAfterGenerationEnd(t *testing.T) {
-	m := &member{cfg: Config{Timeout: time.Second}}
 	gctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	commit := m.committer(&kafka.Generation{}, gctx, "t", 0)
+	oc := &offsetCommitter{send: func(map[string]map[int]int64) error {
+		t.Error("commit sent after the generation ended")
+		return nil
+	}}
+	commit := committer(oc, gctx, "t", 0)
 	if err := commit(10); !errors.Is(err, kafka.ErrGenerationEnded) {
 		t.Errorf("commit after generation end: err = %v, want ErrGenerationEnded", err)
 	}

@@ -118,12 +118,13 @@ func (m *member) run(ctx context.Context) error {
 func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	var parts []string
+	oc := newOffsetCommitter(gen, m.cfg.Timeout)
 	for _, topic := range slices.Sorted(maps.Keys(gen.Assignments)) {
 		for _, pa := range gen.Assignments[topic] {
 			parts = append(parts, fmt.Sprintf("%s/%d", topic, pa.ID))
 			wg.Add(1)
 			gen.Start(func(gctx context.Context) {
-				m.runPartition(ctx, gctx, gen, topic, pa)
+				m.runPartition(ctx, gctx, gen, topic, pa, committer(oc, gctx, topic, pa.ID))
 				wg.Done()
 				// kafka-go ends the generation for every partition as soon as
 				// one function returns. After a shutdown drain, keep it alive
@@ -142,7 +143,7 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 
 // runPartition consumes one partition until ctx is cancelled (shutdown) or
 // gctx is done (the generation ended).
-func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, topic string, pa kafka.PartitionAssignment) {
+func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, topic string, pa kafka.PartitionAssignment, commit func(next int64) error) {
 	stop, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(gctx, cancel)()
@@ -179,7 +180,7 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 		topic:     topic,
 		id:        pa.ID,
 		fetcher:   r,
-		commit:    m.committer(gen, gctx, topic, pa.ID),
+		commit:    commit,
 		handler:   m.handler,
 		cfg:       &m.cfg,
 		log:       log,
@@ -188,39 +189,6 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 	}
 	m.loop(p, stop, hctx)
 	log.Debug("partition stopped", "generation", gen.ID)
-}
-
-// errCommitTimeout is returned when a commit outlives Config.Timeout.
-var errCommitTimeout = errors.New("commit timed out")
-
-// committer returns the commit function of one partition in gen. It refuses
-// to commit once the generation has ended: the partition may already belong
-// to another member.
-//
-// gen.CommitOffsets takes no context; kafka-go bounds it with a deadline of
-// Config.Timeout on the coordinator connection. The extra timer guarantees
-// the partition goroutine is never held longer than that.
-func (m *member) committer(gen *kafka.Generation, gctx context.Context, topic string, partition int) func(next int64) error {
-	return func(next int64) error {
-		if gctx.Err() != nil {
-			return kafka.ErrGenerationEnded
-		}
-		errc := make(chan error, 1)
-		go func() {
-			errc <- gen.CommitOffsets(map[string]map[int]int64{topic: {partition: next}})
-		}()
-		t := time.NewTimer(m.cfg.Timeout + time.Second)
-		defer t.Stop()
-		select {
-		case err := <-errc:
-			if err != nil {
-				return fmt.Errorf("commit offset %d: %w", next, err)
-			}
-			return nil
-		case <-t.C:
-			return fmt.Errorf("commit offset %d: %w", next, errCommitTimeout)
-		}
-	}
 }
 
 // close ends the current generation and leaves the group, waiting at most

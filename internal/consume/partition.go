@@ -52,24 +52,47 @@ func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message) boo
 }
 
 // commitNext commits next (the offset of the next message to consume) if it
-// advances the partition. A failed commit is logged and not retried: the
-// next commit covers it, or the messages are redelivered (at least once).
+// advances the partition, and waits for the result.
 func (p *partition) commitNext(next int64) {
+	p.finishCommit(p.startCommit(next))
+}
+
+// pendingCommit is a commit in flight.
+type pendingCommit struct {
+	next, hwm int64
+	err       chan error
+}
+
+// startCommit starts committing next in the background if it advances the
+// partition (nil otherwise). The previous commit must be finished first.
+func (p *partition) startCommit(next int64) *pendingCommit {
 	if next <= p.committed {
+		return nil
+	}
+	pc := &pendingCommit{next: next, hwm: p.hwm, err: make(chan error, 1)}
+	go func() { pc.err <- p.commit(next) }()
+	return pc
+}
+
+// finishCommit waits for pc (nil: nothing to wait for). A failed commit is
+// logged and not retried: the next commit covers it, or the messages are
+// redelivered (at least once).
+func (p *partition) finishCommit(pc *pendingCommit) {
+	if pc == nil {
 		return
 	}
-	if err := p.commit(next); err != nil {
+	if err := <-pc.err; err != nil {
 		if errors.Is(err, kafka.ErrGenerationEnded) {
-			p.log.Info("generation ended; not committing", "offset", next)
+			p.log.Info("generation ended; not committing", "offset", pc.next)
 		} else {
-			p.log.Warn("commit failed", "offset", next, "err", err)
+			p.log.Warn("commit failed", "offset", pc.next, "err", err)
 		}
 		return
 	}
-	p.committed = next
-	p.log.Debug("committed", "offset", next)
-	if p.cfg.OnLag != nil && p.hwm >= 0 {
-		p.cfg.OnLag(p.topic, p.id, max(p.hwm-next, 0))
+	p.committed = pc.next
+	p.log.Debug("committed", "offset", pc.next)
+	if p.cfg.OnLag != nil && pc.hwm >= 0 {
+		p.cfg.OnLag(p.topic, p.id, max(pc.hwm-pc.next, 0))
 	}
 }
 
