@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,6 +145,37 @@ func TestRunBatchesRetriesSameBatch(t *testing.T) {
 	}
 	if diff := cmp.Diff([]int64{6, 2, 0}, lags); diff != "" {
 		t.Errorf("lags (-want +got):\n%s", diff)
+	}
+}
+
+// The commit of the last batch, and the lag it reports, do not wait for a
+// next batch: both are done while the partition waits for more messages.
+func TestRunBatchesCommitsLastBatchWhileIdle(t *testing.T) {
+	f := &chanFetcher{ch: make(chan kafka.Message, 10)}
+	for _, m := range msgs(0, 6) {
+		f.ch <- m
+	}
+	c := &commits{}
+	var lag atomic.Int64
+	lag.Store(-1)
+	p := testPartition(f, &recordingHandler{}, c, func(cfg *Config) {
+		cfg.BatchSize = 4
+		cfg.OnLag = func(_ string, _ int, l int64) { lag.Store(l) }
+	})
+	stop, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.runBatches(stop, context.Background())
+	}()
+	eventually(t, 5*time.Second, "offset 6 committed and lag 0 reported before stop", func() bool {
+		cs := c.get()
+		return len(cs) > 0 && cs[len(cs)-1] == 6 && lag.Load() == 0
+	})
+	cancel()
+	<-done
+	if diff := cmp.Diff([]int64{4, 6}, c.get()); diff != "" {
+		t.Errorf("commits (-want +got):\n%s", diff)
 	}
 }
 

@@ -59,40 +59,51 @@ func (p *partition) commitNext(next int64) {
 
 // pendingCommit is a commit in flight.
 type pendingCommit struct {
-	next, hwm int64
-	err       chan error
+	next int64
+	err  chan error
 }
 
 // startCommit starts committing next in the background if it advances the
-// partition (nil otherwise). The previous commit must be finished first.
+// partition (nil otherwise). The previous commit must be finished first. The
+// outcome is logged, and the lag reported, as soon as the commit returns.
 func (p *partition) startCommit(next int64) *pendingCommit {
 	if next <= p.committed {
 		return nil
 	}
-	pc := &pendingCommit{next: next, hwm: p.hwm, err: make(chan error, 1)}
-	go func() { pc.err <- p.commit(next) }()
+	pc := &pendingCommit{next: next, err: make(chan error, 1)}
+	hwm := p.hwm
+	go func() {
+		err := p.commit(next)
+		p.committedOrNot(next, hwm, err)
+		pc.err <- err
+	}()
 	return pc
 }
 
-// finishCommit waits for pc (nil: nothing to wait for). A failed commit is
-// logged and not retried: the next commit covers it, or the messages are
-// redelivered (at least once).
+// committedOrNot logs the outcome of a commit and reports the lag. A failed
+// commit is not retried: the next commit covers it, or the messages are
+// redelivered (at least once). Safe to call from any goroutine.
+func (p *partition) committedOrNot(next, hwm int64, err error) {
+	switch {
+	case errors.Is(err, kafka.ErrGenerationEnded):
+		p.log.Info("generation ended; not committing", "offset", next)
+	case err != nil:
+		p.log.Warn("commit failed", "offset", next, "err", err)
+	default:
+		p.log.Debug("committed", "offset", next)
+		if p.cfg.OnLag != nil && hwm >= 0 {
+			p.cfg.OnLag(p.topic, p.id, max(hwm-next, 0))
+		}
+	}
+}
+
+// finishCommit waits for pc (nil: nothing to wait for).
 func (p *partition) finishCommit(pc *pendingCommit) {
 	if pc == nil {
 		return
 	}
-	if err := <-pc.err; err != nil {
-		if errors.Is(err, kafka.ErrGenerationEnded) {
-			p.log.Info("generation ended; not committing", "offset", pc.next)
-		} else {
-			p.log.Warn("commit failed", "offset", pc.next, "err", err)
-		}
-		return
-	}
-	p.committed = pc.next
-	p.log.Debug("committed", "offset", pc.next)
-	if p.cfg.OnLag != nil && pc.hwm >= 0 {
-		p.cfg.OnLag(p.topic, p.id, max(pc.hwm-pc.next, 0))
+	if err := <-pc.err; err == nil {
+		p.committed = pc.next
 	}
 }
 

@@ -88,6 +88,8 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 		return nil
 	}
 	log := g.logger()
+	// Debug lines per event cost their arguments even when discarded.
+	debug := log.Enabled(ctx, slog.LevelDebug)
 	now := g.now()
 
 	items := make([]Item, len(msgs))
@@ -144,10 +146,14 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 				OriginPartition: m.Partition,
 				OriginOffset:    m.Offset,
 			}}
-			log.Debug("event deferred", "tenant", tenant, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "due", d.Due)
+			if debug {
+				log.Debug("event deferred", "tenant", tenant, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "due", d.Due)
+			}
 		case limit.Reject:
 			items[i] = Item{Msg: withOrigin(m, tenant), Outcome: DeadLetter, Reason: rejectReason(d)}
-			log.Debug("event rejected", "tenant", tenant, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "reason", rejectReason(d))
+			if debug {
+				log.Debug("event rejected", "tenant", tenant, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "reason", rejectReason(d))
+			}
 		}
 	}
 
