@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -140,13 +142,19 @@ func runChild(c childConfig) error {
 	case modePassthrough:
 		// The ceiling: the same consumer, Router and writer; every event
 		// goes downstream, nothing is asked of Redis.
+		// The items slice is recycled, as the Gate recycles its own.
 		router.Metrics = nil
+		var pool sync.Pool
 		h = consume.HandlerFunc(func(ctx context.Context, msgs []kafka.Message) error {
-			items := make([]route.Item, len(msgs))
+			items, _ := pool.Get().([]route.Item)
+			items = slices.Grow(items[:0], len(msgs))[:len(msgs)]
 			for i, m := range msgs {
 				items[i] = route.Item{Msg: m, Outcome: route.Forward}
 			}
-			return router.Route(ctx, items)
+			err := router.Route(ctx, items)
+			clear(items)
+			pool.Put(items)
+			return err
 		})
 	case modeSeedNaive:
 		a := &seedAdmitter{rdb: rdb, script: redis.NewScript(lua.TTLIncr), prefix: c.Prefix, limit: c.Limit, window: c.Window}

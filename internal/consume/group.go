@@ -72,6 +72,7 @@ func (p *partition) runBatches(stop, hctx context.Context) {
 			return
 		}
 		last := batch[len(batch)-1]
+		clear(batch) // keep no message alive until the next batch
 		p.hwm = last.HighWaterMark
 		p.finishCommit(inflight)
 		inflight = p.startCommit(last.Offset + 1)
@@ -86,7 +87,10 @@ func (p *partition) fetchBatch(stop context.Context) ([]kafka.Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	batch := append(make([]kafka.Message, 0, min(p.cfg.BatchSize, 64)), first)
+	// The previous batch's slice is reused: Handlers keep no reference to
+	// msgs once Handle returns.
+	batch := append(p.buf[:0], first)
+	defer func() { p.buf = batch }()
 	if len(batch) >= p.cfg.BatchSize {
 		return batch, nil
 	}

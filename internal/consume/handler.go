@@ -11,7 +11,8 @@ import (
 // then the consumer may commit up to last offset+1. On error the consumer must
 // not commit and must retry the same batch after a backoff (never skip),
 // unless ctx is done. Must be safe for concurrent use (partitions run in
-// parallel).
+// parallel). The msgs slice is reused for the next batch: a Handler must not
+// keep it once Handle returns (the messages' Key, Value and Headers it may keep).
 //
 // The context given to Handle is not cancelled when shutdown begins: the
 // in-flight batch may finish its writes. It is cancelled Config.DrainTimeout

@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -486,7 +487,7 @@ func TestKafkaGroupShutdownFinishesInFlightBatch(t *testing.T) {
 		time.Sleep(500 * time.Millisecond) // shutdown begins meanwhile
 		mu.Lock()
 		defer mu.Unlock()
-		inFlight, ctxErr = msgs, ctx.Err()
+		inFlight, ctxErr = slices.Clone(msgs), ctx.Err() // msgs is reused after Handle
 		return nil
 	}))
 	if err != nil {

@@ -24,8 +24,9 @@ type partition struct {
 	cfg     *Config
 	log     *slog.Logger
 
-	committed int64 // last offset committed by this loop, -1 for none
-	hwm       int64 // high watermark as of the last fetched message, -1 for none
+	committed int64           // last offset committed by this loop, -1 for none
+	hwm       int64           // high watermark as of the last fetched message, -1 for none
+	buf       []kafka.Message // the batch slice, reused by fetchBatch
 }
 
 // handle calls the Handler with msgs until it returns nil (true), or until

@@ -19,6 +19,9 @@ type Admitter interface {
 	Admit(ctx context.Context, tenants []string) ([]limit.Decision, error)
 }
 
+// itemPool recycles the Gate's per-batch items.
+var itemPool slicePool[Item]
+
 // Values of OnRedisError (GATEKEEPER_ON_REDIS_ERROR).
 const (
 	// RedisPause retries Admit with backoff, readiness false, until Redis
@@ -92,7 +95,8 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 	debug := log.Enabled(ctx, slog.LevelDebug)
 	now := g.now()
 
-	items := make([]Item, len(msgs))
+	items := itemPool.get(len(msgs))
+	defer itemPool.put(items)
 	tenants := make([]string, 0, len(msgs))
 	valid := make([]int, 0, len(msgs)) // indexes of msgs with a tenant
 	counts := map[string]int{}

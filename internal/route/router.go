@@ -37,14 +37,14 @@ type WriterOptions struct {
 }
 
 // writerBatchSize is the most messages kafka-go sends in one produce request
-// per partition: above the share of one partition in a default consumer batch
-// (500 events over the output partitions), so that such a batch goes out in one
-// request per partition after BatchTimeout; a fuller batch is sent at once and
-// the rest follows in the next request. It is also what kafka-go allocates for
-// every new batch (cap BatchSize messages, ~150 bytes each, zeroed): at 10000
-// that was 1.5 MB per partition and request, which made allocation and GC a
-// fifth of the gating path's CPU (make bench, issue 6); 1000 costs a tenth.
-const writerBatchSize = 1000
+// per partition. kafka-go allocates that many messages (~150 bytes each) for
+// every new batch, so it costs memory and GC per request whether used or not:
+// 10000 made allocation a fifth of the gating path's CPU, 1000 still a third
+// of all bytes allocated (make bench, issue 6). At 250, a 500-event consumer
+// batch spread over the output partitions still goes out in about one request
+// per partition; passthrough in make bench drained 1.4x faster than at 1000
+// and Gatekeeper was unchanged.
+const writerBatchSize = 250
 
 // NewKafkaWriter returns a synchronous writer with the settings the gating
 // path relies on: acks from all in-sync replicas, a 2ms batch timeout, the
@@ -101,40 +101,53 @@ type Tier struct {
 	LowerBound, UpperBound time.Duration // UpperBound 0 means none
 }
 
-// Tier bounds: the first tier (no suffix) takes delays up to 1m, ".1h" up to
-// 1h, ".long" anything longer.
-const (
-	tier1Upper = time.Minute
-	tier2Upper = time.Hour
-)
+// tiers are the retry tiers, shortest first, as topic suffixes of the retry
+// topic: the first (no suffix) takes delays up to 1m, ".1h" up to 1h, ".long"
+// anything longer.
+var tiers = [...]struct {
+	suffix       string
+	lower, upper time.Duration
+}{
+	{"", 0, time.Minute},
+	{".1h", time.Minute, time.Hour},
+	{".long", time.Hour, 0},
+}
 
 // Tiers returns the retry tiers, shortest first.
 func (t Topics) Tiers() []Tier {
-	return []Tier{
-		{Topic: t.Retry, LowerBound: 0, UpperBound: tier1Upper},
-		{Topic: t.Retry + ".1h", LowerBound: tier1Upper, UpperBound: tier2Upper},
-		{Topic: t.Retry + ".long", LowerBound: tier2Upper},
+	out := make([]Tier, len(tiers))
+	for i, tr := range tiers {
+		out[i] = Tier{Topic: t.Retry + tr.suffix, LowerBound: tr.lower, UpperBound: tr.upper}
 	}
+	return out
 }
 
 // RetryTier returns the tier topic for an event due in delay, and that tier's
 // lower bound.
 func (t Topics) RetryTier(delay time.Duration) (topic string, lowerBound time.Duration) {
-	tiers := t.Tiers()
-	for _, tr := range tiers[:len(tiers)-1] {
+	tr := pickTier(t.Tiers(), delay)
+	return tr.Topic, tr.LowerBound
+}
+
+// pickTier returns the tier of tiers (as Tiers returns them) for an event due
+// in delay.
+func pickTier(ts []Tier, delay time.Duration) Tier {
+	for _, tr := range ts[:len(ts)-1] {
 		if delay <= tr.UpperBound {
-			return tr.Topic, tr.LowerBound
+			return tr
 		}
 	}
-	last := tiers[len(tiers)-1]
-	return last.Topic, last.LowerBound
+	return ts[len(ts)-1]
 }
 
 // Tier returns the retry tier whose topic is topic.
 func (t Topics) Tier(topic string) (Tier, bool) {
-	for _, tr := range t.Tiers() {
-		if tr.Topic == topic {
-			return tr, true
+	// Called per retried message: match without building the tier names.
+	if rest, ok := strings.CutPrefix(topic, t.Retry); ok {
+		for _, tr := range tiers {
+			if tr.suffix == rest {
+				return Tier{Topic: topic, LowerBound: tr.lower, UpperBound: tr.upper}, true
+			}
 		}
 	}
 	return Tier{}, false
@@ -256,8 +269,20 @@ type Router struct {
 // Build returns the messages Route would write for items, in item order.
 // It returns an error if an item has no valid outcome.
 func (r *Router) Build(items []Item) ([]kafka.Message, error) {
-	now := r.now()
 	out := make([]kafka.Message, len(items))
+	if err := r.build(items, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// msgPool recycles Route's output slices.
+var msgPool slicePool[kafka.Message]
+
+// build fills out (len(items) long) as Build returns it.
+func (r *Router) build(items []Item, out []kafka.Message) error {
+	now := r.now()
+	retryTiers := r.Topics.Tiers() // once per batch, not per deferred event
 	for i, it := range items {
 		m := kafka.Message{
 			Key:     it.Msg.Key,
@@ -270,19 +295,19 @@ func (r *Router) Build(items []Item) ([]kafka.Message, error) {
 			m.Topic = r.Topics.Downstream
 		case Defer:
 			m = WithDeferral(m, it.Deferral)
-			m.Topic, _ = r.Topics.RetryTier(it.Deferral.Due.Sub(now))
+			m.Topic = pickTier(retryTiers, it.Deferral.Due.Sub(now)).Topic
 		case Requeue:
-			m.Topic, _ = r.Topics.RetryTier(it.Deferral.Due.Sub(now))
+			m.Topic = pickTier(retryTiers, it.Deferral.Due.Sub(now)).Topic
 		case DeadLetter:
 			m = WithReason(m, it.Reason)
 			m.Topic = r.Topics.DLQ
 		default:
-			return nil, fmt.Errorf("item %d (topic %s partition %d offset %d): outcome %d is not valid",
+			return fmt.Errorf("item %d (topic %s partition %d offset %d): outcome %d is not valid",
 				i, it.Msg.Topic, it.Msg.Partition, it.Msg.Offset, it.Outcome)
 		}
 		out[i] = m
 	}
-	return out, nil
+	return nil
 }
 
 // Route writes the output messages of items in one WriteMessages call. If
@@ -292,8 +317,9 @@ func (r *Router) Build(items []Item) ([]kafka.Message, error) {
 // only when every message has been acknowledged; an event may be written
 // more than once, never lost.
 func (r *Router) Route(ctx context.Context, items []Item) error {
-	msgs, err := r.Build(items)
-	if err != nil {
+	msgs := msgPool.get(len(items))
+	defer msgPool.put(msgs) // the writer keeps no reference once it returns
+	if err := r.build(items, msgs); err != nil {
 		return fmt.Errorf("route: %w", err)
 	}
 	if err := r.write(ctx, msgs); err != nil {
