@@ -36,22 +36,26 @@
 --   then per rule descriptor (each distinct rule once per call, whatever the
 --   number of tenants it applies to):
 --     limit, kind, step ms, base ms, number of boundaries, boundaries...
---   then per tenant: n events, number of rules, then per rule:
---     descriptor index (1-based), cached ttl chain start, cached chain end
+--   then one argument holding every tenant's record, packed little-endian
+--   (struct format): "<i4i4" number of rules, n events; then per rule "<i4dd"
+--   descriptor index (1-based), cached ttl chain start, cached chain end.
+--   (Packed, the records cost the script one unpack per tenant instead of a
+--   tonumber per number, and the caller no conversion per number.)
 --   The cached chain (0 0 when unknown; used only for a tenant with one ttl
 --   rule) is what an earlier reply said the tenant's <rule key>:anchor held:
 --   a chain is never moved before its end, so while now < end its start is
 --   still the anchor's and the anchor need not be read. The end may since have
 --   grown; the script reads the anchor before writing it, and before trusting
 --   the cache to open a window (a lost anchor then starts a new chain).
--- Reply: one flat array, per tenant in order:
---   admitted, reservations, due_1, count_1, until_1, ..., rejected, full_until,
---   then chain start, chain end per rule for ttl rules
---   where until_i is the end of the reserved slot (the earliest end of the
+-- Reply: one string, per tenant in order, packed little-endian:
+--   "<i4i4" admitted, reservations; per reservation "<di4d" due, count, until;
+--   "<i4d" rejected, full_until; then "<dd" chain start, chain end per ttl rule;
+--   where until is the end of the reserved slot (the earliest end of the
 --   windows it was counted in), and full_until is, when events were rejected
 --   because every window up to the horizon is full, the first time at which a
 --   window might have room (0 otherwise). The chain end may be lower than the
 --   anchor's (another caller extended it); it is never higher.
+-- Times travel as doubles: whole milliseconds below 2^53 are exact.
 
 local now = tonumber(ARGV[1])
 local hend = tonumber(ARGV[2])
@@ -155,11 +159,16 @@ for di = 1, ndescs do
   a = a + 5 + nb
 end
 
+-- The tenants' records, packed (see above): p is the read position.
+local recs = ARGV[a]
+local p = 1
 local out = {}
 local k = 1
 for ti = 1, ntenants do
-  local n = tonumber(ARGV[a])
-  local nrules = tonumber(ARGV[a + 1])
+  local nrules, n
+  nrules, n, p = struct.unpack("<i4i4", recs, p)
+  local p0 = p -- the tenant's rule records
+  p = p0 + 20 * nrules
   local fkey = KEYS[k]
 
   -- Fast path, for a tenant with one rule whose current window is known
@@ -169,13 +178,13 @@ for ti = 1, ntenants do
   -- Otherwise pre keeps the count for the general path below.
   local pre, done = nil, false
   if nrules == 1 then
-    local d = descs[tonumber(ARGV[a + 2])]
-    local cs, ce, cend = nil, nil, nil
+    local di, cst, cend = struct.unpack("<i4dd", recs, p0)
+    local d = descs[di]
+    local cs, ce = nil, nil
     if d.kind ~= "t" then
+      cend = nil
       cs, ce = d.cs, d.ce
     else
-      local cst = tonumber(ARGV[a + 3])
-      cend = tonumber(ARGV[a + 4])
       if cend > now then
         cs = cst + math.floor((now - cst) / d.step) * d.step
         ce = cs + d.step
@@ -189,16 +198,11 @@ for ti = 1, ntenants do
           redis.call("HSET", key, "expire", ce)
           redis.call("PEXPIRE", key, ce - now + retention)
         end
-        local o = #out
-        out[o + 1] = n
-        out[o + 2] = 0
-        out[o + 3] = 0
-        out[o + 4] = 0
         if cend then
-          out[o + 5] = tonumber(ARGV[a + 3])
-          out[o + 6] = cend
+          out[#out + 1] = struct.pack("<i4i4i4ddd", n, 0, 0, 0, cst, cend)
+        else
+          out[#out + 1] = struct.pack("<i4i4i4d", n, 0, 0, 0)
         end
-        a = a + 5
         k = k + 2
         done = true
       else
@@ -208,25 +212,25 @@ for ti = 1, ntenants do
   end
 
   if not done then
-    a = a + 2
     k = k + 1
     local rules = {}
+    local q = p0
     for ri = 1, nrules do
-      local d = descs[tonumber(ARGV[a])]
+      local di, cst, cend
+      di, cst, cend, q = struct.unpack("<i4dd", recs, q)
+      local d = descs[di]
       local r = {
         limit = d.limit, kind = d.kind, step = d.step, base = d.base,
         bounds = d.bounds, key = KEYS[k], hint = 1, maxend = 0,
         anchor = false, cached = false, chainend = 0, cs = 0, ce = 0, ts = 0, te = 0,
       }
       if r.kind == "t" then
-        local cst, cend = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
         if nrules == 1 and cend > now then
           r.base, r.chainend, r.cached = cst, cend, true
         else
           anchor(r)
         end
       end
-      a = a + 3
       k = k + 1
       rules[ri] = r
     end
@@ -393,24 +397,17 @@ for ti = 1, ntenants do
     if rest > 0 and t > hend then
       full = t
     end
-    local o = #out
-    out[o + 1] = admitted
-    out[o + 2] = #res / 3
-    for i = 1, #res do
-      out[o + 2 + i] = res[i]
+    out[#out + 1] = struct.pack("<i4i4", admitted, #res / 3)
+    for i = 1, #res, 3 do
+      out[#out + 1] = struct.pack("<di4d", res[i], res[i + 1], res[i + 2])
     end
-    o = o + 2 + #res
-    out[o + 1] = rest
-    out[o + 2] = full
-    o = o + 2
+    out[#out + 1] = struct.pack("<i4d", rest, full)
     for ri = 1, nrules do
       local r = rules[ri]
       if r.kind == "t" then
-        out[o + 1] = r.base
-        out[o + 2] = r.chainend
-        o = o + 2
+        out[#out + 1] = struct.pack("<dd", r.base, r.chainend)
       end
     end
   end
 end
-return out
+return table.concat(out)
