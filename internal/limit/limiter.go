@@ -91,19 +91,32 @@ type Limiter struct {
 	// fullReason is the reason of events rejected for want of room.
 	fullReason string
 
-	mu   sync.Mutex
-	full map[fullKey]time.Time // no room within the horizon before this time
-	// chains caches the ttl chain of one-rule tenants, by rule key, as the
-	// last reply gave it: while now is before its end the script need not
-	// read the anchor (one command per tenant instead of two).
-	chains map[string]chain
+	mu        sync.Mutex
+	states    map[stateKey]*tenantState
+	maxStates int // maxCached; smaller in tests
+}
+
+// stateKey names a tenant under one rule set (the rules' windows name its keys).
+type stateKey struct{ tenant, set string }
+
+// tenantState is what a Limiter remembers of a tenant under one rule set:
+// its key names, built once, and what the last replies said. The strings
+// never change once built; full and chain are guarded by Limiter.mu.
+type tenantState struct {
+	frontier string
+	keys     []string // the rules' key prefixes, in rule order
+	// full: no room within the horizon before this time (zero: not known).
+	full time.Time
+	// chain: the ttl chain of a one-rule tenant as the last reply gave it;
+	// while now is before its end the script need not read the anchor.
+	chain chain
 }
 
 // chain is a ttl chain: windows start + i*step up to end (unix ms).
 type chain struct{ start, end int64 }
 
-// maxCached bounds each local cache of the Limiter (full tenants, ttl
-// chains); past it, entries that no longer apply are dropped, then all.
+// maxCached bounds the tenants a Limiter remembers (key names, known full,
+// ttl chains).
 const maxCached = 100000
 
 // New returns a Limiter over rdb (a *redis.Client or *redis.ClusterClient)
@@ -118,15 +131,15 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
 	l := &Limiter{
-		rdb:     rdb,
-		cluster: cluster,
-		opts:    opts,
-		keys:    keys{prefix: opts.Prefix, kind: opts.Window},
-		admit:   redis.NewScript(lua.Admit),
-		get:     redis.NewScript(lua.AlignedGet),
-		metrics: newMetrics(),
-		full:    map[fullKey]time.Time{},
-		chains:  map[string]chain{},
+		rdb:       rdb,
+		cluster:   cluster,
+		opts:      opts,
+		keys:      keys{prefix: opts.Prefix, kind: opts.Window},
+		admit:     redis.NewScript(lua.Admit),
+		get:       redis.NewScript(lua.AlignedGet),
+		metrics:   newMetrics(),
+		states:    map[stateKey]*tenantState{},
+		maxStates: maxCached,
 	}
 	l.fullReason = fmt.Sprintf("no room within the deferral horizon (%v)", opts.Horizon)
 	l.rules.Store(rules)
@@ -192,9 +205,8 @@ type group struct {
 	idx    []int
 	rules  []Rule
 	set    string
-	// keys are the rules' key prefixes; chain the cached ttl chain of a
-	// one-rule ttl tenant (zero: unknown).
-	keys  []string
+	st     *tenantState
+	// chain is st.chain as read for this call (zero: unknown).
 	chain chain
 }
 
@@ -208,7 +220,7 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 	now := l.opts.Clock()
 	rules := l.rules.Load()
 	out := make([]Decision, len(tenants))
-	byTenant := map[string]*group{}
+	byTenant := make(map[string]*group, len(tenants)/2)
 	var order []*group
 	// Most tenants share one rule list (the "*" rules, one slice): name it
 	// once per batch rather than once per tenant.
@@ -237,19 +249,18 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 			for _, i := range g.idx {
 				out[i] = Decision{Kind: Admit}
 			}
-		case l.knownFullLocked(g, now):
-			l.metrics.cacheHits.Add(float64(len(g.idx)))
-			for _, i := range g.idx {
-				out[i] = Decision{Kind: Reject, Reason: l.fullReason}
-			}
 		default:
-			g.keys = make([]string, len(g.rules))
-			for i, r := range g.rules {
-				g.keys[i] = l.keys.rule(g.tenant, r)
+			g.st = l.stateLocked(g, now)
+			if now.Before(g.st.full) {
+				// Full up to the horizon: nothing can change before the
+				// horizon reaches a window that was not full.
+				l.metrics.cacheHits.Add(float64(len(g.idx)))
+				for _, i := range g.idx {
+					out[i] = Decision{Kind: Reject, Reason: l.fullReason}
+				}
+				continue
 			}
-			if l.opts.Window == TTL && len(g.rules) == 1 {
-				g.chain = l.chains[g.keys[0]]
-			}
+			g.chain = g.st.chain
 			calls = append(calls, g)
 		}
 	}
@@ -267,67 +278,55 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 		}
 	}
 	if l.opts.Window == TTL {
-		l.cacheChains(calls, replies, now)
+		l.cacheChains(calls, replies)
 	}
 	return out, nil
 }
 
 // cacheChains keeps the ttl chains of the one-rule tenants in replies (the
 // last two numbers of each reply).
-func (l *Limiter) cacheChains(calls []*group, replies [][]int64, now time.Time) {
+func (l *Limiter) cacheChains(calls []*group, replies [][]int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.chains) > maxCached {
-		ms := now.UnixMilli()
-		for k, c := range l.chains {
-			if c.end <= ms {
-				delete(l.chains, k)
-			}
-		}
-		if len(l.chains) > maxCached {
-			clear(l.chains)
-		}
-	}
 	for j, g := range calls {
-		if len(g.rules) != 1 {
-			continue
+		if len(g.rules) == 1 {
+			r := replies[j]
+			g.st.chain = chain{start: r[len(r)-2], end: r[len(r)-1]}
 		}
-		r := replies[j]
-		l.chains[g.keys[0]] = chain{start: r[len(r)-2], end: r[len(r)-1]}
 	}
 }
 
-// fullKey names a tenant under one rule set in the local cache.
-type fullKey struct{ tenant, set string }
-
-// knownFullLocked reports whether the tenant's windows are known to be full
-// up to the horizon: then nothing can change before the horizon reaches a
-// window that was not full, and events are rejected without asking Redis.
-// l.mu must be held.
-func (l *Limiter) knownFullLocked(g *group, now time.Time) bool {
-	k := fullKey{g.tenant, g.set}
-	until, ok := l.full[k]
-	if ok && !now.Before(until) {
-		delete(l.full, k)
-		return false
+// stateLocked returns the state of g's tenant under g's rule set, made when
+// missing. Past maxCached states, those that remember nothing but names are
+// dropped, or all of them if that does not free half. l.mu must be held.
+func (l *Limiter) stateLocked(g *group, now time.Time) *tenantState {
+	k := stateKey{g.tenant, g.set}
+	if st := l.states[k]; st != nil {
+		return st
 	}
-	return ok
-}
-
-func (l *Limiter) markFull(g *group, until time.Time, now time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.full) > maxCached {
-		for k, u := range l.full {
-			if !now.Before(u) {
-				delete(l.full, k)
+	if len(l.states) >= l.maxStates {
+		ms := now.UnixMilli()
+		for k, st := range l.states {
+			if !now.Before(st.full) && st.chain.end <= ms {
+				delete(l.states, k)
 			}
 		}
-		if len(l.full) > maxCached {
-			clear(l.full)
+		if len(l.states) > l.maxStates/2 {
+			clear(l.states)
 		}
 	}
-	l.full[fullKey{g.tenant, g.set}] = until
+	st := &tenantState{frontier: l.keys.frontier(g.tenant, g.set), keys: make([]string, len(g.rules))}
+	for i, r := range g.rules {
+		st.keys[i] = l.keys.rule(g.tenant, r)
+	}
+	l.states[k] = st
+	return st
+}
+
+func (l *Limiter) markFull(g *group, until time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	g.st.full = until
 }
 
 // descriptors numbers the distinct rules of one script call and holds their
@@ -372,8 +371,8 @@ func (l *Limiter) script(groups []*group, now, hend time.Time) ([]string, []any)
 	}
 	recs := make([]byte, 0, size)
 	for _, g := range groups {
-		ks = append(ks, l.keys.frontier(g.tenant, g.set))
-		ks = append(ks, g.keys...)
+		ks = append(ks, g.st.frontier)
+		ks = append(ks, g.st.keys...)
 		recs = binary.LittleEndian.AppendUint32(recs, uint32(len(g.rules)))
 		recs = binary.LittleEndian.AppendUint32(recs, uint32(len(g.idx)))
 		for _, r := range g.rules {
@@ -526,7 +525,7 @@ func (l *Limiter) apply(g *group, r []int64, now time.Time, out []Decision) erro
 	reason := "no room found within the scan limit"
 	if full := r[len(r)-1]; full > 0 {
 		reason = l.fullReason
-		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon), now)
+		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon))
 	}
 	give(r[len(r)-2], Decision{Kind: Reject, Reason: reason})
 	if next != len(g.idx) {
