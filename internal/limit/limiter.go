@@ -2,10 +2,9 @@ package limit
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -361,26 +360,30 @@ func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
 }
 
 // script returns the KEYS and ARGV of one admit.lua call over groups. The
-// tenants' records are packed in one argument (see admit.lua).
+// tenants' records go in one argument, a JSON array of numbers (see admit.lua).
 func (l *Limiter) script(groups []*group, now, hend time.Time) ([]string, []any) {
 	d := descriptors{index: map[Rule]int{}}
 	ks := make([]string, 0, 2*len(groups))
-	size := 0
-	for _, g := range groups {
-		size += 8 + 20*len(g.rules)
+	recs := make([]byte, 0, 40*len(groups))
+	recs = append(recs, '[')
+	num := func(n int64) {
+		if len(recs) > 1 {
+			recs = append(recs, ',')
+		}
+		recs = strconv.AppendInt(recs, n, 10)
 	}
-	recs := make([]byte, 0, size)
 	for _, g := range groups {
 		ks = append(ks, g.st.frontier)
 		ks = append(ks, g.st.keys...)
-		recs = binary.LittleEndian.AppendUint32(recs, uint32(len(g.rules)))
-		recs = binary.LittleEndian.AppendUint32(recs, uint32(len(g.idx)))
+		num(int64(len(g.rules)))
+		num(int64(len(g.idx)))
 		for _, r := range g.rules {
-			recs = binary.LittleEndian.AppendUint32(recs, uint32(l.describe(&d, r, now, hend)))
-			recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(g.chain.start)))
-			recs = binary.LittleEndian.AppendUint64(recs, math.Float64bits(float64(g.chain.end)))
+			num(int64(l.describe(&d, r, now, hend)))
+			num(g.chain.start)
+			num(g.chain.end)
 		}
 	}
+	recs = append(recs, ']')
 	av := make([]any, 0, 7+len(d.args))
 	av = append(av, now.UnixMilli(), hend.UnixMilli(), l.opts.Retention.Milliseconds(), l.opts.MaxScan,
 		len(d.index), len(groups))
@@ -445,26 +448,19 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([][]
 
 var errReply = errors.New("admit: unexpected script reply")
 
-// parseReplies splits admit.lua's packed reply into one slice per group:
-// admitted, reservations, 3 numbers per reservation (due, count, until),
-// rejected, full_until, then the ttl chain (start, end) of each rule when the
-// window is ttl.
+// parseReplies splits admit.lua's flat reply into one slice per group:
+// admitted, reservations, 3 numbers per reservation, rejected, full_until,
+// then the ttl chain (start, end) of each rule when the window is ttl.
 func (l *Limiter) parseReplies(res any, groups []*group) ([][]int64, error) {
-	str, ok := res.(string)
+	arr, ok := res.([]any)
 	if !ok {
 		return nil, fmt.Errorf("%w: %T", errReply, res)
 	}
-	b := []byte(str)
-	short := func() error { return fmt.Errorf("%w: %d bytes end early", errReply, len(str)) }
-	i32 := func() int64 {
-		v := int64(int32(binary.LittleEndian.Uint32(b)))
-		b = b[4:]
-		return v
-	}
-	f64 := func() int64 {
-		v := int64(math.Float64frombits(binary.LittleEndian.Uint64(b)))
-		b = b[8:]
-		return v
+	flat := make([]int64, len(arr))
+	for i, x := range arr {
+		if flat[i], ok = x.(int64); !ok {
+			return nil, fmt.Errorf("%w: field %d: %T", errReply, i, x)
+		}
 	}
 	out := make([][]int64, len(groups))
 	for i, g := range groups {
@@ -472,29 +468,14 @@ func (l *Limiter) parseReplies(res any, groups []*group) ([][]int64, error) {
 		if l.opts.Window == TTL {
 			chains = 2 * len(g.rules)
 		}
-		if len(b) < 8 {
-			return nil, short()
+		if len(flat) < 2 || flat[1] < 0 || int64(len(flat)-4-chains) < 3*flat[1] {
+			return nil, fmt.Errorf("%w: tenant %d: %v", errReply, i, flat)
 		}
-		admitted, nres := i32(), i32()
-		if nres < 0 || int64(len(b)) < 20*nres+12+8*int64(chains) {
-			return nil, short()
-		}
-		r := make([]int64, 0, 4+3*nres+int64(chains))
-		r = append(r, admitted, nres)
-		for range nres {
-			due := f64()
-			count := i32()
-			r = append(r, due, count, f64())
-		}
-		rest := i32()
-		r = append(r, rest, f64())
-		for range chains {
-			r = append(r, f64())
-		}
-		out[i] = r
+		n := 4 + chains + 3*int(flat[1])
+		out[i], flat = flat[:n:n], flat[n:]
 	}
-	if len(b) != 0 {
-		return nil, fmt.Errorf("%w: %d bytes left over", errReply, len(b))
+	if len(flat) != 0 {
+		return nil, fmt.Errorf("%w: %d numbers left over", errReply, len(flat))
 	}
 	return out, nil
 }

@@ -36,26 +36,25 @@
 --   then per rule descriptor (each distinct rule once per call, whatever the
 --   number of tenants it applies to):
 --     limit, kind, step ms, base ms, number of boundaries, boundaries...
---   then one argument holding every tenant's record, packed little-endian
---   (struct format): "<i4i4" number of rules, n events; then per rule "<i4dd"
---   descriptor index (1-based), cached ttl chain start, cached chain end.
---   (Packed, the records cost the script one unpack per tenant instead of a
---   tonumber per number, and the caller no conversion per number.)
+--   then one argument holding every tenant's record, a JSON array of numbers:
+--   number of rules, n events, then per rule: descriptor index (1-based),
+--   cached ttl chain start, cached chain end. (One cjson.decode costs the
+--   script less than a tonumber per number.)
 --   The cached chain (0 0 when unknown; used only for a tenant with one ttl
 --   rule) is what an earlier reply said the tenant's <rule key>:anchor held:
 --   a chain is never moved before its end, so while now < end its start is
 --   still the anchor's and the anchor need not be read. The end may since have
 --   grown; the script reads the anchor before writing it, and before trusting
 --   the cache to open a window (a lost anchor then starts a new chain).
--- Reply: one string, per tenant in order, packed little-endian:
---   "<i4i4" admitted, reservations; per reservation "<di4d" due, count, until;
---   "<i4d" rejected, full_until; then "<dd" chain start, chain end per ttl rule;
---   where until is the end of the reserved slot (the earliest end of the
+-- Reply: one flat array, per tenant in order:
+--   admitted, reservations, due_1, count_1, until_1, ..., rejected, full_until,
+--   then chain start, chain end per rule for ttl rules
+--   where until_i is the end of the reserved slot (the earliest end of the
 --   windows it was counted in), and full_until is, when events were rejected
 --   because every window up to the horizon is full, the first time at which a
 --   window might have room (0 otherwise). The chain end may be lower than the
 --   anchor's (another caller extended it); it is never higher.
--- Times travel as doubles: whole milliseconds below 2^53 are exact.
+-- Lua numbers are doubles: whole milliseconds below 2^53 are exact.
 
 local now = tonumber(ARGV[1])
 local hend = tonumber(ARGV[2])
@@ -159,16 +158,15 @@ for di = 1, ndescs do
   a = a + 5 + nb
 end
 
--- The tenants' records, packed (see above): p is the read position.
-local recs = ARGV[a]
+-- The tenants' records (see above): p is the read position.
+local recs = cjson.decode(ARGV[a])
 local p = 1
 local out = {}
 local k = 1
 for ti = 1, ntenants do
-  local nrules, n
-  nrules, n, p = struct.unpack("<i4i4", recs, p)
-  local p0 = p -- the tenant's rule records
-  p = p0 + 20 * nrules
+  local nrules, n = recs[p], recs[p + 1]
+  local p0 = p + 2 -- the tenant's rule records
+  p = p0 + 3 * nrules
   local fkey = KEYS[k]
 
   -- Fast path, for a tenant with one rule whose current window is known
@@ -178,7 +176,7 @@ for ti = 1, ntenants do
   -- Otherwise pre keeps the count for the general path below.
   local pre, done = nil, false
   if nrules == 1 then
-    local di, cst, cend = struct.unpack("<i4dd", recs, p0)
+    local di, cst, cend = recs[p0], recs[p0 + 1], recs[p0 + 2]
     local d = descs[di]
     local cs, ce = nil, nil
     if d.kind ~= "t" then
@@ -198,10 +196,14 @@ for ti = 1, ntenants do
           redis.call("HSET", key, "expire", ce)
           redis.call("PEXPIRE", key, ce - now + retention)
         end
+        local o = #out
+        out[o + 1] = n
+        out[o + 2] = 0
+        out[o + 3] = 0
+        out[o + 4] = 0
         if cend then
-          out[#out + 1] = struct.pack("<i4i4i4ddd", n, 0, 0, 0, cst, cend)
-        else
-          out[#out + 1] = struct.pack("<i4i4i4d", n, 0, 0, 0)
+          out[o + 5] = cst
+          out[o + 6] = cend
         end
         k = k + 2
         done = true
@@ -214,10 +216,9 @@ for ti = 1, ntenants do
   if not done then
     k = k + 1
     local rules = {}
-    local q = p0
     for ri = 1, nrules do
-      local di, cst, cend
-      di, cst, cend, q = struct.unpack("<i4dd", recs, q)
+      local q = p0 + 3 * (ri - 1)
+      local di, cst, cend = recs[q], recs[q + 1], recs[q + 2]
       local d = descs[di]
       local r = {
         limit = d.limit, kind = d.kind, step = d.step, base = d.base,
@@ -397,17 +398,24 @@ for ti = 1, ntenants do
     if rest > 0 and t > hend then
       full = t
     end
-    out[#out + 1] = struct.pack("<i4i4", admitted, #res / 3)
-    for i = 1, #res, 3 do
-      out[#out + 1] = struct.pack("<di4d", res[i], res[i + 1], res[i + 2])
+    local o = #out
+    out[o + 1] = admitted
+    out[o + 2] = #res / 3
+    for i = 1, #res do
+      out[o + 2 + i] = res[i]
     end
-    out[#out + 1] = struct.pack("<i4d", rest, full)
+    o = o + 2 + #res
+    out[o + 1] = rest
+    out[o + 2] = full
+    o = o + 2
     for ri = 1, nrules do
       local r = rules[ri]
       if r.kind == "t" then
-        out[#out + 1] = struct.pack("<dd", r.base, r.chainend)
+        out[o + 1] = r.base
+        out[o + 2] = r.chainend
+        o = o + 2
       end
     end
   end
 end
-return table.concat(out)
+return out
