@@ -1,6 +1,9 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -127,5 +130,49 @@ func TestReportMarkdownAndChart(t *testing.T) {
 	svg := r.mainChart()
 	if !strings.HasPrefix(svg, "<svg") || !strings.Contains(svg, "gatekeeper") || strings.Count(svg, "<rect") != 3 {
 		t.Errorf("chart: got %s, want an SVG with a background and two bars", svg)
+	}
+}
+
+// procCPU reads this process's CPU time from /proc, and it grows while the
+// process computes; a pid file that is missing, malformed or stale is refused.
+func TestProcCPU(t *testing.T) {
+	self := os.Getpid()
+	before, err := procCPU(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := 0
+	for i := 0; ; i++ {
+		x += i * i
+		if i%1000000 == 0 {
+			now, err := procCPU(self)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if now > before {
+				break
+			}
+		}
+	}
+	_ = x
+	dir := t.TempDir()
+	for name, content := range map[string]string{"garbage": "x\n", "stale": "999999999\n"} {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if pid, ok := pidFromFile(path); ok {
+			t.Errorf("pid file %q: got pid %d, want refused", content, pid)
+		}
+	}
+	if _, ok := pidFromFile(filepath.Join(dir, "missing")); ok {
+		t.Error("missing pid file: got a pid, want refused")
+	}
+	path := filepath.Join(dir, "self")
+	if err := os.WriteFile(path, []byte(strconv.Itoa(self)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if pid, ok := pidFromFile(path); !ok || pid != self {
+		t.Errorf("own pid file: got %d %v, want %d", pid, ok, self)
 	}
 }

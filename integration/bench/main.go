@@ -76,6 +76,7 @@ type options struct {
 	SweepBatch   []int
 	Out          string
 	Work         string
+	KafkaPIDFile string
 	GKBin        string
 	Keep         bool
 	KeepData     bool
@@ -112,6 +113,8 @@ func main() {
 	sweepBatches := fs.String("sweep-batches", "100,500,2000", "batch sizes of the sweep")
 	fs.StringVar(&o.Out, "out", "bench-results", "results folder")
 	fs.StringVar(&o.Work, "work", filepath.Join(".local", "bench"), "folder for the modes' logs and profiles")
+	fs.StringVar(&o.KafkaPIDFile, "kafka-pid-file", filepath.Join(envOr("KAFKA_DIR", filepath.Join(".local", "kafka")), "kafka.pid"),
+		"pid file of a local Kafka broker, whose CPU is then reported per mode (deploy/local/kafka.sh writes it)")
 	fs.StringVar(&o.GKBin, "gatekeeper-bin", "", "gatekeeper binary (default: go build ./cmd/gatekeeper into -work)")
 	fs.BoolVar(&o.Keep, "keep", false, "keep the topics and Redis keys of each mode")
 	gkEnv := fs.String("gatekeeper-env", "", "more variables for the gatekeeper mode, semicolon-separated, without the GATEKEEPER_ prefix (e.g. 'ROLES=gate;WINDOW=aligned')")
@@ -454,6 +457,11 @@ func (d *driver) runMode(ctx context.Context, mr modeRun) (result, error) {
 	}
 	defer func() { _ = stopChild() }()
 	logf("[%s] started (pid %d, batch %d, log %s)", mr.tag, cmd.Process.Pid, mr.batch, logPath)
+	meter := &cpuMeter{rdb: d.rdb, child: cmd.Process.Pid}
+	meter.kafkaPID, _ = pidFromFile(o.KafkaPIDFile)
+	if err := meter.start(ctx); err != nil {
+		return res, err
+	}
 	// Peak RSS is the child's VmHWM, read while it runs. (rusage's Maxrss
 	// would do, but on Linux a child started by vfork+exec reports at least
 	// the parent's RSS at the fork.)
@@ -501,6 +509,9 @@ func (d *driver) runMode(ctx context.Context, mr modeRun) (result, error) {
 		}
 	}
 	res.WallSeconds = time.Since(start).Seconds()
+	if res.DrainCPU, res.KafkaCPU, res.RedisCPU, err = meter.stop(ctx); err != nil {
+		return res, err
+	}
 	stats, usec, err := readStats(ctx, d.rdb)
 	if err != nil {
 		return res, err
@@ -525,6 +536,7 @@ func (d *driver) runMode(ctx context.Context, mr modeRun) (result, error) {
 	res.EventsPerSec = float64(mr.wl.Events) / max(res.Seconds, 0.001)
 	logf("[%s] drained %d events in %.1fs: %.0f ev/s; redis calls %d (evalsha %d), redis busy %.2fs; out %d, diverted %d, dlq %d",
 		mr.tag, want, res.Seconds, res.EventsPerSec, res.RedisCalls, res.EvalSHA, res.RedisBusySeconds, res.Forwarded, res.Diverted, res.DeadLettered)
+	logf("[%s] CPU from start to drained: process %.1fs, Kafka broker %s, Redis %.1fs", mr.tag, res.DrainCPU, kafkaCPU(res.KafkaCPU), res.RedisCPU)
 
 	// Paced phase: latency from source append to output append.
 	if mr.live > 0 {
@@ -548,6 +560,13 @@ func (d *driver) runMode(ctx context.Context, mr modeRun) (result, error) {
 	}
 	logf("[%s] peak RSS %.0f MB, CPU %.1fs", mr.tag, res.PeakRSSMB, res.CPUSeconds)
 	return res, nil
+}
+
+func kafkaCPU(s float64) string {
+	if s < 0 {
+		return "not measured (no local broker pid file)"
+	}
+	return fmt.Sprintf("%.1fs", s)
 }
 
 // vmHWM returns the peak resident set size of process pid in kilobytes.

@@ -47,7 +47,13 @@ type result struct {
 	P99ms            float64  `json:"latency_p99_ms"`
 	PeakRSSMB        float64  `json:"peak_rss_mb"`
 	CPUSeconds       float64  `json:"cpu_seconds"`
-	Notes            []string `json:"notes,omitempty"`
+	// DrainCPU, KafkaCPU and RedisCPU are the CPU seconds, from the mode's
+	// start to the end of its drain, of its own process, of Kafka's broker
+	// (-1: not measured, no local broker) and of the Redis server.
+	DrainCPU float64  `json:"drain_cpu_seconds"`
+	KafkaCPU float64  `json:"kafka_cpu_seconds"`
+	RedisCPU float64  `json:"redis_cpu_seconds"`
+	Notes    []string `json:"notes,omitempty"`
 }
 
 func (r result) per1k(n int64) float64 { return 1000 * float64(n) / float64(max(r.Events, 1)) }
@@ -231,11 +237,16 @@ func (r *report) markdown() string {
 	fmt.Fprintf(&b, "- Redis calls: Redis's own `INFO commandstats` (reset before each mode), every command including those run inside scripts, over the drain.\n")
 	fmt.Fprintf(&b, "- latency: after the drain, %d events produced at %d events/s into a second source topic; producer timestamp to the output topic's append time (LogAppendTime), all outputs (downstream, retry, dead letter).\n", s.LiveEvents, s.LiveRate)
 	fmt.Fprintf(&b, "- peak RSS: the mode's own process (VmHWM from /proc, read just before it is stopped); Gatekeeper is the real binary, the others a child process of the driver.\n\n")
-	b.WriteString("Where the time goes (drain): CPU of the mode's own process (rusage, whole run including the paced phase) and the time Redis spent running its commands (INFO commandstats; a script's time covers the commands it runs). Kafka's broker shares the same cores.\n\n")
-	b.WriteString("| mode | drain time | process CPU | Redis busy | forwarded | diverted | dead-lettered |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("Where the time goes, from the mode's start to the end of its drain: CPU seconds of the mode's own process (/proc), of Kafka's broker (/proc, when it runs from deploy/local) and of the Redis server (INFO cpu), and their sum; Redis busy is the time Redis spent in the mode's commands (INFO commandstats; a script's time covers the commands it runs). All share the machine's cores.\n\n")
+	b.WriteString("| mode | drain time | process CPU | Kafka broker CPU | Redis CPU | sum | Redis busy | forwarded | diverted | dead-lettered |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, x := range s.Results {
-		fmt.Fprintf(&b, "| %s | %.1f s | %.1f s | %.1f s | %d | %d | %d |\n", x.Mode, x.Seconds, x.CPUSeconds, x.RedisBusySeconds,
-			x.Forwarded, x.Diverted, x.DeadLettered)
+		kafka, sum := "–", "–"
+		if x.KafkaCPU >= 0 {
+			kafka = fmt.Sprintf("%.1f s", x.KafkaCPU)
+			sum = fmt.Sprintf("%.1f s", x.DrainCPU+x.KafkaCPU+x.RedisCPU)
+		}
+		fmt.Fprintf(&b, "| %s | %.1f s | %.1f s | %s | %.1f s | %s | %.1f s | %d | %d | %d |\n", x.Mode, x.Seconds, x.DrainCPU, kafka,
+			x.RedisCPU, sum, x.RedisBusySeconds, x.Forwarded, x.Diverted, x.DeadLettered)
 	}
 	b.WriteString("\nCommands per mode (drain):\n\n")
 	for _, x := range s.Results {
