@@ -36,11 +36,16 @@ func anchorOf(t *testing.T, rdb redis.UniversalClient, l *Limiter, tenant string
 	return num(v[0]), num(v[1])
 }
 
-func testTTLChainCachedByReplicas(t *testing.T, rdb redis.UniversalClient) {
+// twoReplicas returns two Limiters sharing rdb and a clock, as two replicas
+// would: "acme=2/10s" in ttl windows, a one-minute horizon.
+func twoReplicas(t *testing.T, rdb redis.UniversalClient) (*fakeClock, *Limiter, *Limiter) {
 	clk := newFakeClock(t0)
 	opts := Options{Clock: clk.Now, Window: TTL, Horizon: time.Minute, Prefix: testPrefix(t)}
-	a := newTestLimiter(t, rdb, "acme=2/10s", opts)
-	b := newTestLimiter(t, rdb, "acme=2/10s", opts)
+	return clk, newTestLimiter(t, rdb, "acme=2/10s", opts), newTestLimiter(t, rdb, "acme=2/10s", opts)
+}
+
+func testTTLChainCachedByReplicas(t *testing.T, rdb redis.UniversalClient) {
+	clk, a, b := twoReplicas(t, rdb)
 	s := t0.UnixMilli()
 
 	// a starts the chain and caches it: [s, s+10s).
@@ -90,10 +95,7 @@ func testTTLChainCachedByReplicas(t *testing.T, rdb redis.UniversalClient) {
 // window, the script finds the anchor gone and starts a chain at now, the
 // one a replica without the cache starts too.
 func testTTLChainLost(t *testing.T, rdb redis.UniversalClient) {
-	clk := newFakeClock(t0)
-	opts := Options{Clock: clk.Now, Window: TTL, Horizon: time.Minute, Prefix: testPrefix(t)}
-	a := newTestLimiter(t, rdb, "acme=2/10s", opts)
-	b := newTestLimiter(t, rdb, "acme=2/10s", opts)
+	clk, a, b := twoReplicas(t, rdb)
 	ds := admit(t, a, repeat("acme", 3)) // chain [t0, t0+20s): one reserved at +10s
 	if got := kinds(ds); got != "aad" {
 		t.Fatalf("a: got %s, want aad", got)
@@ -127,10 +129,7 @@ func testTTLChainLost(t *testing.T, rdb redis.UniversalClient) {
 // between the two (a raised limit opens room in a window the other replica
 // already filled): the anchor keeps its later end.
 func testTTLChainNeverShrinks(t *testing.T, rdb redis.UniversalClient) {
-	clk := newFakeClock(t0)
-	opts := Options{Clock: clk.Now, Window: TTL, Horizon: time.Minute, Prefix: testPrefix(t)}
-	a := newTestLimiter(t, rdb, "acme=2/10s", opts)
-	b := newTestLimiter(t, rdb, "acme=2/10s", opts)
+	_, a, b := twoReplicas(t, rdb)
 	s := t0.UnixMilli()
 	if got := kinds(admit(t, a, repeat("acme", 2))); got != "aa" { // a caches [s, s+10s)
 		t.Fatalf("a: got %s, want aa", got)
