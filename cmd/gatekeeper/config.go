@@ -81,6 +81,9 @@ type Config struct {
 	Roles []string `default:"gate,retry" desc:"what this process runs: gate, retry or gate,retry"`
 	// BatchSize bounds the events of one partition handled as one batch.
 	BatchSize int `split_words:"true" default:"500" desc:"most events of one partition decided in one batch"`
+	// RetryLookahead bounds the deferred events the retry role holds in
+	// memory per retry-tier partition.
+	RetryLookahead int `split_words:"true" default:"10000" desc:"most deferred events held in memory per retry-tier partition while they wait for their release time (memory: about this many times the partitions of the retry tiers times the event size, with headers)"`
 	// BatchWait bounds how long a batch waits to fill.
 	BatchWait time.Duration `split_words:"true" default:"50ms" desc:"longest a batch waits to fill"`
 	// ShutdownGrace bounds the drain after SIGTERM.
@@ -284,6 +287,12 @@ func (c *Config) Validate() error {
 		func() error {
 			if c.BatchSize < 1 || c.BatchSize > 100000 {
 				return bad("BATCH_SIZE", "%d is not from 1 to 100000", c.BatchSize)
+			}
+			return nil
+		},
+		func() error {
+			if c.RetryLookahead < 1 || c.RetryLookahead > 1000000 {
+				return bad("RETRY_LOOKAHEAD", "%d is not from 1 to 1000000", c.RetryLookahead)
 			}
 			return nil
 		},

@@ -65,7 +65,7 @@ func TestConfigKeys(t *testing.T) {
 		"REDIS_ADDRS", "REDIS_KEY_PREFIX", "TENANT_FROM", "LIMITS", "LIMITS_FILE", "WINDOW", "TIMEZONE",
 		"DEFER_HORIZON", "ON_REDIS_ERROR", "MAX_ATTEMPTS", "SHADOW", "HTTP_ADDR", "ADMIN_TOKEN", "LOG_LEVEL",
 		// Operational additions.
-		"ROLES", "BATCH_SIZE", "BATCH_WAIT", "SHUTDOWN_GRACE", "REDIS_TIMEOUT", "KAFKA_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "RETENTION",
+		"ROLES", "BATCH_SIZE", "RETRY_LOOKAHEAD", "BATCH_WAIT", "SHUTDOWN_GRACE", "REDIS_TIMEOUT", "KAFKA_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "RETENTION",
 		"REDIS_USERNAME", "REDIS_PASSWORD", "REDIS_TLS",
 		"KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD", "KAFKA_TLS",
 	}
@@ -120,6 +120,7 @@ func TestConfigDefaults(t *testing.T) {
 		LogLevel:            "info",
 		Roles:               []string{"gate", "retry"},
 		BatchSize:           500,
+		RetryLookahead:      10000,
 		BatchWait:           50 * time.Millisecond,
 		ShutdownGrace:       25 * time.Second,
 		RedisTimeout:        2 * time.Second,
@@ -259,6 +260,9 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "ROLES", "gate,gate"), "ROLES"},
 		{with(minimal(), "BATCH_SIZE", "0"), "BATCH_SIZE"},
 		{with(minimal(), "BATCH_SIZE", "lots"), "BATCH_SIZE"},
+		{with(minimal(), "RETRY_LOOKAHEAD", "0"), "RETRY_LOOKAHEAD"},
+		{with(minimal(), "RETRY_LOOKAHEAD", "2000000"), "RETRY_LOOKAHEAD"},
+		{with(minimal(), "RETRY_LOOKAHEAD", "many"), "RETRY_LOOKAHEAD"},
 		{with(minimal(), "BATCH_WAIT", "0s"), "BATCH_WAIT"},
 		{with(minimal(), "BATCH_WAIT", "abc"), "BATCH_WAIT"},
 		{with(minimal(), "SHUTDOWN_GRACE", "-5s"), "SHUTDOWN_GRACE"},

@@ -223,6 +223,7 @@ func demoConfig(conn demoConn, brokers, redisAddrs []string, n demoNames) *Confi
 		LogLevel:            "warn",
 		Roles:               []string{roleGate, roleRetry},
 		BatchSize:           500,
+		RetryLookahead:      10000,
 		BatchWait:           20 * time.Millisecond,
 		ShutdownGrace:       15 * time.Second,
 		RedisTimeout:        2 * time.Second,

@@ -142,6 +142,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		}
 		dc := consume.DelayedConfig{
 			Config:    group,
+			LookAhead: cfg.RetryLookahead,
 			ReleaseAt: router.Topics.ReleaseAt,
 			OnWaiting: func(topic string, delta int) { waiting.WithLabelValues(topic).Add(float64(delta)) },
 			OnLateness: func(topic string, late time.Duration) {
