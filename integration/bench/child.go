@@ -146,14 +146,18 @@ func runChild(c childConfig) error {
 		router.Metrics = nil
 		var pool sync.Pool
 		h = consume.HandlerFunc(func(ctx context.Context, msgs []kafka.Message) error {
-			items, _ := pool.Get().([]route.Item)
-			items = slices.Grow(items[:0], len(msgs))[:len(msgs)]
+			p, _ := pool.Get().(*[]route.Item)
+			if p == nil {
+				p = new([]route.Item)
+			}
+			items := slices.Grow((*p)[:0], len(msgs))[:len(msgs)]
 			for i, m := range msgs {
 				items[i] = route.Item{Msg: m, Outcome: route.Forward}
 			}
 			err := router.Route(ctx, items)
 			clear(items)
-			pool.Put(items)
+			*p = items
+			pool.Put(p)
 			return err
 		})
 	case modeSeedNaive:
