@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -174,5 +175,40 @@ func TestProcCPU(t *testing.T) {
 	}
 	if pid, ok := pidFromFile(path); !ok || pid != self {
 		t.Errorf("own pid file: got %d %v, want %d", pid, ok, self)
+	}
+}
+
+// A mode is reported by its median round, with every round kept, the
+// latency of the round that measured it and the highest peak RSS; the
+// rounds table gives each round's ratio to that round's passthrough.
+func TestMedianRound(t *testing.T) {
+	pass := []result{
+		{Mode: modePassthrough, EventsPerSec: 300, PeakRSSMB: 20, LatencyN: 10, P50ms: 5},
+		{Mode: modePassthrough, EventsPerSec: 100, PeakRSSMB: 30},
+		{Mode: modePassthrough, EventsPerSec: 200, PeakRSSMB: 25},
+	}
+	gk := []result{
+		{Mode: modeGatekeeper, EventsPerSec: 150},
+		{Mode: modeGatekeeper, EventsPerSec: 60},
+		{Mode: modeGatekeeper, EventsPerSec: 90},
+	}
+	m := median(pass)
+	if m.EventsPerSec != 200 || m.PeakRSSMB != 30 || m.LatencyN != 10 || m.P50ms != 5 {
+		t.Errorf("median: got %v events/s, %v MB, latency %d events p50 %v; want 200, 30, 10, 5", m.EventsPerSec, m.PeakRSSMB, m.LatencyN, m.P50ms)
+	}
+	if got := fmt.Sprint(m.RoundEventsPerSec); got != "[300 100 200]" {
+		t.Errorf("rounds: got %s, want [300 100 200]", got)
+	}
+	if m := median(pass[:2]); m.EventsPerSec != 100 {
+		t.Errorf("median of two: got %v, want the lower, 100", m.EventsPerSec)
+	}
+	r := report{Main: scenario{Results: []result{median(pass), median(gk)}}}
+	table := r.roundsTable()
+	if !strings.Contains(table, "| gatekeeper | 150 | 60 | 90 | 0.50, 0.60, 0.45 |") {
+		t.Errorf("rounds table lacks the gatekeeper row with per-round ratios:\n%s", table)
+	}
+	one := report{Main: scenario{Results: []result{median(pass[:1])}}}
+	if got := one.roundsTable(); got != "" {
+		t.Errorf("one round: got a rounds table %q, want none", got)
 	}
 }

@@ -77,6 +77,7 @@ type options struct {
 	Out          string
 	Work         string
 	KafkaPIDFile string
+	Rounds       int
 	GKBin        string
 	Keep         bool
 	KeepData     bool
@@ -103,6 +104,7 @@ func main() {
 	fs.Int64Var(&o.Workload.Seed, "seed", 1, "seed of the data set")
 	fs.Float64Var(&o.Deferred, "deferred", 1.0/3, "share of events the per-tenant limit leaves over it (diverted)")
 	fs.IntVar(&o.Batch, "batch", 500, "consumer batch size of every mode (GATEKEEPER_BATCH_SIZE)")
+	fs.IntVar(&o.Rounds, "rounds", 1, "times every mode drains the main data set, the modes interleaved; each is reported by its median round")
 	modes := fs.String("modes", "passthrough,seed-naive,redis-rate,gatekeeper", "modes to run: "+strings.Join(allModes, ","))
 	fs.StringVar(&o.Window, "window", "ttl", "Gatekeeper's GATEKEEPER_WINDOW: ttl (the seed's window, as seed-naive counts) or aligned")
 	fs.DurationVar(&o.WindowLen, "window-len", time.Hour, "length of the limit's window (every mode)")
@@ -139,6 +141,9 @@ func main() {
 		}
 	}
 	var err error
+	if o.Rounds < 1 {
+		fatal(fmt.Errorf("-rounds: %d is below 1", o.Rounds))
+	}
 	if o.SweepTenant, err = intList(*sweepTenants); err != nil {
 		fatal(fmt.Errorf("-sweep-tenants: %w", err))
 	}
@@ -259,16 +264,31 @@ func run(ctx context.Context, o options) error {
 	}
 	rep.Main = scenario{Workload: wl, Limit: limit, Window: fmt.Sprintf("%s %s", o.Window, ruleUnit(o.WindowLen)),
 		Batch: o.Batch, LiveEvents: o.LiveEvents, LiveRate: o.LiveRate}
-	for _, mode := range o.Modes {
-		r, err := d.runMode(ctx, modeRun{mode: mode, wl: wl, src: src, limit: limit, batch: o.Batch,
-			live: o.LiveEvents, tag: mode})
-		if err != nil {
-			return fmt.Errorf("%s: %w", mode, err)
-		}
-		rep.Main.Results = append(rep.Main.Results, r)
-		rep.fillRatios()
-		if err := rep.write(o.Out); err != nil {
-			return err
+	rounds := map[string][]result{}
+	for round := 1; round <= o.Rounds; round++ {
+		for _, mode := range o.Modes {
+			mr := modeRun{mode: mode, wl: wl, src: src, limit: limit, batch: o.Batch, live: o.LiveEvents, tag: mode}
+			if o.Rounds > 1 {
+				mr.tag = fmt.Sprintf("%s-r%d", mode, round)
+				if round > 1 {
+					mr.live = 0 // latency is measured once
+				}
+			}
+			r, err := d.runMode(ctx, mr)
+			if err != nil {
+				return fmt.Errorf("%s: %w", mr.tag, err)
+			}
+			rounds[mode] = append(rounds[mode], r)
+			rep.Main.Results = rep.Main.Results[:0]
+			for _, m := range o.Modes {
+				if len(rounds[m]) > 0 {
+					rep.Main.Results = append(rep.Main.Results, median(rounds[m]))
+				}
+			}
+			rep.fillRatios()
+			if err := rep.write(o.Out); err != nil {
+				return err
+			}
 		}
 	}
 	if !o.Keep && !o.KeepData {

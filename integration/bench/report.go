@@ -50,10 +50,13 @@ type result struct {
 	// DrainCPU, KafkaCPU and RedisCPU are the CPU seconds, from the mode's
 	// start to the end of its drain, of its own process, of Kafka's broker
 	// (-1: not measured, no local broker) and of the Redis server.
-	DrainCPU float64  `json:"drain_cpu_seconds"`
-	KafkaCPU float64  `json:"kafka_cpu_seconds"`
-	RedisCPU float64  `json:"redis_cpu_seconds"`
-	Notes    []string `json:"notes,omitempty"`
+	DrainCPU float64 `json:"drain_cpu_seconds"`
+	// RoundEventsPerSec is the events/s of every round of the main
+	// scenario (the result is the median round).
+	RoundEventsPerSec []float64 `json:"round_events_per_sec,omitempty"`
+	KafkaCPU          float64   `json:"kafka_cpu_seconds"`
+	RedisCPU          float64   `json:"redis_cpu_seconds"`
+	Notes             []string  `json:"notes,omitempty"`
 }
 
 func (r result) per1k(n int64) float64 { return 1000 * float64(n) / float64(max(r.Events, 1)) }
@@ -233,6 +236,11 @@ func (r *report) markdown() string {
 	b.WriteString("![events per second](chart.svg)\n\n")
 	b.WriteString(r.mainTable())
 	b.WriteString("\n")
+	if t := r.roundsTable(); t != "" {
+		fmt.Fprintf(&b, "Each mode ran %d times, the modes interleaved; the table shows its median round (latency from the round that measured it, the highest peak RSS). Every round:\n\n", len(r.Main.Results[0].RoundEventsPerSec))
+		b.WriteString(t)
+		b.WriteString("\n")
+	}
 	fmt.Fprintf(&b, "- events/s: events ÷ time from the first to the last append to the mode's output topics while draining the backlog.\n")
 	fmt.Fprintf(&b, "- Redis calls: Redis's own `INFO commandstats` (reset before each mode), every command including those run inside scripts, over the drain.\n")
 	fmt.Fprintf(&b, "- latency: after the drain, %d events produced at %d events/s into a second source topic; producer timestamp to the output topic's append time (LogAppendTime), all outputs (downstream, retry, dead letter).\n", s.LiveEvents, s.LiveRate)
