@@ -111,26 +111,17 @@ func (t *tally) observe(n demoNames, m kafka.Message, seen time.Time) {
 		r.dead++
 	default: // a retry tier
 		r.deferrals++
-		attempt, _ := strconv.Atoi(lastHeaderValue(m, route.HeaderAttempt))
+		v, _ := route.LastHeader(m, route.HeaderAttempt)
+		attempt, _ := strconv.Atoi(v)
 		if attempt >= r.dueAttempt {
 			r.due, r.dueAttempt = due, attempt
 		}
 	}
 }
 
-func lastHeaderValue(m kafka.Message, key string) string {
-	v := ""
-	for _, h := range m.Headers {
-		if h.Key == key {
-			v = string(h.Value)
-		}
-	}
-	return v
-}
-
 func headerMillis(m kafka.Message, key string) (time.Time, bool) {
-	v := lastHeaderValue(m, key)
-	if v == "" {
+	v, ok := route.LastHeader(m, key)
+	if !ok || v == "" {
 		return time.Time{}, false
 	}
 	ms, err := strconv.ParseInt(v, 10, 64)

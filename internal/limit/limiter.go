@@ -448,6 +448,15 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([][]
 
 var errReply = errors.New("admit: unexpected script reply")
 
+// chainNumbers is how many numbers a tenant's reply ends with: the ttl chain
+// (start, end) of each of its rules when the window is ttl, else none.
+func (l *Limiter) chainNumbers(g *group) int {
+	if l.opts.Window == TTL {
+		return 2 * len(g.rules)
+	}
+	return 0
+}
+
 // parseReplies splits admit.lua's flat reply into one slice per group:
 // admitted, reservations, 3 numbers per reservation, rejected, full_until,
 // then the ttl chain (start, end) of each rule when the window is ttl.
@@ -464,10 +473,7 @@ func (l *Limiter) parseReplies(res any, groups []*group) ([][]int64, error) {
 	}
 	out := make([][]int64, len(groups))
 	for i, g := range groups {
-		chains := 0
-		if l.opts.Window == TTL {
-			chains = 2 * len(g.rules)
-		}
+		chains := l.chainNumbers(g)
 		if len(flat) < 2 || flat[1] < 0 || int64(len(flat)-4-chains) < 3*flat[1] {
 			return nil, fmt.Errorf("%w: tenant %d: %v", errReply, i, flat)
 		}
@@ -483,10 +489,7 @@ func (l *Limiter) parseReplies(res any, groups []*group) ([][]int64, error) {
 // apply turns one tenant's reply into decisions, in the tenant's event order.
 func (l *Limiter) apply(g *group, r []int64, now time.Time, out []Decision) error {
 	// The ttl chain (start, end) of each rule follows the fixed fields.
-	chains := 0
-	if l.opts.Window == TTL {
-		chains = 2 * len(g.rules)
-	}
+	chains := l.chainNumbers(g)
 	if len(r) < 4+chains || int64(len(r)) != int64(4+chains)+3*r[1] {
 		return fmt.Errorf("%w: %v", errReply, r)
 	}

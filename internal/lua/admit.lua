@@ -66,10 +66,23 @@ local ntenants = tonumber(ARGV[6])
 local counts = {}
 local none = {} -- an empty list, never written
 
--- wkey is the key of rule r's window starting at s. Times are whole
--- numbers below 1e14, which Lua writes without exponent or decimals.
-local function wkey(r, s)
-  return r.key .. ":" .. s
+-- wkey is the key of the window starting at s of the rule whose key prefix
+-- is prefix. Times are whole numbers below 1e14, which Lua writes without
+-- exponent or decimals.
+local function wkey(prefix, s)
+  return prefix .. ":" .. s
+end
+
+-- anchor_key is the key of rule r's ttl chain.
+local function anchor_key(r)
+  return r.key .. ":anchor"
+end
+
+-- opened gives a window just opened by HINCRBY its logical end e and its
+-- physical expiry, e plus the retention.
+local function opened(key, e)
+  redis.call("HSET", key, "expire", e)
+  redis.call("PEXPIRE", key, e - now + retention)
 end
 
 -- count_of reads a window's live count once per call and caches it.
@@ -89,7 +102,7 @@ end
 
 -- add counts `by` events in the window [s, e) of rule r.
 local function add(r, s, e, by)
-  local key = wkey(r, s)
+  local key = wkey(r.key, s)
   local c = count_of(key)
   if c == 0 then
     redis.call("HSET", key, "count", by, "expire", e)
@@ -125,8 +138,7 @@ end
 -- anchor reads rule r's ttl chain from Redis: it continues while now is
 -- before its end; otherwise the next window starts a new chain at now.
 local function anchor(r)
-  r.anchor = r.key .. ":anchor"
-  local v = redis.call("HMGET", r.anchor, "start", "until")
+  local v = redis.call("HMGET", anchor_key(r), "start", "until")
   local st, un = tonumber(v[1]), tonumber(v[2])
   r.cached = false
   if st and un and now < un then
@@ -189,12 +201,11 @@ for ti = 1, ntenants do
       end
     end
     if cs and (not cend or ce <= cend) then
-      local key = KEYS[k + 1] .. ":" .. cs
+      local key = wkey(KEYS[k + 1], cs)
       local c = redis.call("HINCRBY", key, "count", n)
       if c <= d.limit and (c ~= n or not cend) then
         if c == n then
-          redis.call("HSET", key, "expire", ce)
-          redis.call("PEXPIRE", key, ce - now + retention)
+          opened(key, ce)
         end
         local o = #out
         out[o + 1] = n
@@ -223,7 +234,7 @@ for ti = 1, ntenants do
       local r = {
         limit = d.limit, kind = d.kind, step = d.step, base = d.base,
         bounds = d.bounds, key = KEYS[k], hint = 1, maxend = 0,
-        anchor = false, cached = false, chainend = 0, cs = 0, ce = 0, ts = 0, te = 0,
+        cached = false, chainend = 0, cs = 0, ce = 0, ts = 0, te = 0,
       }
       if r.kind == "t" then
         if nrules == 1 and cend > now then
@@ -247,7 +258,7 @@ for ti = 1, ntenants do
       -- call when it fits. A current window's key is never past its expiry
       -- (keys carry their window's start), so the count read is live.
       local r = rules[1]
-      local key = wkey(r, r.cs)
+      local key = wkey(r.key, r.cs)
       local c = pre or redis.call("HINCRBY", key, "count", n)
       if c == n and r.cached then
         -- The window was empty and the chain is known only from the cache:
@@ -259,13 +270,12 @@ for ti = 1, ntenants do
           -- before) and count in the chain that starts now.
           redis.call("DEL", key)
           r.cs, r.ce = win(r, now)
-          key = wkey(r, r.cs)
+          key = wkey(r.key, r.cs)
           c = redis.call("HINCRBY", key, "count", n)
         end
       end
       if c == n then
-        redis.call("HSET", key, "expire", r.ce)
-        redis.call("PEXPIRE", key, r.ce - now + retention)
+        opened(key, r.ce)
       end
       local before = c - n
       admitted = r.limit - before
@@ -284,7 +294,7 @@ for ti = 1, ntenants do
       end
     else
       for _, r in ipairs(rules) do
-        local room = r.limit - count_of(wkey(r, r.cs))
+        local room = r.limit - count_of(wkey(r.key, r.cs))
         if room < admitted then
           admitted = room
         end
@@ -328,7 +338,7 @@ for ti = 1, ntenants do
           break
         end
         r.ts, r.te = s, e
-        local room = r.limit - count_of(wkey(r, s))
+        local room = r.limit - count_of(wkey(r.key, s))
         if room < minroom then
           minroom = room
         end
@@ -358,7 +368,7 @@ for ti = 1, ntenants do
         if take == minroom then
           jump = 0
           for _, r in ipairs(rules) do
-            if r.limit - count_of(wkey(r, r.ts)) <= 0 and r.te > jump then
+            if r.limit - count_of(wkey(r.key, r.ts)) <= 0 and r.te > jump then
               jump = r.te
             end
           end
@@ -377,18 +387,16 @@ for ti = 1, ntenants do
     for ri = 1, nrules do
       local r = rules[ri]
       if r.kind == "t" and r.maxend > r.chainend then
-        if not r.anchor then
-          r.anchor = r.key .. ":anchor"
-        end
+        local akey = anchor_key(r)
         if r.cached then
-          local un = tonumber(redis.call("HGET", r.anchor, "until"))
+          local un = tonumber(redis.call("HGET", akey, "until"))
           if un and un > r.chainend then
             r.chainend = un
           end
         end
         if r.maxend > r.chainend then
-          redis.call("HSET", r.anchor, "start", string.format("%.0f", r.base), "until", string.format("%.0f", r.maxend))
-          redis.call("PEXPIRE", r.anchor, string.format("%.0f", r.maxend - now + 1000))
+          redis.call("HSET", akey, "start", string.format("%.0f", r.base), "until", string.format("%.0f", r.maxend))
+          redis.call("PEXPIRE", akey, string.format("%.0f", r.maxend - now + 1000))
           r.chainend = r.maxend
         end
       end

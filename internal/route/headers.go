@@ -192,6 +192,12 @@ func parseDue(m kafka.Message) (time.Time, error) {
 	return time.UnixMilli(n).UTC(), nil
 }
 
+// LastHeader returns the value of the last header of m named name: as for
+// every gk- header, a later one overrides an earlier one.
+func LastHeader(m kafka.Message, name string) (string, bool) {
+	return lastHeader(m.Headers, name)
+}
+
 func lastHeader(hs []kafka.Header, name string) (string, bool) {
 	for i := len(hs) - 1; i >= 0; i-- {
 		if hs[i].Key == name {
