@@ -47,7 +47,17 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		Name: "gatekeeper_consumer_lag",
 		Help: "Messages of a partition beyond its committed offset, as of the last fetch.",
 	}, []string{"topic", "partition"})
-	for _, c := range []prometheus.Collector{waiting, lateness, lag} {
+	skipped := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gatekeeper_handover_skipped_total",
+		Help: "Retry-tier events skipped because the partition's previous owner had already handled them " +
+			"(read from the offset metadata of its last commit): duplicates avoided at a handover.",
+	}, []string{"topic"})
+	truncated := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gatekeeper_handover_truncated_commits_total",
+		Help: "Retry-tier commits whose set of handled offsets beyond the committed one did not fit in the " +
+			"offset metadata (4096 bytes); a new owner of the partition would handle the rest again.",
+	}, []string{"topic"})
+	for _, c := range []prometheus.Collector{waiting, lateness, lag, skipped, truncated} {
 		if err := p.Registerer.Register(c); err != nil {
 			return fmt.Errorf("pipeline metrics: %w", err)
 		}
@@ -90,6 +100,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		// kafka-go's default heartbeat is 3s; a short session needs more.
 		HeartbeatInterval: min(3*time.Second, cfg.KafkaSessionTimeout/5),
 		Dialer:            p.Dialer,
+		Transport:         p.Transport,
 		Logger:            p.Log,
 		OnLag: func(topic string, partition int, n int64) {
 			lag.WithLabelValues(topic, fmt.Sprint(partition)).Set(float64(n))
@@ -148,6 +159,8 @@ func startPipeline(ctx context.Context, p pipeline) error {
 			OnLateness: func(topic string, late time.Duration) {
 				lateness.WithLabelValues(topic).Observe(late.Seconds())
 			},
+			OnSkipped:   func(topic string, n int) { skipped.WithLabelValues(topic).Add(float64(n)) },
+			OnTruncated: func(topic string, _ int64) { truncated.WithLabelValues(topic).Inc() },
 		}
 		// The retry tiers have a group of their own, so that their
 		// rebalances never disturb the source group.

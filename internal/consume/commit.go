@@ -10,8 +10,18 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// errCommitTimeout is returned when a commit outlives Config.Timeout.
-var errCommitTimeout = errors.New("commit timed out")
+// offsetCommit is the commit of one partition: the offset of the next
+// message to consume and the metadata that goes with it (see handover.go).
+type offsetCommit struct {
+	next int64
+	meta string
+}
+
+// tp names a topic partition.
+type tp struct {
+	topic     string
+	partition int
+}
 
 // offsetCommitter commits the offsets of one generation's partitions. A
 // caller waits for the request that carries its offset; requests go one at
@@ -19,83 +29,106 @@ var errCommitTimeout = errors.New("commit timed out")
 // in the next: under load, one OffsetCommit covers many partitions instead
 // of one request per partition and batch. Safe for concurrent use.
 type offsetCommitter struct {
-	// send commits offsets (topic -> partition -> next offset) in one request.
-	send func(offsets map[string]map[int]int64) error
+	// send commits offsets in one request. It returns the request's error,
+	// or nil and the partitions' own errors.
+	send func(offsets map[tp]offsetCommit) (map[tp]error, error)
 
 	mu      sync.Mutex
-	pending map[string]map[int]int64
-	waiters []chan<- error
+	pending map[tp]offsetCommit
+	waiters map[tp][]chan<- error
 	running bool
 }
 
-// newOffsetCommitter commits through gen. gen.CommitOffsets takes no
-// context; kafka-go bounds it with a deadline of timeout on the coordinator
-// connection, and an extra timer guarantees no caller waits much longer.
-func newOffsetCommitter(gen *kafka.Generation, timeout time.Duration) *offsetCommitter {
-	return &offsetCommitter{send: func(offsets map[string]map[int]int64) error {
-		errc := make(chan error, 1)
-		go func() { errc <- gen.CommitOffsets(offsets) }()
-		t := time.NewTimer(timeout + time.Second)
-		defer t.Stop()
-		select {
-		case err := <-errc:
-			return err
-		case <-t.C:
-			return errCommitTimeout
+// newOffsetCommitter commits through client as the member of gen. The
+// requests carry gen's generation ID, so the group coordinator fences them:
+// a commit of a member whose generation has been replaced is refused (the
+// partition may have a new owner), while a commit at the end of a
+// generation, during the rebalance and before this member rejoins, is
+// accepted. That is how a member hands its partitions over exactly where it
+// stopped.
+func newOffsetCommitter(client *kafka.Client, gen *kafka.Generation, timeout time.Duration) *offsetCommitter {
+	return &offsetCommitter{send: func(offsets map[tp]offsetCommit) (map[tp]error, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		req := &kafka.OffsetCommitRequest{
+			Addr:         client.Addr,
+			GroupID:      gen.GroupID,
+			GenerationID: int(gen.ID),
+			MemberID:     gen.MemberID,
+			Topics:       map[string][]kafka.OffsetCommit{},
 		}
+		for k, c := range offsets {
+			req.Topics[k.topic] = append(req.Topics[k.topic], kafka.OffsetCommit{Partition: k.partition, Offset: c.next, Metadata: c.meta})
+		}
+		res, err := client.OffsetCommit(ctx, req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("%w: %w", errCommitTimeout, err)
+			}
+			return nil, err
+		}
+		errs := map[tp]error{}
+		for topic, ps := range res.Topics {
+			for _, p := range ps {
+				if p.Error != nil {
+					errs[tp{topic, p.Partition}] = p.Error
+				}
+			}
+		}
+		return errs, nil
 	}}
 }
 
-// commit commits next for the partition and returns the request's error.
-func (c *offsetCommitter) commit(topic string, partition int, next int64) error {
+// errCommitTimeout is returned when a commit outlives Config.Timeout.
+var errCommitTimeout = errors.New("commit timed out")
+
+// commit commits c for the partition and returns its error.
+func (oc *offsetCommitter) commit(topic string, partition int, c offsetCommit) error {
 	done := make(chan error, 1)
-	c.mu.Lock()
-	if c.pending == nil {
-		c.pending = map[string]map[int]int64{}
+	k := tp{topic, partition}
+	oc.mu.Lock()
+	if oc.pending == nil {
+		oc.pending = map[tp]offsetCommit{}
+		oc.waiters = map[tp][]chan<- error{}
 	}
-	if c.pending[topic] == nil {
-		c.pending[topic] = map[int]int64{}
+	// Calls of one partition come one after another and never go back:
+	// the later one (the higher offset, or more done beyond it) wins.
+	if old, ok := oc.pending[k]; !ok || c.next >= old.next {
+		oc.pending[k] = c
 	}
-	c.pending[topic][partition] = max(c.pending[topic][partition], next)
-	c.waiters = append(c.waiters, done)
-	if !c.running {
-		c.running = true
-		go c.run()
+	oc.waiters[k] = append(oc.waiters[k], done)
+	if !oc.running {
+		oc.running = true
+		go oc.run()
 	}
-	c.mu.Unlock()
+	oc.mu.Unlock()
 	if err := <-done; err != nil {
-		return fmt.Errorf("commit offset %d: %w", next, err)
+		return fmt.Errorf("commit offset %d: %w", c.next, err)
 	}
 	return nil
 }
 
 // run sends requests until nothing is pending.
-func (c *offsetCommitter) run() {
+func (oc *offsetCommitter) run() {
 	for {
-		c.mu.Lock()
-		offsets, waiters := c.pending, c.waiters
-		c.pending, c.waiters = nil, nil
+		oc.mu.Lock()
+		offsets, waiters := oc.pending, oc.waiters
+		oc.pending, oc.waiters = nil, nil
 		if len(waiters) == 0 {
-			c.running = false
-			c.mu.Unlock()
+			oc.running = false
+			oc.mu.Unlock()
 			return
 		}
-		c.mu.Unlock()
-		err := c.send(offsets)
-		for _, w := range waiters {
-			w <- err
+		oc.mu.Unlock()
+		errs, err := oc.send(offsets)
+		for k, ws := range waiters {
+			e := err
+			if e == nil {
+				e = errs[k]
+			}
+			for _, w := range ws {
+				w <- e
+			}
 		}
-	}
-}
-
-// committer returns the commit function of one partition in a generation. It
-// refuses to commit once the generation has ended (gctx done): the partition
-// may already belong to another member.
-func committer(c *offsetCommitter, gctx context.Context, topic string, partition int) func(next int64) error {
-	return func(next int64) error {
-		if gctx.Err() != nil {
-			return kafka.ErrGenerationEnded
-		}
-		return c.commit(topic, partition, next)
 	}
 }

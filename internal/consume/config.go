@@ -81,6 +81,10 @@ type Config struct {
 	// Dialer sets TLS, SASL or a client ID (default: kafka-go's dialer with
 	// Timeout as its dial timeout).
 	Dialer *kafka.Dialer
+	// Transport carries the offset commits and offset fetches; it must
+	// have the same TLS and SASL settings as Dialer (default: a
+	// kafka.Transport built from Dialer).
+	Transport kafka.RoundTripper
 	// Logger receives the package's logs (default slog.Default()).
 	Logger *slog.Logger
 	// Clock is the time source for release times (default: package time).
@@ -105,6 +109,14 @@ func (c Config) withDefaults() Config {
 	setDefault(&c.BackoffMax, DefaultBackoffMax)
 	if c.Dialer == nil {
 		c.Dialer = &kafka.Dialer{Timeout: c.Timeout, DualStack: true}
+	}
+	if c.Transport == nil {
+		c.Transport = &kafka.Transport{
+			ClientID:    c.Dialer.ClientID,
+			DialTimeout: c.Timeout,
+			TLS:         c.Dialer.TLS,
+			SASL:        c.Dialer.SASLMechanism,
+		}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -192,6 +204,20 @@ type DelayedConfig struct {
 	// LookAhead is the most messages per partition fetched and not yet
 	// handed to the Handler; when it is reached, fetching pauses.
 	LookAhead int
+	// MetadataMax bounds the offset metadata of a commit, which carries
+	// the offsets done beyond the committed one to the partition's next
+	// owner (default DefaultMetadataMax, Kafka's default
+	// offset.metadata.max.bytes; never set it above the brokers' value).
+	MetadataMax int
+
+	// OnSkipped, if set, is called with the number of messages skipped
+	// because the partition's previous owner had handled them (duplicates
+	// avoided at a handover). OnTruncated, if set, is called for each commit
+	// whose done set did not fit in MetadataMax, with the number of done
+	// offsets left out: the next owner would hand those again. Both are
+	// called from partition goroutines, concurrently.
+	OnSkipped   func(topic string, n int)
+	OnTruncated func(topic string, left int64)
 
 	// OnWaiting, if set, is called with the change in the number of messages
 	// waiting for their release time in a topic (summed over partitions it is
@@ -208,6 +234,7 @@ type DelayedConfig struct {
 func (c DelayedConfig) withDefaults() DelayedConfig {
 	c.Config = c.Config.withDefaults()
 	setDefault(&c.LookAhead, DefaultLookAhead)
+	setDefault(&c.MetadataMax, DefaultMetadataMax)
 	return c
 }
 
@@ -221,6 +248,9 @@ func (c DelayedConfig) Validate() error {
 	}
 	if c.LookAhead < 0 {
 		return fmt.Errorf("consume: look-ahead %d is negative", c.LookAhead)
+	}
+	if c.MetadataMax < 0 {
+		return fmt.Errorf("consume: metadata max %d is negative", c.MetadataMax)
 	}
 	return nil
 }

@@ -20,10 +20,15 @@ import (
 // backoff. The committed offset is the first fetched message not yet done,
 // so nothing is committed past a message still waiting.
 //
-// The cost of that rule: a message far in the future holds back the commits
-// of every later offset of its partition until it is released, and a restart
-// in the meantime redelivers them (their Handler must tolerate duplicates,
-// as with any at-least-once consumer). If LookAhead messages are waiting
+// A message far in the future therefore holds back the committed offset of
+// every later offset of its partition until it is released. So that those
+// are not handed again by the partition's next owner, every commit carries
+// the set of offsets beyond it that are done, in its offset metadata
+// (handover.go), and a new owner skips them: a rebalance or a graceful
+// shutdown hands nothing twice. A crash hands again at most the messages
+// done since the last commit (one batch per partition: Delayed commits after
+// each). If the done set does not fit in DelayedConfig.MetadataMax, its high
+// end is left out and those messages are handed again. If LookAhead messages are waiting
 // behind the earliest release, the partition fetches nothing more until one is
 // released. The retry tiers keep both bounded: a tier holds only delays up to
 // its own upper bound (1m, 1h, then the deferral horizon), and releases each
@@ -50,6 +55,7 @@ func NewDelayed(cfg DelayedConfig, h Handler) (*Delayed, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.handover = true
 	d.m = m
 	return d, nil
 }
@@ -95,18 +101,27 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 		}
 	}
 	defer func() { waitingDelta(-h.Len()) }()
+	tr.inherit(p.inherited)
+	p.inherited = nil
 	push := func(m kafka.Message) {
-		if !tr.fetched {
-			// The group is already positioned here: committing it is a no-op.
-			p.committed = max(p.committed, m.Offset)
+		p.hwm = m.HighWaterMark
+		if !tr.add(m.Offset) {
+			// The previous owner handled it: it is done.
+			<-slots
+			if c.OnSkipped != nil {
+				c.OnSkipped(p.topic, 1)
+			}
+			return
 		}
 		h.push(m, c.ReleaseAt(m))
-		tr.add(m.Offset)
-		p.hwm = m.HighWaterMark
 		waitingDelta(1)
 	}
+	truncated := false // the last commit's done set did not fit
 
 	for {
+		if stop.Err() != nil {
+			return
+		}
 		// Take in everything fetched so far, so that a batch gathers all
 		// that is due.
 		for more := true; more; {
@@ -145,7 +160,18 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 				<-slots
 			}
 			if next, ok := tr.commitPoint(); ok {
-				p.commitNext(next)
+				meta, left := encodeDone(next, tr.doneBeyond(), c.MetadataMax)
+				if left > 0 {
+					if !truncated {
+						p.log.Warn("done offsets beyond the commit do not fit in the offset metadata; a new owner would handle them again",
+							"offset", next, "left_out", left, "metadata_max", c.MetadataMax)
+					}
+					if c.OnTruncated != nil {
+						c.OnTruncated(p.topic, left)
+					}
+				}
+				truncated = left > 0
+				p.commitNext(offsetCommit{next: next, meta: meta})
 			}
 			continue
 		}

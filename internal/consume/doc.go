@@ -18,11 +18,24 @@
 // # Delivery
 //
 // Delivery is at least once. An offset is committed only after the Handler has
-// acknowledged that message and every earlier message of its partition, and
-// never after the consumer-group generation that assigned the partition has
-// ended. A crash, a rebalance or a failed commit can make a message be handled
-// again; no message is skipped. A failing batch is retried, with capped
-// exponential backoff, until it succeeds or the partition is stopped.
+// acknowledged that message and every earlier message of its partition, with
+// the generation that assigned the partition; the group coordinator refuses
+// a commit once the group has moved on without this member. No message is
+// skipped.
+//
+// A handover hands nothing twice. At a rebalance or a shutdown, the in-flight
+// batches finish and are committed before the member rejoins or leaves, so
+// the next owner starts where the last one stopped. Delayed, whose messages
+// finish out of offset order, also writes the offsets done beyond the
+// committed one into the commit's metadata; the next owner reads it and skips
+// them (see handover.go for the format and what happens when it does not fit).
+//
+// A crash, or a commit that fails, can make a message be handled again: at
+// most what was acknowledged since the partition's last successful commit
+// (for Group the batch being handled and the one whose commit was in flight;
+// for Delayed the batch being handled, since it commits after each). A
+// failing batch is retried, with capped exponential backoff, until it
+// succeeds or the partition is stopped.
 //
 // # Shutdown
 //

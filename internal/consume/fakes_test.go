@@ -104,20 +104,54 @@ func (f *genFetcher) FetchMessage(ctx context.Context) (kafka.Message, error) {
 // commits records the offsets a partition commits.
 type commits struct {
 	mu   sync.Mutex
-	list []int64
+	list []offsetCommit
 }
 
-func (c *commits) commit(next int64) error {
+func (c *commits) commit(oc offsetCommit) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.list = append(c.list, next)
+	c.list = append(c.list, oc)
 	return nil
 }
 
+// get returns the committed offsets.
 func (c *commits) get() []int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return append([]int64(nil), c.list...)
+	var out []int64
+	for _, oc := range c.list {
+		out = append(out, oc.next)
+	}
+	return out
+}
+
+// doneSets returns, per commit, the committed offset and the offsets its
+// metadata says are done beyond it.
+func (c *commits) doneSets(t *testing.T) []doneSet {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []doneSet
+	for _, oc := range c.list {
+		rs, err := decodeDone(oc.meta, oc.next)
+		if err != nil {
+			t.Fatalf("commit %d: metadata %q: %v", oc.next, oc.meta, err)
+		}
+		ds := doneSet{Next: oc.next}
+		for _, r := range rs {
+			for o := r.lo; o < r.hi; o++ {
+				ds.Done = append(ds.Done, o)
+			}
+		}
+		out = append(out, ds)
+	}
+	return out
+}
+
+// doneSet is one commit as doneSets reads it.
+type doneSet struct {
+	Next int64
+	Done []int64
 }
 
 // testPartition returns a partition over f with fast batching and backoff.

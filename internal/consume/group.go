@@ -17,9 +17,11 @@ import (
 // independently.
 //
 // When a rebalance ends the generation, each partition stops after its
-// in-flight Handle call returns and commits nothing more: the partition may
-// already belong to another member, which will see the uncommitted messages
-// again.
+// in-flight Handle call returns and commits it with the ending generation:
+// the coordinator accepts that commit while the group prepares the rebalance
+// (this member has not rejoined yet, so nobody else owns the partition), and
+// refuses it if the group has moved on without this member. The next owner
+// starts exactly after the last accepted commit.
 //
 // A Group is safe for concurrent use: Ready may be called from any goroutine
 // while Run runs. Run may be called only once.
@@ -75,7 +77,7 @@ func (p *partition) runBatches(stop, hctx context.Context) {
 		clear(batch) // keep no message alive until the next batch
 		p.hwm = last.HighWaterMark
 		p.finishCommit(inflight)
-		inflight = p.startCommit(last.Offset + 1)
+		inflight = p.startCommit(offsetCommit{next: last.Offset + 1})
 	}
 }
 

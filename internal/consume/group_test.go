@@ -260,21 +260,6 @@ func TestDrainContext(t *testing.T) {
 
 type ctxKey struct{}
 
-// Once the generation has ended, the committer refuses without touching
-// the (gone) coordinator connection.
-func TestCommitterRefusesAfterGenerationEnd(t *testing.T) {
-	gctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	oc := &offsetCommitter{send: func(map[string]map[int]int64) error {
-		t.Error("commit sent after the generation ended")
-		return nil
-	}}
-	commit := committer(oc, gctx, "t", 0)
-	if err := commit(10); !errors.Is(err, kafka.ErrGenerationEnded) {
-		t.Errorf("commit after generation end: err = %v, want ErrGenerationEnded", err)
-	}
-}
-
 func TestBackoff(t *testing.T) {
 	lo, hi := 100*time.Millisecond, 5*time.Second
 	for attempt, want := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond} {

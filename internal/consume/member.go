@@ -28,6 +28,13 @@ type member struct {
 	loop    partitionLoop
 	log     *slog.Logger
 
+	// client sends the offset commits and, when handover is set, the
+	// offset fetches that read the metadata of the last commits.
+	client *kafka.Client
+	// handover: read the done sets the previous owners left in the offset
+	// metadata and skip those offsets (Delayed).
+	handover bool
+
 	ready   atomic.Bool
 	running atomic.Bool
 
@@ -48,6 +55,7 @@ func newMember(cfg Config, h Handler, loop partitionLoop) (*member, error) {
 		handler: h,
 		loop:    loop,
 		log:     cfg.Logger.With("group", cfg.GroupID),
+		client:  &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Timeout: cfg.Timeout, Transport: cfg.Transport},
 	}, nil
 }
 
@@ -118,13 +126,19 @@ func (m *member) run(ctx context.Context) error {
 func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	var parts []string
-	oc := newOffsetCommitter(gen, m.cfg.Timeout)
+	oc := newOffsetCommitter(m.client, gen, m.cfg.Timeout)
+	var metas map[tp]string
+	if m.handover {
+		metas = m.fetchMetadata(ctx, gen)
+	}
 	for _, topic := range slices.Sorted(maps.Keys(gen.Assignments)) {
 		for _, pa := range gen.Assignments[topic] {
 			parts = append(parts, fmt.Sprintf("%s/%d", topic, pa.ID))
 			wg.Add(1)
+			commit := func(c offsetCommit) error { return oc.commit(topic, pa.ID, c) }
+			meta := metas[tp{topic, pa.ID}]
 			gen.Start(func(gctx context.Context) {
-				m.runPartition(ctx, gctx, gen, topic, pa, committer(oc, gctx, topic, pa.ID))
+				m.runPartition(ctx, gctx, gen, topic, pa, meta, commit)
 				wg.Done()
 				// kafka-go ends the generation for every partition as soon as
 				// one function returns. After a shutdown drain, keep it alive
@@ -143,7 +157,12 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 
 // runPartition consumes one partition until ctx is cancelled (shutdown) or
 // gctx is done (the generation ended).
-func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, topic string, pa kafka.PartitionAssignment, commit func(next int64) error) {
+//
+// meta is the metadata of the partition's last commit. Commits made after
+// gctx is done still go out: the coordinator refuses them if the group has
+// moved on without this member, and accepts them otherwise (see
+// newOffsetCommitter).
+func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, topic string, pa kafka.PartitionAssignment, meta string, commit func(c offsetCommit) error) {
 	stop, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(gctx, cancel)()
@@ -177,18 +196,81 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 	}
 	log.Debug("partition assigned", "offset", pa.Offset, "generation", gen.ID)
 	p := &partition{
-		topic:     topic,
-		id:        pa.ID,
-		fetcher:   r,
-		commit:    commit,
-		handler:   m.handler,
-		cfg:       &m.cfg,
-		log:       log,
-		committed: -1,
-		hwm:       -1,
+		topic:         topic,
+		id:            pa.ID,
+		fetcher:       r,
+		commit:        commit,
+		handler:       m.handler,
+		cfg:           &m.cfg,
+		log:           log,
+		committed:     pa.Offset,
+		committedMeta: meta,
+		hwm:           -1,
+	}
+	if meta != "" {
+		done, err := decodeDone(meta, pa.Offset)
+		if err != nil {
+			log.Warn("offset metadata unreadable; the done set of the previous owner is not skipped", "offset", pa.Offset, "err", err)
+		}
+		p.inherited = done
 	}
 	m.loop(p, stop, hctx)
 	log.Debug("partition stopped", "generation", gen.ID)
+}
+
+// fetchMetadata reads the metadata of the last commit of every partition gen
+// assigns (one OffsetFetch). On failure it logs and returns what it has: a
+// partition without metadata is consumed from its committed offset, and
+// messages its previous owner finished beyond that offset are handled again
+// (at least once).
+func (m *member) fetchMetadata(ctx context.Context, gen *kafka.Generation) map[tp]string {
+	req := &kafka.OffsetFetchRequest{Addr: m.client.Addr, GroupID: gen.GroupID, Topics: map[string][]int{}}
+	for topic, pas := range gen.Assignments {
+		for _, pa := range pas {
+			req.Topics[topic] = append(req.Topics[topic], pa.ID)
+		}
+	}
+	if len(req.Topics) == 0 {
+		return nil
+	}
+	metas := map[tp]string{}
+	var err error
+	for attempt := range 3 {
+		fctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
+		var res *kafka.OffsetFetchResponse
+		res, err = m.client.OffsetFetch(fctx, req)
+		cancel()
+		if err == nil && res.Error != nil {
+			err = res.Error
+		}
+		if err == nil {
+			for topic, ps := range res.Topics {
+				for _, p := range ps {
+					if p.Error == nil && p.Metadata != "" && p.CommittedOffset == assigned(gen, topic, p.Partition) {
+						metas[tp{topic, p.Partition}] = p.Metadata
+					}
+				}
+			}
+			return metas
+		}
+		if ctx.Err() != nil || !sleep(ctx, backoff(attempt, m.cfg.BackoffMin, m.cfg.BackoffMax)) {
+			break
+		}
+	}
+	m.log.Warn("reading the offset metadata failed; finished offsets beyond the committed ones will be handled again",
+		"generation", gen.ID, "err", err)
+	return metas
+}
+
+// assigned returns the offset gen assigned to a partition (its committed
+// offset), or -1.
+func assigned(gen *kafka.Generation, topic string, partition int) int64 {
+	for _, pa := range gen.Assignments[topic] {
+		if pa.ID == partition {
+			return pa.Offset
+		}
+	}
+	return -1
 }
 
 // close ends the current generation and leaves the group, waiting at most

@@ -19,14 +19,16 @@ type partition struct {
 	topic   string
 	id      int
 	fetcher fetcher
-	commit  func(next int64) error
+	commit  func(c offsetCommit) error
 	handler Handler
 	cfg     *Config
 	log     *slog.Logger
 
-	committed int64           // last offset committed by this loop, -1 for none
-	hwm       int64           // high watermark as of the last fetched message, -1 for none
-	buf       []kafka.Message // the batch slice, reused by fetchBatch
+	committed     int64           // last offset committed (the assigned one at first)
+	committedMeta string          // the metadata that went with it
+	hwm           int64           // high watermark as of the last fetched message, -1 for none
+	buf           []kafka.Message // the batch slice, reused by fetchBatch
+	inherited     []offsetRange   // done by the previous owner beyond committed (Delayed)
 }
 
 // handle calls the Handler with msgs until it returns nil (true), or until
@@ -52,30 +54,31 @@ func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message) boo
 	}
 }
 
-// commitNext commits next (the offset of the next message to consume) if it
-// advances the partition, and waits for the result.
-func (p *partition) commitNext(next int64) {
-	p.finishCommit(p.startCommit(next))
+// commitNext commits c if it differs from the last commit, and waits for the
+// result.
+func (p *partition) commitNext(c offsetCommit) {
+	p.finishCommit(p.startCommit(c))
 }
 
 // pendingCommit is a commit in flight.
 type pendingCommit struct {
-	next int64
-	err  chan error
+	c   offsetCommit
+	err chan error
 }
 
-// startCommit starts committing next in the background if it advances the
-// partition (nil otherwise). The previous commit must be finished first. The
-// outcome is logged, and the lag reported, as soon as the commit returns.
-func (p *partition) startCommit(next int64) *pendingCommit {
-	if next <= p.committed {
+// startCommit starts committing c in the background if it advances the
+// partition or says more about it (nil otherwise). The previous commit must
+// be finished first. The outcome is logged, and the lag reported, as soon as
+// the commit returns.
+func (p *partition) startCommit(c offsetCommit) *pendingCommit {
+	if c.next < p.committed || (c.next == p.committed && c.meta == p.committedMeta) {
 		return nil
 	}
-	pc := &pendingCommit{next: next, err: make(chan error, 1)}
+	pc := &pendingCommit{c: c, err: make(chan error, 1)}
 	hwm := p.hwm
 	go func() {
-		err := p.commit(next)
-		p.committedOrNot(next, hwm, err)
+		err := p.commit(c)
+		p.committedOrNot(c.next, hwm, err)
 		pc.err <- err
 	}()
 	return pc
@@ -86,8 +89,11 @@ func (p *partition) startCommit(next int64) *pendingCommit {
 // redelivered (at least once). Safe to call from any goroutine.
 func (p *partition) committedOrNot(next, hwm int64, err error) {
 	switch {
-	case errors.Is(err, kafka.ErrGenerationEnded):
-		p.log.Info("generation ended; not committing", "offset", next)
+	case errors.Is(err, kafka.IllegalGeneration), errors.Is(err, kafka.UnknownMemberId),
+		errors.Is(err, kafka.RebalanceInProgress), errors.Is(err, kafka.FencedInstanceID):
+		// The group moved on without this member: the partition's next
+		// owner starts from the last commit that was accepted.
+		p.log.Info("generation replaced; commit refused", "offset", next, "err", err)
 	case err != nil:
 		p.log.Warn("commit failed", "offset", next, "err", err)
 	default:
@@ -104,7 +110,7 @@ func (p *partition) finishCommit(pc *pendingCommit) {
 		return
 	}
 	if err := <-pc.err; err == nil {
-		p.committed = pc.next
+		p.committed, p.committedMeta = pc.c.next, pc.c.meta
 	}
 }
 

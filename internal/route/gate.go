@@ -106,7 +106,7 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 			counts[DecisionInvalid]++
 			log.Debug("invalid event", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "reason", err.Error())
 			if g.Shadow {
-				items[i] = Item{Msg: m, Outcome: Forward}
+				items[i] = Item{Msg: withOrigin(m, ""), Outcome: Forward}
 			} else {
 				items[i] = Item{Msg: withOrigin(m, ""), Outcome: DeadLetter, Reason: err.Error()}
 			}
@@ -124,7 +124,7 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 	for j, i := range valid {
 		m, tenant := msgs[i], tenants[j]
 		if unchecked {
-			items[i] = Item{Msg: m, Outcome: Forward}
+			items[i] = Item{Msg: withOrigin(m, ""), Outcome: Forward}
 			continue
 		}
 		d := ds[j]
@@ -133,12 +133,12 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 		}
 		counts[d.Kind.String()]++
 		if g.Shadow {
-			items[i] = Item{Msg: m, Outcome: Forward}
+			items[i] = Item{Msg: withOrigin(m, tenant), Outcome: Forward}
 			continue
 		}
 		switch d.Kind {
 		case limit.Admit:
-			items[i] = Item{Msg: m, Outcome: Forward}
+			items[i] = Item{Msg: withOrigin(m, tenant), Outcome: Forward}
 		case limit.Defer:
 			items[i] = Item{Msg: m, Outcome: Defer, Deferral: Deferral{
 				Attempt:         1,

@@ -113,6 +113,12 @@ func deferHeaders(attempt int, d limit.Decision, tenant string, firstSeen time.T
 	}, append(origin(off), "gk-first-seen="+ms(firstSeen))...)
 }
 
+// admitted is what an admitted event carries: its tenant and its origin,
+// the stable identity a downstream consumer deduplicates by.
+func admitted(tenant string, off int64) []string {
+	return append([]string{"gk-tenant=" + tenant}, origin(off)...)
+}
+
 func TestGateHandle(t *testing.T) {
 	f := newGate(t, byTenant(gateDecisions))
 	if err := f.gate.Handle(context.Background(), mixedBatch()); err != nil {
@@ -127,11 +133,11 @@ func TestGateHandle(t *testing.T) {
 		t.Fatalf("got %d WriteMessages calls, want 1", len(calls))
 	}
 	want := []out{
-		srcOut("down", 10, "ok"),
+		srcOut("down", 10, "ok", admitted("ok", 10)...),
 		srcOut("down.retry", 11, "later", deferHeaders(1, gateDecisions["later"], "later", t0, 11)...),
 		srcOut("down.dlq", 12, "", append(origin(12), "gk-reason=no key")...),
 		srcOut("down.dlq", 13, "full", append(append([]string{"gk-tenant=full"}, origin(13)...), "gk-reason=no room within 24h")...),
-		srcOut("down", 14, "ok"),
+		srcOut("down", 14, "ok", admitted("ok", 14)...),
 		srcOut("down.retry.long", 15, "much", deferHeaders(1, gateDecisions["much"], "much", t0, 15)...),
 		srcOut("down.dlq", 16, "bare", append(append([]string{"gk-tenant=bare"}, origin(16)...), "gk-reason=over limit")...),
 	}
@@ -155,6 +161,20 @@ func TestGateHandle(t *testing.T) {
 	}
 }
 
+// An admitted event's origin headers are Gatekeeper's own: whatever gk-
+// headers the producer wrote are dropped, so a consumer can trust the origin
+// (and the tenant) it deduplicates by.
+func TestGateAdmittedOriginNotForged(t *testing.T) {
+	f := newGate(t, byTenant(gateDecisions))
+	m := srcMsg(10, "ok")
+	m.Headers = append(m.Headers, hdr("gk-origin-offset", "99")...)
+	m.Headers = append(m.Headers, hdr("gk-tenant", "victim")...)
+	if err := f.gate.Handle(context.Background(), []kafka.Message{m}); err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+	diffOut(t, []out{srcOut("down", 10, "ok", admitted("ok", 10)...)}, f.writer.last(t))
+}
+
 func TestGateShadow(t *testing.T) {
 	f := newGate(t, byTenant(gateDecisions))
 	f.gate.Shadow = true
@@ -164,7 +184,11 @@ func TestGateShadow(t *testing.T) {
 	}
 	var want []out
 	for _, m := range batch {
-		want = append(want, srcOut("down", m.Offset, string(m.Key)))
+		hs := origin(m.Offset) // an invalid event has no tenant
+		if len(m.Key) > 0 {
+			hs = admitted(string(m.Key), m.Offset)
+		}
+		want = append(want, srcOut("down", m.Offset, string(m.Key), hs...))
 	}
 	diffOut(t, want, f.writer.last(t))
 	if got := len(f.admitter.Calls()); got != 1 {
@@ -198,7 +222,7 @@ func TestGateRedisPause(t *testing.T) {
 	if len(calls) != 1 {
 		t.Fatalf("got %d WriteMessages calls, want 1", len(calls))
 	}
-	diffOut(t, []out{srcOut("down", 1, "ok"), srcOut("down.dlq", 2, "", append(origin(2), "gk-reason=no key")...)}, calls[0])
+	diffOut(t, []out{srcOut("down", 1, "ok", admitted("ok", 1)...), srcOut("down.dlq", 2, "", append(origin(2), "gk-reason=no key")...)}, calls[0])
 	if got := counterValue(t, f.metrics.RedisUnchecked); got != 0 {
 		t.Errorf("redis_unchecked_total: got %v, want 0", got)
 	}
@@ -240,10 +264,11 @@ func TestGateRedisForward(t *testing.T) {
 	if err := f.gate.Handle(context.Background(), batch); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
+	// Unchecked events were counted against no tenant: origin only.
 	want := []out{
-		srcOut("down", 1, "full"),
+		srcOut("down", 1, "full", origin(1)...),
 		srcOut("down.dlq", 2, "", append(origin(2), "gk-reason=no key")...),
-		srcOut("down", 3, "later"),
+		srcOut("down", 3, "later", origin(3)...),
 	}
 	diffOut(t, want, f.writer.last(t))
 	if got := counterValue(t, f.metrics.RedisUnchecked); got != 2 {

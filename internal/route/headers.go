@@ -109,16 +109,28 @@ func WithReason(m kafka.Message, reason string) kafka.Message {
 
 // withOrigin returns a copy of m, consumed from a source topic, whose gk-
 // headers name its origin and, if known, its tenant. Any gk- headers m came
-// with are stale and removed.
+// with are stale or forged, and removed. The origin (gk-origin-topic,
+// gk-origin-partition, gk-origin-offset) is the event's stable identity: every
+// copy of it that reaches downstream carries the same three values.
 func withOrigin(m kafka.Message, tenant string) kafka.Message {
+	// One buffer holds every value, as in WithDeferral: this runs for every
+	// admitted event.
+	b := make([]byte, 0, len(tenant)+len(m.Topic)+30)
+	b = append(b, tenant...)
+	t := len(b)
+	b = append(b, m.Topic...)
+	top := len(b)
+	b = strconv.AppendInt(b, int64(m.Partition), 10)
+	part := len(b)
+	b = strconv.AppendInt(b, m.Offset, 10)
 	hs := make([]kafka.Header, 0, 4)
 	if tenant != "" {
-		hs = append(hs, kafka.Header{Key: HeaderTenant, Value: []byte(tenant)})
+		hs = append(hs, kafka.Header{Key: HeaderTenant, Value: b[:t:t]})
 	}
 	hs = append(hs,
-		kafka.Header{Key: HeaderOriginTopic, Value: []byte(m.Topic)},
-		kafka.Header{Key: HeaderOriginPartition, Value: []byte(strconv.Itoa(m.Partition))},
-		kafka.Header{Key: HeaderOriginOffset, Value: []byte(strconv.FormatInt(m.Offset, 10))},
+		kafka.Header{Key: HeaderOriginTopic, Value: b[t:top:top]},
+		kafka.Header{Key: HeaderOriginPartition, Value: b[top:part:part]},
+		kafka.Header{Key: HeaderOriginOffset, Value: b[part:len(b):len(b)]},
 	)
 	return withHeaders(m, isGK, hs...)
 }
