@@ -4,7 +4,37 @@
 # (`make servers-down` stops them).
 
 GO        ?= go
-WITH_SERVERS := deploy/local/test-env.sh
+# `make test` runs everything against Kafka KAFKA_VERSION on KAFKA_PORT, then the packages
+# that talk to Kafka (KAFKA_PKGS) and the fault suite against KAFKA_VERSION_2 on KAFKA_PORT_2.
+# Each release keeps its own state in .local/kafka-<version> (deploy/local/kafka.sh); the
+# second pass reuses the first pass's Redis servers. `make bench` uses KAFKA_VERSION, whose
+# default is also KAFKA_DEFAULT_VERSION in deploy/local/common.sh (the scripts' own default).
+KAFKA_VERSION   ?= 4.4.0
+KAFKA_PORT      ?= 9092
+KAFKA_VERSION_2 ?= 3.9.1
+KAFKA_PORT_2    ?= 9192
+# Empty: kafka.sh's defaults (.local/kafka-$(KAFKA_VERSION_2), controller on KAFKA_PORT_2+1).
+KAFKA_DIR_2             ?=
+KAFKA_CONTROLLER_PORT_2 ?=
+# A broker of KAFKA_VERSION_2 to use instead of starting one (what GATEKEEPER_TEST_KAFKA is to the first pass).
+GATEKEEPER_TEST_KAFKA_2 ?=
+KAFKA_PKGS ?= ./integration/... ./internal/consume/ ./internal/route/
+# The fault suite (build tag fault) starts a private broker of GATEKEEPER_TEST_KAFKA_VERSION
+# and a private redis-server; -v prints its figures.
+FAULT_PKG  ?= ./integration/fault/
+FAULT_TEST  = $(GO) test -race -count=1 -tags fault -v -timeout 30m $(FAULT_PKG)
+LOCAL_DIR  := $(or $(GATEKEEPER_LOCAL_DIR),.local)
+WITH_SERVERS   := deploy/local/test-env.sh
+WITH_SERVERS_1 := KAFKA_VERSION=$(KAFKA_VERSION) KAFKA_PORT=$(KAFKA_PORT) $(WITH_SERVERS)
+WITH_SERVERS_2 := KAFKA_VERSION=$(KAFKA_VERSION_2) KAFKA_PORT=$(KAFKA_PORT_2) KAFKA_DIR=$(KAFKA_DIR_2) \
+  KAFKA_CONTROLLER_PORT=$(KAFKA_CONTROLLER_PORT_2) GATEKEEPER_TEST_KAFKA=$(GATEKEEPER_TEST_KAFKA_2) \
+  GATEKEEPER_TEST_KAFKA_VERSION=$(KAFKA_VERSION_2) $(WITH_SERVERS)
+# step VERSION,WHAT,COMMAND: runs COMMAND under a header line naming the Kafka release, and
+# names the step again when it fails (no commas in WHAT).
+define step
+	@echo "== Kafka $(1): $(2)"
+	$(3) || { echo "== FAILED: Kafka $(1): $(2)"; exit 1; }
+endef
 # Packages and duration of the micro-benchmarks of `make bench`; add packages here as benchmarks appear.
 BENCH_PKGS ?= ./internal/limit/
 BENCHTIME  ?= 2s
@@ -39,16 +69,22 @@ build:
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags fault $(FAULT_PKG)
 
 # vet first: it needs no servers, so a compile error fails before Kafka starts.
 test: vet
-	$(WITH_SERVERS) $(GO) test -race -count=1 -timeout 40m ./...
+	$(call step,$(KAFKA_VERSION),unit and integration tests (go test ./...),$(WITH_SERVERS_1) $(GO) test -race -count=1 -timeout 40m ./...)
+	$(call step,$(KAFKA_VERSION),fault suite ($(FAULT_PKG)),GATEKEEPER_TEST_KAFKA_VERSION=$(KAFKA_VERSION) $(FAULT_TEST))
+	$(call step,$(KAFKA_VERSION_2),the packages that use Kafka ($(KAFKA_PKGS)),$(WITH_SERVERS_2) $(GO) test -race -count=1 -timeout 40m $(KAFKA_PKGS))
+	$(call step,$(KAFKA_VERSION_2),fault suite ($(FAULT_PKG)),GATEKEEPER_TEST_KAFKA_VERSION=$(KAFKA_VERSION_2) $(FAULT_TEST))
+	@echo "== make test: passed against Kafka $(KAFKA_VERSION) and Kafka $(KAFKA_VERSION_2)"
 
 # Micro-benchmarks first (the limiter's BenchmarkAdmit), then the end-to-end run.
 bench: build
-	$(WITH_SERVERS) $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) $(BENCHFLAGS) $(BENCH_PKGS)
+	$(WITH_SERVERS_1) $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) $(BENCHFLAGS) $(BENCH_PKGS)
 	REDIS_PORT=$(BENCH_REDIS_PORT) deploy/local/redis.sh start
-	GATEKEEPER_BENCH_REDIS=127.0.0.1:$(BENCH_REDIS_PORT) $(WITH_SERVERS) $(GO) run ./integration/bench \
+	GATEKEEPER_BENCH_REDIS=127.0.0.1:$(BENCH_REDIS_PORT) $(WITH_SERVERS_1) $(GO) run ./integration/bench \
+	  -kafka-pid-file $(or $(KAFKA_DIR),$(LOCAL_DIR)/kafka-$(KAFKA_VERSION))/kafka.pid \
 	  -events $(BENCH_EVENTS) -tenants $(BENCH_TENANTS) -event-size $(BENCH_EVENT_SIZE) \
 	  -partitions $(BENCH_PARTITIONS) -batch $(BENCH_BATCH) -rounds $(BENCH_ROUNDS) -sweep-events $(BENCH_SWEEP_EVENTS) \
 	  -sweep-tenants $(BENCH_SWEEP_TENANTS) -sweep-batches $(BENCH_SWEEP_BATCHES) \
@@ -67,18 +103,26 @@ fuzz:
 	  done; \
 	done; [ -n "$$found" ] || echo "no fuzz targets yet"
 
+KAFKA_1 := KAFKA_VERSION=$(KAFKA_VERSION) KAFKA_PORT=$(KAFKA_PORT) deploy/local/kafka.sh
+KAFKA_2 := KAFKA_VERSION=$(KAFKA_VERSION_2) KAFKA_PORT=$(KAFKA_PORT_2) KAFKA_DIR=$(KAFKA_DIR_2) \
+  KAFKA_CONTROLLER_PORT=$(KAFKA_CONTROLLER_PORT_2) deploy/local/kafka.sh
+
 servers-up:
-	deploy/local/kafka.sh start
+	$(KAFKA_1) start
 	deploy/local/redis.sh start
 	deploy/local/redis-cluster.sh start
 
+# Also stops a broker left in .local/kafka by the scripts before they took KAFKA_VERSION (Kafka 3.9.1).
 servers-down:
-	deploy/local/kafka.sh stop
+	$(KAFKA_1) stop
+	$(KAFKA_2) stop
+	if [ -s $(LOCAL_DIR)/kafka/kafka.pid ]; then KAFKA_DIR=$(LOCAL_DIR)/kafka deploy/local/kafka.sh stop; fi
 	deploy/local/redis.sh stop
 	REDIS_PORT=$(BENCH_REDIS_PORT) deploy/local/redis.sh stop
 	deploy/local/redis-cluster.sh stop
 
 servers-status:
-	-deploy/local/kafka.sh status
+	-$(KAFKA_1) status
+	-$(KAFKA_2) status
 	-deploy/local/redis.sh status
 	-deploy/local/redis-cluster.sh status

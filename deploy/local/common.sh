@@ -5,6 +5,10 @@
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 LOCAL_DIR="${GATEKEEPER_LOCAL_DIR:-$ROOT/.local}"
 
+# The Kafka release kafka.sh and test-env.sh use when KAFKA_VERSION is unset (keep the
+# Makefile's KAFKA_VERSION default the same).
+KAFKA_DEFAULT_VERSION=4.4.0
+
 log() { echo "[$(basename "$0" .sh)] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
