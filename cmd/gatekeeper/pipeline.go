@@ -69,6 +69,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 	}
 	writer := route.NewKafkaWriter(cfg.KafkaBrokers, route.WriterOptions{
 		Transport:    p.Transport,
+		BatchBytes:   int64(cfg.MaxMessageBytes),
 		WriteTimeout: cfg.KafkaTimeout,
 		ReadTimeout:  cfg.KafkaTimeout,
 		Logger:       p.Log,
@@ -80,6 +81,11 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		Clock:   clock,
 		Logger:  p.Log,
 		Metrics: routeMetrics,
+
+		MaxMessageBytes: cfg.MaxMessageBytes,
+	}
+	if p.Router != nil {
+		p.Router.Store(router)
 	}
 	setReady := func(ready bool) { p.Paused.Store(!ready) }
 	// A shadow deployment must never stop traffic: it forwards everything.
@@ -92,6 +98,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		Brokers:          cfg.KafkaBrokers,
 		GroupID:          cfg.GroupID,
 		BatchSize:        cfg.BatchSize,
+		BatchBytes:       cfg.BatchBytes,
 		BatchWait:        cfg.BatchWait,
 		DrainTimeout:     min(cfg.ShutdownGrace, rebalanceTimeout-time.Second),
 		Timeout:          cfg.KafkaTimeout,
@@ -152,10 +159,11 @@ func startPipeline(ctx context.Context, p pipeline) error {
 			return fmt.Errorf("retrier: %w", err)
 		}
 		dc := consume.DelayedConfig{
-			Config:    group,
-			LookAhead: cfg.RetryLookahead,
-			ReleaseAt: router.Topics.ReleaseAt,
-			OnWaiting: func(topic string, delta int) { waiting.WithLabelValues(topic).Add(float64(delta)) },
+			Config:         group,
+			LookAhead:      cfg.RetryLookahead,
+			LookAheadBytes: cfg.RetryLookaheadBytes,
+			ReleaseAt:      router.Topics.ReleaseAt,
+			OnWaiting:      func(topic string, delta int) { waiting.WithLabelValues(topic).Add(float64(delta)) },
 			OnLateness: func(topic string, late time.Duration) {
 				lateness.WithLabelValues(topic).Observe(late.Seconds())
 			},

@@ -40,6 +40,10 @@ type Config struct {
 
 	// BatchSize is the most messages handed to the Handler at once.
 	BatchSize int
+	// BatchBytes, if positive, bounds the bytes (keys, values and headers)
+	// of a batch Group hands over: a batch ends once it holds this many.
+	// A batch holds at least one message, whatever its size.
+	BatchBytes int
 	// BatchWait is how long Group waits, after the first message of a batch,
 	// for more messages to fill it. Delayed does not wait: it hands over
 	// whatever is due.
@@ -158,6 +162,9 @@ func (c Config) Validate() error {
 	if c.BatchSize < 0 {
 		return fmt.Errorf("consume: batch size %d is negative", c.BatchSize)
 	}
+	if c.BatchBytes < 0 {
+		return fmt.Errorf("consume: batch bytes %d is negative", c.BatchBytes)
+	}
 	if c.MaxBytes < 0 {
 		return fmt.Errorf("consume: max bytes %d is negative", c.MaxBytes)
 	}
@@ -204,6 +211,10 @@ type DelayedConfig struct {
 	// LookAhead is the most messages per partition fetched and not yet
 	// handed to the Handler; when it is reached, fetching pauses.
 	LookAhead int
+	// LookAheadBytes, if positive, bounds the same messages by their bytes
+	// (keys, values and headers): fetching pauses once they hold this many,
+	// so a partition holds at most this plus one message.
+	LookAheadBytes int
 	// MetadataMax bounds the offset metadata of a commit, which carries
 	// the offsets done beyond the committed one to the partition's next
 	// owner (default DefaultMetadataMax, Kafka's default
@@ -248,6 +259,9 @@ func (c DelayedConfig) Validate() error {
 	}
 	if c.LookAhead < 0 {
 		return fmt.Errorf("consume: look-ahead %d is negative", c.LookAhead)
+	}
+	if c.LookAheadBytes < 0 {
+		return fmt.Errorf("consume: look-ahead bytes %d is negative", c.LookAheadBytes)
 	}
 	if c.MetadataMax < 0 {
 		return fmt.Errorf("consume: metadata max %d is negative", c.MetadataMax)
