@@ -57,7 +57,12 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		Help: "Retry-tier commits whose set of handled offsets beyond the committed one did not fit in the " +
 			"offset metadata (4096 bytes); a new owner of the partition would handle the rest again.",
 	}, []string{"topic"})
-	for _, c := range []prometheus.Collector{waiting, lateness, lag, skipped, truncated} {
+	offsetsLost := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gatekeeper_offsets_lost_total",
+		Help: "Offsets Kafka deleted (retention) before Gatekeeper consumed them: the events there are lost. " +
+			"Each jump is also an error log line.",
+	}, []string{"topic"})
+	for _, c := range []prometheus.Collector{waiting, lateness, lag, skipped, truncated, offsetsLost} {
 		if err := p.Registerer.Register(c); err != nil {
 			return fmt.Errorf("pipeline metrics: %w", err)
 		}
@@ -65,6 +70,9 @@ func startPipeline(ctx context.Context, p pipeline) error {
 
 	topics := route.Topics{Downstream: cfg.DownstreamTopic, Retry: cfg.RetryTopic, DLQ: cfg.DLQTopic}
 	if err := waitForTopics(ctx, p, pipelineTopics(cfg, topics)); err != nil || ctx.Err() != nil {
+		return err
+	}
+	if err := verifyTopicLimits(ctx, p, topics); err != nil {
 		return err
 	}
 	writer := route.NewKafkaWriter(cfg.KafkaBrokers, route.WriterOptions{
@@ -109,6 +117,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		Dialer:            p.Dialer,
 		Transport:         p.Transport,
 		Logger:            p.Log,
+		OnOffsetsLost:     func(topic string, _ int, n int64) { offsetsLost.WithLabelValues(topic).Add(float64(n)) },
 		OnLag: func(topic string, partition int, n int64) {
 			lag.WithLabelValues(topic, fmt.Sprint(partition)).Set(float64(n))
 		},

@@ -94,6 +94,11 @@ type Config struct {
 	// Clock is the time source for release times (default: package time).
 	Clock Clock
 
+	// OnOffsetsLost, if set, is called when a partition's offsets jump over
+	// events Kafka deleted before they were consumed (retention), with the
+	// number of offsets lost. Called from partition goroutines, concurrently.
+	OnOffsetsLost func(topic string, partition int, lost int64)
+
 	// OnLag, if set, is called after each commit with the number of messages
 	// of the partition beyond the committed offset, as of the last fetch.
 	// It is called from partition goroutines, concurrently.

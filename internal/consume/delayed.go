@@ -215,6 +215,7 @@ func (p *partition) fetchAhead(ctx context.Context, room *budget, in chan<- kafk
 			continue
 		}
 		attempt = 0
+		p.gaps.fetched(ctx, m.Offset)
 		room.take(messageBytes(m))
 		select {
 		case in <- m:

@@ -89,6 +89,7 @@ func (p *partition) fetchBatch(stop context.Context) ([]kafka.Message, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.gaps.fetched(stop, first.Offset)
 	// The previous batch's slice is reused: Handlers keep no reference to
 	// msgs once Handle returns.
 	batch := append(p.buf[:0], first)
@@ -112,6 +113,7 @@ func (p *partition) fetchBatch(stop context.Context) ([]kafka.Message, error) {
 			}
 			break
 		}
+		p.gaps.fetched(stop, m.Offset)
 		batch = append(batch, m)
 		size += messageBytes(m)
 	}

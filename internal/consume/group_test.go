@@ -14,7 +14,7 @@ import (
 
 func TestFetchBatchBounds(t *testing.T) {
 	tests := []struct {
-		name      string
+		name       string
 		available  int
 		batchSize  int
 		batchBytes int
