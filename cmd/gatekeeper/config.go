@@ -85,10 +85,10 @@ type Config struct {
 	// memory per retry-tier partition.
 	RetryLookahead int `split_words:"true" default:"10000" desc:"most deferred events held in memory per retry-tier partition while they wait for their release time (memory: about this many times the partitions of the retry tiers times the event size, with headers)"`
 	// BatchBytes bounds the bytes of one source batch.
-	BatchBytes int `split_words:"true" default:"4194304" desc:"most bytes (keys, values, headers) of one partition's source events decided in one batch; a batch holds at least one event"`
+	BatchBytes int `split_words:"true" default:"4194304" desc:"most bytes (keys, values, headers and their overhead on the heap) of one partition's source events decided in one batch; a batch holds at least one event"`
 	// RetryLookaheadBytes bounds the bytes of the deferred events the retry
 	// role holds per retry-tier partition.
-	RetryLookaheadBytes int `split_words:"true" default:"8388608" desc:"most bytes (keys, values, headers) of deferred events held in memory per retry-tier partition; fetching pauses while they are held"`
+	RetryLookaheadBytes int `split_words:"true" default:"1048576" desc:"most bytes of deferred events held in memory per retry-tier partition (keys, values, headers and their overhead on the heap); fetching pauses while they are held"`
 	// MaxMessageBytes is the largest record Gatekeeper writes.
 	MaxMessageBytes int `split_words:"true" default:"1048576" desc:"largest record written, gk- headers included (at most the output topics' max.message.bytes); a larger event is dead-lettered, without its value if need be"`
 	// BatchWait bounds how long a batch waits to fill.

@@ -122,7 +122,7 @@ func TestConfigDefaults(t *testing.T) {
 		BatchSize:           500,
 		RetryLookahead:      10000,
 		BatchBytes:          4 << 20,
-		RetryLookaheadBytes: 8 << 20,
+		RetryLookaheadBytes: 1 << 20,
 		MaxMessageBytes:     1 << 20,
 		BatchWait:           50 * time.Millisecond,
 		ShutdownGrace:       25 * time.Second,

@@ -225,7 +225,7 @@ func demoConfig(conn demoConn, brokers, redisAddrs []string, n demoNames) *Confi
 		BatchSize:           500,
 		RetryLookahead:      10000,
 		BatchBytes:          4 << 20,
-		RetryLookaheadBytes: 8 << 20,
+		RetryLookaheadBytes: 1 << 20,
 		MaxMessageBytes:     1 << 20,
 		BatchWait:           20 * time.Millisecond,
 		ShutdownGrace:       15 * time.Second,

@@ -7,12 +7,21 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
+// Per-message and per-header costs beyond the bytes of key, value and
+// headers: the kafka.Message struct, each header's struct and the slice and
+// allocation headers, as a Go heap holds them (measured roughly; budgets
+// stay estimates).
+const (
+	messageOverhead = 192
+	headerOverhead  = 48
+)
+
 // messageBytes is what a fetched message costs in memory, as budgets count
-// it: its key, value and headers.
+// it: its key, value and headers, plus their overhead on the heap.
 func messageBytes(m kafka.Message) int {
-	n := len(m.Key) + len(m.Value)
+	n := messageOverhead + len(m.Key) + len(m.Value)
 	for _, h := range m.Headers {
-		n += len(h.Key) + len(h.Value)
+		n += headerOverhead + len(h.Key) + len(h.Value)
 	}
 	return n
 }

@@ -224,13 +224,13 @@ func TestDelayedLookAheadBound(t *testing.T) {
 func TestDelayedLookAheadBytesBound(t *testing.T) {
 	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	f := &releasingFetcher{at: t0.Add(time.Hour), valueSize: 1000}
-	h := startDelayedWith(t, f, t0, func(dc *DelayedConfig) { dc.LookAhead, dc.LookAheadBytes = 1000, 4500 }, 0)
+	h := startDelayedWith(t, f, t0, func(dc *DelayedConfig) { dc.LookAhead, dc.LookAheadBytes = 1000, 6000 }, 0)
 
 	eventually(t, 5*time.Second, "look-ahead filled", func() bool { return f.served.Load() == 5 })
 	h.waitAsleepUntil(t, t0.Add(time.Hour))
 	time.Sleep(20 * time.Millisecond) // give a wrong implementation the chance to overfetch
 	if got := f.served.Load(); got != 5 {
-		t.Fatalf("fetched %d messages of about 1 KB with a 4,500-byte look-ahead, want 5", got)
+		t.Fatalf("fetched %d messages of about 1.26 KB (1,000-byte values and the heap overhead) with a 6,000-byte look-ahead, want 5", got)
 	}
 	f.setRelease(t0)
 	h.clock.Set(t0.Add(time.Hour))
