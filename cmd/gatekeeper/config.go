@@ -84,6 +84,13 @@ type Config struct {
 	// RetryLookahead bounds the deferred events the retry role holds in
 	// memory per retry-tier partition.
 	RetryLookahead int `split_words:"true" default:"10000" desc:"most deferred events held in memory per retry-tier partition while they wait for their release time (memory: about this many times the partitions of the retry tiers times the event size, with headers)"`
+	// BatchBytes bounds the bytes of one source batch.
+	BatchBytes int `split_words:"true" default:"4194304" desc:"most bytes (keys, values, headers and their overhead on the heap) of one partition's source events decided in one batch; a batch holds at least one event"`
+	// RetryLookaheadBytes bounds the bytes of the deferred events the retry
+	// role holds per retry-tier partition.
+	RetryLookaheadBytes int `split_words:"true" default:"1048576" desc:"most bytes of deferred events held in memory per retry-tier partition (keys, values, headers and their overhead on the heap); fetching pauses while they are held"`
+	// MaxMessageBytes is the largest record Gatekeeper writes.
+	MaxMessageBytes int `split_words:"true" default:"1048576" desc:"largest record written, gk- headers included (at most the output topics' max.message.bytes); a larger event is dead-lettered, without its value if need be"`
 	// BatchWait bounds how long a batch waits to fill.
 	BatchWait time.Duration `split_words:"true" default:"50ms" desc:"longest a batch waits to fill"`
 	// ShutdownGrace bounds the drain after SIGTERM.
@@ -296,6 +303,9 @@ func (c *Config) Validate() error {
 			}
 			return nil
 		},
+		func() error { return inRange("BATCH_BYTES", c.BatchBytes, 1024, 1<<30) },
+		func() error { return inRange("RETRY_LOOKAHEAD_BYTES", c.RetryLookaheadBytes, 1024, 1<<30) },
+		func() error { return inRange("MAX_MESSAGE_BYTES", c.MaxMessageBytes, 1024, 100<<20) },
 		func() error { return positive("BATCH_WAIT", c.BatchWait) },
 		func() error { return positive("SHUTDOWN_GRACE", c.ShutdownGrace) },
 		func() error { return positive("REDIS_TIMEOUT", c.RedisTimeout) },
@@ -320,6 +330,14 @@ func (c *Config) Validate() error {
 func positive(variable string, d time.Duration) error {
 	if d <= 0 {
 		return bad(variable, "%s must be positive", d)
+	}
+	return nil
+}
+
+// inRange checks that a count or size is from lo to hi.
+func inRange(variable string, v, lo, hi int) error {
+	if v < lo || v > hi {
+		return bad(variable, "%d is not from %d to %d", v, lo, hi)
 	}
 	return nil
 }

@@ -42,6 +42,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/route"
 )
 
 // version is set at build time: -ldflags "-X main.version=v1.2.3".
@@ -267,6 +268,7 @@ type state struct {
 	paused   atomic.Bool // consumption paused (Redis trouble, ON_REDIS_ERROR=pause)
 	draining atomic.Bool // shutting down
 	joined   atomic.Pointer[[]func() bool]
+	router   atomic.Pointer[route.Router]
 }
 
 // serve builds everything in dependency order and runs the HTTP server, the
@@ -365,6 +367,12 @@ func serve(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			}
 			return nil
 		}},
+		{Name: "writes", Check: func(context.Context) error {
+			if r := st.router.Load(); r != nil && r.WritesFailing() > 0 {
+				return fmt.Errorf("%d batches' Kafka writes keep failing (their partitions wait; see the log)", r.WritesFailing())
+			}
+			return nil
+		}},
 		{Name: "shutdown", Check: func(context.Context) error {
 			if st.draining.Load() {
 				return errors.New("shutting down")
@@ -427,6 +435,7 @@ func serve(ctx context.Context, cfg *Config, log *slog.Logger) error {
 				Transport:  transport,
 				Paused:     &st.paused,
 				Joined:     &st.joined,
+				Router:     &st.router,
 			})
 		})
 		return pg.Wait()
@@ -500,4 +509,7 @@ type pipeline struct {
 	// Joined, if set, receives the consumer groups' "joined" checks, for
 	// /readyz.
 	Joined *atomic.Pointer[[]func() bool]
+	// Router, if set, receives the router, whose failing writes /readyz
+	// reports.
+	Router *atomic.Pointer[route.Router]
 }

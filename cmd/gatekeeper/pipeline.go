@@ -57,7 +57,12 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		Help: "Retry-tier commits whose set of handled offsets beyond the committed one did not fit in the " +
 			"offset metadata (4096 bytes); a new owner of the partition would handle the rest again.",
 	}, []string{"topic"})
-	for _, c := range []prometheus.Collector{waiting, lateness, lag, skipped, truncated} {
+	offsetsLost := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "gatekeeper_offsets_lost_total",
+		Help: "Offsets Kafka deleted (retention) before Gatekeeper consumed them: the events there are lost. " +
+			"Each jump is also an error log line.",
+	}, []string{"topic"})
+	for _, c := range []prometheus.Collector{waiting, lateness, lag, skipped, truncated, offsetsLost} {
 		if err := p.Registerer.Register(c); err != nil {
 			return fmt.Errorf("pipeline metrics: %w", err)
 		}
@@ -67,8 +72,12 @@ func startPipeline(ctx context.Context, p pipeline) error {
 	if err := waitForTopics(ctx, p, pipelineTopics(cfg, topics)); err != nil || ctx.Err() != nil {
 		return err
 	}
+	if err := verifyTopicLimits(ctx, p, topics); err != nil {
+		return err
+	}
 	writer := route.NewKafkaWriter(cfg.KafkaBrokers, route.WriterOptions{
 		Transport:    p.Transport,
+		BatchBytes:   int64(cfg.MaxMessageBytes),
 		WriteTimeout: cfg.KafkaTimeout,
 		ReadTimeout:  cfg.KafkaTimeout,
 		Logger:       p.Log,
@@ -80,6 +89,11 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		Clock:   clock,
 		Logger:  p.Log,
 		Metrics: routeMetrics,
+
+		MaxMessageBytes: cfg.MaxMessageBytes,
+	}
+	if p.Router != nil {
+		p.Router.Store(router)
 	}
 	setReady := func(ready bool) { p.Paused.Store(!ready) }
 	// A shadow deployment must never stop traffic: it forwards everything.
@@ -92,6 +106,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		Brokers:          cfg.KafkaBrokers,
 		GroupID:          cfg.GroupID,
 		BatchSize:        cfg.BatchSize,
+		BatchBytes:       cfg.BatchBytes,
 		BatchWait:        cfg.BatchWait,
 		DrainTimeout:     min(cfg.ShutdownGrace, rebalanceTimeout-time.Second),
 		Timeout:          cfg.KafkaTimeout,
@@ -102,6 +117,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		Dialer:            p.Dialer,
 		Transport:         p.Transport,
 		Logger:            p.Log,
+		OnOffsetsLost:     func(topic string, _ int, n int64) { offsetsLost.WithLabelValues(topic).Add(float64(n)) },
 		OnLag: func(topic string, partition int, n int64) {
 			lag.WithLabelValues(topic, fmt.Sprint(partition)).Set(float64(n))
 		},
@@ -152,10 +168,11 @@ func startPipeline(ctx context.Context, p pipeline) error {
 			return fmt.Errorf("retrier: %w", err)
 		}
 		dc := consume.DelayedConfig{
-			Config:    group,
-			LookAhead: cfg.RetryLookahead,
-			ReleaseAt: router.Topics.ReleaseAt,
-			OnWaiting: func(topic string, delta int) { waiting.WithLabelValues(topic).Add(float64(delta)) },
+			Config:         group,
+			LookAhead:      cfg.RetryLookahead,
+			LookAheadBytes: cfg.RetryLookaheadBytes,
+			ReleaseAt:      router.Topics.ReleaseAt,
+			OnWaiting:      func(topic string, delta int) { waiting.WithLabelValues(topic).Add(float64(delta)) },
 			OnLateness: func(topic string, late time.Duration) {
 				lateness.WithLabelValues(topic).Observe(late.Seconds())
 			},

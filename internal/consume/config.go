@@ -40,6 +40,10 @@ type Config struct {
 
 	// BatchSize is the most messages handed to the Handler at once.
 	BatchSize int
+	// BatchBytes, if positive, bounds the bytes (keys, values and headers)
+	// of a batch Group hands over: a batch ends once it holds this many.
+	// A batch holds at least one message, whatever its size.
+	BatchBytes int
 	// BatchWait is how long Group waits, after the first message of a batch,
 	// for more messages to fill it. Delayed does not wait: it hands over
 	// whatever is due.
@@ -89,6 +93,11 @@ type Config struct {
 	Logger *slog.Logger
 	// Clock is the time source for release times (default: package time).
 	Clock Clock
+
+	// OnOffsetsLost, if set, is called when a partition's offsets jump over
+	// events Kafka deleted before they were consumed (retention), with the
+	// number of offsets lost. Called from partition goroutines, concurrently.
+	OnOffsetsLost func(topic string, partition int, lost int64)
 
 	// OnLag, if set, is called after each commit with the number of messages
 	// of the partition beyond the committed offset, as of the last fetch.
@@ -158,6 +167,9 @@ func (c Config) Validate() error {
 	if c.BatchSize < 0 {
 		return fmt.Errorf("consume: batch size %d is negative", c.BatchSize)
 	}
+	if c.BatchBytes < 0 {
+		return fmt.Errorf("consume: batch bytes %d is negative", c.BatchBytes)
+	}
 	if c.MaxBytes < 0 {
 		return fmt.Errorf("consume: max bytes %d is negative", c.MaxBytes)
 	}
@@ -204,6 +216,10 @@ type DelayedConfig struct {
 	// LookAhead is the most messages per partition fetched and not yet
 	// handed to the Handler; when it is reached, fetching pauses.
 	LookAhead int
+	// LookAheadBytes, if positive, bounds the same messages by their bytes
+	// (keys, values and headers): fetching pauses once they hold this many,
+	// so a partition holds at most this plus one message.
+	LookAheadBytes int
 	// MetadataMax bounds the offset metadata of a commit, which carries
 	// the offsets done beyond the committed one to the partition's next
 	// owner (default DefaultMetadataMax, Kafka's default
@@ -248,6 +264,9 @@ func (c DelayedConfig) Validate() error {
 	}
 	if c.LookAhead < 0 {
 		return fmt.Errorf("consume: look-ahead %d is negative", c.LookAhead)
+	}
+	if c.LookAheadBytes < 0 {
+		return fmt.Errorf("consume: look-ahead bytes %d is negative", c.LookAheadBytes)
 	}
 	if c.MetadataMax < 0 {
 		return fmt.Errorf("consume: metadata max %d is negative", c.MetadataMax)

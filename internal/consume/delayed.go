@@ -72,16 +72,16 @@ func (d *Delayed) Ready() bool { return d.m.ready.Load() }
 
 // runDelayed is the partition loop of Delayed.
 func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
-	// slots bounds the messages fetched and not yet handled: the fetch
-	// goroutine takes a slot before each fetch; a slot is given back when
-	// its message has been handled.
-	slots := make(chan struct{}, c.LookAhead)
+	// room bounds the messages fetched and not yet handled, by count and
+	// bytes: the fetch goroutine waits for room before each fetch; room is
+	// given back when a message has been handled.
+	room := newBudget(c.LookAhead, c.LookAheadBytes)
 	in := make(chan kafka.Message, min(c.LookAhead, p.cfg.BatchSize))
 	fctx, fcancel := context.WithCancel(stop)
 	fetched := make(chan struct{})
 	go func() {
 		defer close(fetched)
-		p.fetchAhead(fctx, slots, in)
+		p.fetchAhead(fctx, room, in)
 	}()
 	defer func() {
 		fcancel()
@@ -107,7 +107,7 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 		p.hwm = m.HighWaterMark
 		if !tr.add(m.Offset) {
 			// The previous owner handled it: it is done.
-			<-slots
+			room.give(1, messageBytes(m))
 			if c.OnSkipped != nil {
 				c.OnSkipped(p.topic, 1)
 			}
@@ -156,9 +156,11 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 				}
 			}
 			tr.done(offsets...)
-			for range due {
-				<-slots
+			size := 0
+			for _, m := range msgs {
+				size += messageBytes(m)
 			}
+			room.give(len(msgs), size)
 			if next, ok := tr.commitPoint(); ok {
 				meta, left := encodeDone(next, tr.doneBeyond(), c.MetadataMax)
 				if left > 0 {
@@ -197,18 +199,15 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 	}
 }
 
-// fetchAhead fetches messages into in, taking a slot before each fetch,
+// fetchAhead fetches messages into in, waiting for room before each fetch,
 // until ctx is done.
-func (p *partition) fetchAhead(ctx context.Context, slots chan struct{}, in chan<- kafka.Message) {
+func (p *partition) fetchAhead(ctx context.Context, room *budget, in chan<- kafka.Message) {
 	for attempt := 0; ; {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
+		if !room.wait(ctx) {
 			return
 		}
 		m, err := p.fetcher.FetchMessage(ctx)
 		if err != nil {
-			<-slots // nothing was fetched: give the slot back
 			if ctx.Err() != nil || !p.fetchFailed(ctx, attempt, err) {
 				return
 			}
@@ -216,6 +215,8 @@ func (p *partition) fetchAhead(ctx context.Context, slots chan struct{}, in chan
 			continue
 		}
 		attempt = 0
+		p.gaps.fetched(ctx, m.Offset)
+		room.take(messageBytes(m))
 		select {
 		case in <- m:
 		case <-ctx.Done():

@@ -51,6 +51,12 @@ type delayedHarness struct {
 
 func startDelayed(t *testing.T, f fetcher, t0 time.Time, lookAhead int, failures int) *delayedHarness {
 	t.Helper()
+	return startDelayedWith(t, f, t0, func(dc *DelayedConfig) { dc.LookAhead = lookAhead }, failures)
+}
+
+// startDelayedWith is startDelayed with the DelayedConfig set by mutate.
+func startDelayedWith(t *testing.T, f fetcher, t0 time.Time, mutate func(*DelayedConfig), failures int) *delayedHarness {
+	t.Helper()
 	h := &delayedHarness{clock: newFakeClock(t0), commits: &commits{}, done: make(chan struct{}), failures: failures}
 	handler := HandlerFunc(func(_ context.Context, ms []kafka.Message) error {
 		h.mu.Lock()
@@ -73,10 +79,11 @@ func startDelayed(t *testing.T, f fetcher, t0 time.Time, lookAhead int, failures
 	dc := DelayedConfig{
 		Config:     *p.cfg,
 		ReleaseAt:  releaseAtHeader,
-		LookAhead:  lookAhead,
 		OnWaiting:  func(_ string, d int) { h.waiting.Add(int64(d)) },
 		OnLateness: func(_ string, d time.Duration) { h.late = append(h.late, d) },
-	}.withDefaults()
+	}
+	mutate(&dc)
+	dc = dc.withDefaults()
 	stop, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	go func() {
@@ -212,11 +219,30 @@ func TestDelayedLookAheadBound(t *testing.T) {
 	eventually(t, 5*time.Second, "fetching resumed", func() bool { return f.served.Load() > 20 })
 }
 
+// With LookAheadBytes held by waiting messages, fetching pauses until one
+// is released: the bytes held exceed the budget by one message at most.
+func TestDelayedLookAheadBytesBound(t *testing.T) {
+	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	f := &releasingFetcher{at: t0.Add(time.Hour), valueSize: 1000}
+	h := startDelayedWith(t, f, t0, func(dc *DelayedConfig) { dc.LookAhead, dc.LookAheadBytes = 1000, 6000 }, 0)
+
+	eventually(t, 5*time.Second, "look-ahead filled", func() bool { return f.served.Load() == 5 })
+	h.waitAsleepUntil(t, t0.Add(time.Hour))
+	time.Sleep(20 * time.Millisecond) // give a wrong implementation the chance to overfetch
+	if got := f.served.Load(); got != 5 {
+		t.Fatalf("fetched %d messages of about 1.26 KB (1,000-byte values and the heap overhead) with a 6,000-byte look-ahead, want 5", got)
+	}
+	f.setRelease(t0)
+	h.clock.Set(t0.Add(time.Hour))
+	eventually(t, 5*time.Second, "fetching resumed", func() bool { return f.served.Load() > 20 })
+}
+
 // releasingFetcher serves an endless run of messages released at at.
 type releasingFetcher struct {
 	genFetcher
-	mu sync.Mutex
-	at time.Time
+	mu        sync.Mutex
+	at        time.Time
+	valueSize int // bytes of each message's value
 }
 
 func (f *releasingFetcher) setRelease(at time.Time) {
@@ -232,6 +258,9 @@ func (f *releasingFetcher) FetchMessage(ctx context.Context) (kafka.Message, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.valueSize > 0 {
+		m.Value = make([]byte, f.valueSize)
+	}
 	return withRelease(m, f.at), nil
 }
 

@@ -82,23 +82,28 @@ func (p *partition) runBatches(stop, hctx context.Context) {
 }
 
 // fetchBatch waits for one message, then gathers more until the batch holds
-// BatchSize messages or BatchWait has passed since the first one. Messages
-// come in offset order.
+// BatchSize messages or BatchBytes bytes, or BatchWait has passed since the
+// first one. Messages come in offset order.
 func (p *partition) fetchBatch(stop context.Context) ([]kafka.Message, error) {
 	first, err := p.fetcher.FetchMessage(stop)
 	if err != nil {
 		return nil, err
 	}
+	p.gaps.fetched(stop, first.Offset)
 	// The previous batch's slice is reused: Handlers keep no reference to
 	// msgs once Handle returns.
 	batch := append(p.buf[:0], first)
 	defer func() { p.buf = batch }()
-	if len(batch) >= p.cfg.BatchSize {
+	size := messageBytes(first)
+	full := func() bool {
+		return len(batch) >= p.cfg.BatchSize || (p.cfg.BatchBytes > 0 && size >= p.cfg.BatchBytes)
+	}
+	if full() {
 		return batch, nil
 	}
 	wait, cancel := context.WithTimeout(stop, p.cfg.BatchWait)
 	defer cancel()
-	for len(batch) < p.cfg.BatchSize {
+	for !full() {
 		m, err := p.fetcher.FetchMessage(wait)
 		if err != nil {
 			// kafka-go keeps an unfetched message queued when the context
@@ -108,7 +113,9 @@ func (p *partition) fetchBatch(stop context.Context) ([]kafka.Message, error) {
 			}
 			break
 		}
+		p.gaps.fetched(stop, m.Offset)
 		batch = append(batch, m)
+		size += messageBytes(m)
 	}
 	return batch, nil
 }

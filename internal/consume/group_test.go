@@ -14,11 +14,15 @@ import (
 
 func TestFetchBatchBounds(t *testing.T) {
 	tests := []struct {
-		name      string
-		available int
-		batchSize int
-		want      []int // batch sizes
+		name       string
+		available  int
+		batchSize  int
+		batchBytes int
+		valueSize  int
+		want       []int // batch sizes
 	}{
+		{name: "bytes bound", available: 10, batchSize: 500, batchBytes: 3000, valueSize: 1000, want: []int{3, 3, 3, 1}},
+		{name: "one message over the bytes bound", available: 2, batchSize: 500, batchBytes: 100, valueSize: 1000, want: []int{1, 1}},
 		{name: "size bound", available: 1200, batchSize: 500, want: []int{500, 500, 200}},
 		{name: "wait bound", available: 3, batchSize: 500, want: []int{3}},
 		{name: "batch of one", available: 3, batchSize: 1, want: []int{1, 1, 1}},
@@ -28,9 +32,12 @@ func TestFetchBatchBounds(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f := &chanFetcher{ch: make(chan kafka.Message, tt.available)}
 			for _, m := range msgs(0, int64(tt.available)) {
+				if tt.valueSize > 0 {
+					m.Value = make([]byte, tt.valueSize)
+				}
 				f.ch <- m
 			}
-			p := testPartition(f, nil, &commits{}, func(c *Config) { c.BatchSize = tt.batchSize })
+			p := testPartition(f, nil, &commits{}, func(c *Config) { c.BatchSize, c.BatchBytes = tt.batchSize, tt.batchBytes })
 			var got []int
 			var next int64
 			for range tt.want {

@@ -207,6 +207,7 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 		committedMeta: meta,
 		hwm:           -1,
 	}
+	p.gaps = newGapCheck(p, pa.Offset, m.client)
 	if meta != "" {
 		done, err := decodeDone(meta, pa.Offset)
 		if err != nil {

@@ -29,6 +29,7 @@ type partition struct {
 	hwm           int64           // high watermark as of the last fetched message, -1 for none
 	buf           []kafka.Message // the batch slice, reused by fetchBatch
 	inherited     []offsetRange   // done by the previous owner beyond committed (Delayed)
+	gaps          *gapCheck       // watches for offsets deleted before they were consumed; nil in unit tests
 }
 
 // handle calls the Handler with msgs until it returns nil (true), or until

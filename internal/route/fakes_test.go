@@ -148,10 +148,13 @@ func counterValue(t *testing.T, c prometheus.Collector) float64 {
 		if err := m.Write(&pb); err != nil {
 			t.Fatal(err)
 		}
-		total += pb.GetCounter().GetValue()
+		total += pb.GetCounter().GetValue() + pb.GetGauge().GetValue()
 	}
 	return total
 }
+
+// gaugeValue is counterValue for gauges (it sums both kinds).
+func gaugeValue(t *testing.T, c prometheus.Collector) float64 { return counterValue(t, c) }
 
 func newTestMetrics(t *testing.T) *Metrics {
 	t.Helper()

@@ -36,6 +36,13 @@ type Metrics struct {
 	RedisUnchecked prometheus.Counter
 	// BatchSize observes the number of events per handled batch.
 	BatchSize prometheus.Histogram
+	// Oversized counts events that would have been larger than
+	// MaxMessageBytes where they were going, by that topic; they went to the
+	// dead-letter topic instead.
+	Oversized *prometheus.CounterVec
+	// WritesFailing is the number of batches whose write has failed several
+	// times in a row and is still being retried.
+	WritesFailing prometheus.Gauge
 }
 
 // NewMetrics builds the collectors and registers them with reg; a nil reg
@@ -68,11 +75,21 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:      "Events per handled batch.",
 			Buckets:   []float64{1, 5, 10, 25, 50, 100, 250, 500, 1000},
 		}),
+		Oversized: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gatekeeper",
+			Name:      "oversized_total",
+			Help:      "Events too large (MAX_MESSAGE_BYTES) for the topic they were going to, by that topic; dead-lettered instead, without their value if need be.",
+		}, []string{"topic"}),
+		WritesFailing: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "gatekeeper",
+			Name:      "writes_failing",
+			Help:      "Batches whose Kafka write has failed several times in a row and is being retried (their partition does not progress).",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.Decisions, m.EventsIn, m.EventsOut, m.RedisUnchecked, m.BatchSize} {
+	for _, c := range []prometheus.Collector{m.Decisions, m.EventsIn, m.EventsOut, m.RedisUnchecked, m.BatchSize, m.Oversized, m.WritesFailing} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register route metrics: %w", err)
 		}
@@ -118,5 +135,17 @@ func countTopics(c *prometheus.CounterVec, msgs []kafka.Message) {
 		}
 		c.WithLabelValues(msgs[i].Topic).Add(float64(j - i))
 		i = j
+	}
+}
+
+func (m *Metrics) oversized(topic string) {
+	if m != nil {
+		m.Oversized.WithLabelValues(topic).Inc()
+	}
+}
+
+func (m *Metrics) writesFailing(delta float64) {
+	if m != nil {
+		m.WritesFailing.Add(delta)
 	}
 }

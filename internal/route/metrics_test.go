@@ -35,6 +35,7 @@ func TestNewMetricsNames(t *testing.T) {
 	m.EventsOut.WithLabelValues("t").Inc()
 	m.RedisUnchecked.Inc()
 	m.BatchSize.Observe(3)
+	m.oversized("t")
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +45,7 @@ func TestNewMetricsNames(t *testing.T) {
 		got = append(got, f.GetName())
 	}
 	want := []string{"gatekeeper_batch_size", "gatekeeper_decisions_total", "gatekeeper_events_in_total",
-		"gatekeeper_events_out_total", "gatekeeper_redis_unchecked_total"}
+		"gatekeeper_events_out_total", "gatekeeper_oversized_total", "gatekeeper_redis_unchecked_total", "gatekeeper_writes_failing"}
 	if len(got) != len(want) {
 		t.Fatalf("got families %v, want %v", got, want)
 	}

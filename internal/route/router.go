@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -264,7 +265,24 @@ type Router struct {
 	Logger *slog.Logger
 	// Metrics, if set, counts written events per topic.
 	Metrics *Metrics
+	// MaxMessageBytes, if positive, is the largest record the Router writes
+	// (GATEKEEPER_MAX_MESSAGE_BYTES; at most the output topics'
+	// max.message.bytes). An event that would be larger where it is going,
+	// its gk- headers included, goes to the dead-letter topic instead, without
+	// its value (and then its key and other headers) if that is what it takes.
+	MaxMessageBytes int
+
+	failing atomic.Int64 // batches whose write keeps failing
 }
+
+// writeFailingAfter is the number of failed attempts after which a batch's
+// write counts as failing (WritesFailing, gatekeeper_writes_failing).
+const writeFailingAfter = 3
+
+// WritesFailing returns the number of batches whose write has failed
+// writeFailingAfter times or more in a row and is still being retried: their
+// partitions do not progress. Readiness reports it.
+func (r *Router) WritesFailing() int64 { return r.failing.Load() }
 
 // Build returns the messages Route would write for items, in item order.
 // It returns an error if an item has no valid outcome.
@@ -305,9 +323,52 @@ func (r *Router) build(items []Item, out []kafka.Message) error {
 			return fmt.Errorf("item %d (topic %s partition %d offset %d): outcome %d is not valid",
 				i, it.Msg.Topic, it.Msg.Partition, it.Msg.Offset, it.Outcome)
 		}
+		if r.MaxMessageBytes > 0 {
+			if size := RecordSize(m); size > r.MaxMessageBytes {
+				m = r.oversized(it.Msg, m, fmt.Sprintf("event too large for %s: %d bytes with its headers, over MAX_MESSAGE_BYTES %d", m.Topic, size, r.MaxMessageBytes))
+			}
+		}
 		out[i] = m
 	}
 	return nil
+}
+
+// RecordSize is an upper bound of the bytes m takes in a Kafka record batch
+// of its own (the unit the brokers' max.message.bytes limits): the batch
+// header, the record's fields with their length prefixes, key, value and
+// headers.
+func RecordSize(m kafka.Message) int {
+	const batchOverhead, recordOverhead, perField = 61, 21, 5
+	n := batchOverhead + recordOverhead + len(m.Key) + len(m.Value) + 2*perField
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value) + 2*perField
+	}
+	return n
+}
+
+// oversized returns the dead-letter version of m (built from src) that is
+// too large to be written where it was going: gk-reason says why; the value
+// is dropped if the event is still too large, then its key and non-gk
+// headers. Its gk- headers (origin, tenant, reason) are always kept, so the
+// event can be traced. It is counted and logged.
+func (r *Router) oversized(src, m kafka.Message, reason string) kafka.Message {
+	r.Metrics.oversized(m.Topic)
+	if prev, ok := lastHeader(m.Headers, HeaderReason); ok && m.Topic == r.Topics.DLQ {
+		reason = prev + "; " + reason
+	}
+	dl := WithReason(m, reason)
+	dl.Topic = r.Topics.DLQ
+	kept := "everything"
+	if RecordSize(dl) > r.MaxMessageBytes {
+		dl.Value, kept = nil, "no value"
+	}
+	if RecordSize(dl) > r.MaxMessageBytes {
+		dl.Key, kept = nil, "gk- headers only"
+		dl = withHeaders(dl, func(k string) bool { return !isGK(k) })
+	}
+	r.logger().Warn("event too large, dead-lettered", "topic", src.Topic, "partition", src.Partition, "offset", src.Offset,
+		"to", m.Topic, "size", RecordSize(m), "max_message_bytes", r.MaxMessageBytes, "kept", kept)
+	return dl
 }
 
 // Route writes the output messages of items in one WriteMessages call. If
@@ -331,7 +392,19 @@ func (r *Router) Route(ctx context.Context, items []Item) error {
 
 func (r *Router) write(ctx context.Context, msgs []kafka.Message) error {
 	pending := msgs
+	failing := false
+	defer func() {
+		if failing {
+			r.failing.Add(-1)
+			r.Metrics.writesFailing(-1)
+		}
+	}()
 	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt == writeFailingAfter {
+			failing = true
+			r.failing.Add(1)
+			r.Metrics.writesFailing(1)
+		}
 		err := r.Writer.WriteMessages(ctx, pending...)
 		if err == nil {
 			return nil
@@ -344,19 +417,22 @@ func (r *Router) write(ctx context.Context, msgs []kafka.Message) error {
 			failed := make([]kafka.Message, 0, werrs.Count())
 			for i, e := range werrs {
 				if e != nil {
-					failed = append(failed, pending[i])
+					failed = append(failed, r.refused(pending[i], e))
 				}
 			}
 			pending = failed
 			if len(pending) == 0 {
 				return nil
 			}
+		} else if len(pending) == 1 {
+			pending[0] = r.refused(pending[0], err)
 		}
 		wait := r.Backoff.delay(attempt)
 		level := slog.LevelWarn
 		if tooLarge(err, werrs) {
-			// Retrying will not help until an operator raises the size limit,
-			// but dropping the event is not an option either.
+			// A record the broker refuses even in the dead-letter topic
+			// without its value: retrying will not help until an operator
+			// raises the size limit, but dropping it is not an option either.
 			level = slog.LevelError
 		}
 		r.logger().Log(ctx, level, "kafka write failed, retrying",
@@ -367,6 +443,25 @@ func (r *Router) write(ctx context.Context, msgs []kafka.Message) error {
 		}
 	}
 	return nil
+}
+
+// refused returns what to write again after the broker refused m with err:
+// m itself, unless the broker found it too large (its topic's
+// max.message.bytes is below MAX_MESSAGE_BYTES): then its dead-letter
+// version without its value, once.
+func (r *Router) refused(m kafka.Message, err error) kafka.Message {
+	if !errors.Is(err, kafka.MessageSizeTooLarge) || (m.Topic == r.Topics.DLQ && m.Value == nil) {
+		return m
+	}
+	r.Metrics.oversized(m.Topic)
+	reason := fmt.Sprintf("event refused by Kafka as too large for %s (%d bytes with its headers): its max.message.bytes is below MAX_MESSAGE_BYTES", m.Topic, RecordSize(m))
+	if prev, ok := lastHeader(m.Headers, HeaderReason); ok && m.Topic == r.Topics.DLQ {
+		reason = prev + "; " + reason
+	}
+	dl := WithReason(m, reason)
+	dl.Topic, dl.Value = r.Topics.DLQ, nil
+	r.logger().Warn("event refused by Kafka as too large, dead-lettered without its value", "to", m.Topic, "size", RecordSize(m))
+	return dl
 }
 
 func tooLarge(err error, werrs kafka.WriteErrors) bool {

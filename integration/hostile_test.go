@@ -1,0 +1,77 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// An event whose gk- headers push it over MAX_MESSAGE_BYTES once deferred
+// is dead-lettered without its value, with its origin and the reason, and
+// the events behind it on the same partition still go through: one large
+// event cannot wedge a partition.
+func TestHostileOversizedDeferralDoesNotWedge(t *testing.T) {
+	t.Parallel()
+	f := newFlow(t, 1)
+	env := f.env(t, "GATEKEEPER_LIMITS", "big=1/1h;*=100/1m", "GATEKEEPER_MAX_MESSAGE_BYTES", "20000")
+	p := startGatekeeper(t, "gk", env)
+	p.waitReady(90 * time.Second)
+
+	large := bytes.Repeat([]byte("x"), 19700)
+	produce(t, f.Source, []kafka.Message{
+		{Key: []byte("big"), Value: large},                     // admitted: fits downstream with its origin headers
+		{Key: []byte("big"), Value: large},                     // deferred: the deferral headers push it over
+		{Key: []byte("small"), Value: []byte("behind it")},     // same partition, after it
+		{Key: []byte("small"), Value: []byte("behind it too")}, // and another
+	})
+	var o outputs
+	waitFor(t, 60*time.Second, "downstream and dead letter", func() (bool, string) {
+		o = readOutputs(t, f)
+		return len(o.down) == 3 && len(o.dlq) == 1, o.String()
+	})
+	dl := o.dlq[0]
+	reason := header(dl, "gk-reason")
+	if dl.Value != nil || !strings.Contains(reason, "too large") || header(dl, "gk-origin-offset") != "1" {
+		t.Errorf("dead letter: value %d bytes, gk-reason %q, gk-origin-offset %q; want no value, a size reason, offset 1",
+			len(dl.Value), reason, header(dl, "gk-origin-offset"))
+	}
+	if n := opsCountKey(o.down, "small"); n != 2 {
+		t.Errorf("%d events behind the large one reached downstream, want 2", n)
+	}
+	if got := p.metric(t, "gatekeeper_oversized_total"); got != 1 {
+		t.Errorf("gatekeeper_oversized_total = %v, want 1", got)
+	}
+}
+
+// A deferral horizon longer than the last retry tier keeps events stops
+// start-up with one line naming the variable, the topic and its retention.
+func TestHostileHorizonPastRetention(t *testing.T) {
+	t.Parallel()
+	f := newFlow(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := adminClient().IncrementalAlterConfigs(ctx, &kafka.IncrementalAlterConfigsRequest{
+		Resources: []kafka.IncrementalAlterConfigsRequestResource{{
+			ResourceType: kafka.ResourceTypeTopic, ResourceName: f.Retry + ".long",
+			Configs: []kafka.IncrementalAlterConfigsRequestConfig{{Name: "retention.ms", Value: "3600000", ConfigOperation: kafka.ConfigOperationSet}},
+		}},
+	})
+	if err != nil {
+		t.Fatalf("alter retention.ms: %v", err)
+	}
+	for _, r := range res.Resources {
+		if r.Error != nil {
+			t.Fatalf("alter retention.ms of %s: %v", r.ResourceName, r.Error)
+		}
+	}
+	env := f.env(t, "GATEKEEPER_LIMITS", "*=10/1m", "GATEKEEPER_DEFER_HORIZON", "24h")
+	_, stderr, code := opsRun(t, env, "run")
+	if code == 0 || !strings.Contains(stderr, "GATEKEEPER_DEFER_HORIZON") || !strings.Contains(stderr, f.Retry+".long") ||
+		!strings.Contains(stderr, "1h0m0s") {
+		t.Errorf("exit %d, stderr:\n%s\nwant a non-zero exit and a line naming GATEKEEPER_DEFER_HORIZON, %s.long and its 1h retention", code, stderr, f.Retry)
+	}
+}
