@@ -14,6 +14,7 @@ import (
 	"github.com/kelseyhightower/envconfig"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/route"
 )
 
 // envPrefix starts every configuration variable.
@@ -230,7 +231,7 @@ func (c *Config) Validate() error {
 			return nil
 		},
 		func() error {
-			if err := checkTenantFrom(c.TenantFrom); err != nil {
+			if _, err := route.ParseTenantFrom(c.TenantFrom); err != nil {
 				return bad("TENANT_FROM", "%v", err)
 			}
 			return nil
@@ -432,29 +433,6 @@ func (c *Config) retryTopics() []string {
 		out = append(out, c.RetryTopic+s)
 	}
 	return out
-}
-
-// checkTenantFrom checks the syntax of TENANT_FROM: key, header:<name> or
-// json:<dot.path>. It mirrors the route package's parser, which decides.
-func checkTenantFrom(spec string) error {
-	switch {
-	case spec == "key":
-		return nil
-	case strings.HasPrefix(spec, "header:"):
-		if strings.TrimPrefix(spec, "header:") == "" {
-			return fmt.Errorf("%q: header name is empty", spec)
-		}
-		return nil
-	case strings.HasPrefix(spec, "json:"):
-		path := strings.TrimPrefix(spec, "json:")
-		for _, p := range strings.Split(path, ".") {
-			if p == "" {
-				return fmt.Errorf("%q: json path has an empty segment", spec)
-			}
-		}
-		return nil
-	}
-	return fmt.Errorf("%q is not key, header:<name> or json:<dot.path>", spec)
 }
 
 func (c *Config) checkLimits() error {

@@ -232,6 +232,7 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "TENANT_FROM", "header:"), "TENANT_FROM"},
 		{with(minimal(), "TENANT_FROM", "json:"), "TENANT_FROM"},
 		{with(minimal(), "TENANT_FROM", "json:a..b"), "TENANT_FROM"},
+		{with(minimal(), "TENANT_FROM", "json:a.\xff"), "TENANT_FROM"},
 		{with(minimal(), "LIMITS", "<unset>"), "LIMITS"},
 		{with(minimal(), "LIMITS", " "), "LIMITS"},
 		{with(minimal(), "LIMITS", "acme=lots"), "LIMITS"},
