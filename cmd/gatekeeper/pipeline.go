@@ -74,12 +74,17 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		Logger:       p.Log,
 	})
 	defer writer.Close()
+	signer, err := cfg.RetrySigner()
+	if err != nil {
+		return err
+	}
 	router := &route.Router{
 		Writer:  writer,
 		Topics:  topics,
 		Clock:   clock,
 		Logger:  p.Log,
 		Metrics: routeMetrics,
+		Signer:  signer,
 	}
 	setReady := func(ready bool) { p.Paused.Store(!ready) }
 	// A shadow deployment must never stop traffic: it forwards everything.
@@ -154,7 +159,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		dc := consume.DelayedConfig{
 			Config:    group,
 			LookAhead: cfg.RetryLookahead,
-			ReleaseAt: router.Topics.ReleaseAt,
+			ReleaseAt: router.ReleaseAt,
 			OnWaiting: func(topic string, delta int) { waiting.WithLabelValues(topic).Add(float64(delta)) },
 			OnLateness: func(topic string, late time.Duration) {
 				lateness.WithLabelValues(topic).Observe(late.Seconds())
@@ -179,7 +184,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		p.Joined.Store(&joined)
 	}
 	p.Log.Info("pipeline started", slog.Any("roles", cfg.Roles), slog.Any("source_topics", cfg.SourceTopics),
-		slog.String("downstream_topic", cfg.DownstreamTopic))
+		slog.String("downstream_topic", cfg.DownstreamTopic), slog.Bool("retry_signed", signer != nil))
 	return g.Wait()
 }
 

@@ -36,6 +36,10 @@ type Metrics struct {
 	RedisUnchecked prometheus.Counter
 	// BatchSize observes the number of events per handled batch.
 	BatchSize prometheus.Histogram
+	// SigFailures counts events read from a retry tier and dead-lettered
+	// because their gk-sig was missing or did not match, by reason:
+	// "missing" or "mismatch".
+	SigFailures *prometheus.CounterVec
 }
 
 // NewMetrics builds the collectors and registers them with reg; a nil reg
@@ -68,11 +72,16 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:      "Events per handled batch.",
 			Buckets:   []float64{1, 5, 10, 25, 50, 100, 250, 500, 1000},
 		}),
+		SigFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gatekeeper",
+			Name:      "retry_sig_failures_total",
+			Help:      "Events from a retry tier dead-lettered because gk-sig was missing or did not match (GATEKEEPER_RETRY_SECRET set), by reason.",
+		}, []string{"reason"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.Decisions, m.EventsIn, m.EventsOut, m.RedisUnchecked, m.BatchSize} {
+	for _, c := range []prometheus.Collector{m.Decisions, m.EventsIn, m.EventsOut, m.RedisUnchecked, m.BatchSize, m.SigFailures} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register route metrics: %w", err)
 		}
@@ -100,6 +109,13 @@ func (m *Metrics) eventsOut(msgs []kafka.Message) {
 		return
 	}
 	countTopics(m.EventsOut, msgs)
+}
+
+func (m *Metrics) sigFailure(reason string, n int) {
+	if m == nil || n == 0 {
+		return
+	}
+	m.SigFailures.WithLabelValues(reason).Add(float64(n))
 }
 
 func (m *Metrics) unchecked(n int) {

@@ -22,6 +22,7 @@ func TestNewMetrics(t *testing.T) {
 	m.batchIn(nil)
 	m.eventsOut(nil)
 	m.unchecked(1)
+	m.sigFailure("missing", 1)
 }
 
 func TestNewMetricsNames(t *testing.T) {
@@ -35,6 +36,7 @@ func TestNewMetricsNames(t *testing.T) {
 	m.EventsOut.WithLabelValues("t").Inc()
 	m.RedisUnchecked.Inc()
 	m.BatchSize.Observe(3)
+	m.sigFailure("missing", 1)
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +46,7 @@ func TestNewMetricsNames(t *testing.T) {
 		got = append(got, f.GetName())
 	}
 	want := []string{"gatekeeper_batch_size", "gatekeeper_decisions_total", "gatekeeper_events_in_total",
-		"gatekeeper_events_out_total", "gatekeeper_redis_unchecked_total"}
+		"gatekeeper_events_out_total", "gatekeeper_redis_unchecked_total", "gatekeeper_retry_sig_failures_total"}
 	if len(got) != len(want) {
 		t.Fatalf("got families %v, want %v", got, want)
 	}
