@@ -319,10 +319,9 @@ func TestGateInvalidEvents(t *testing.T) {
 			{key: []byte(long), value: []byte("v"), reason: "tenant over 256 bytes"},
 			{key: []byte("acme"), value: nil},
 			{key: []byte(strings.Repeat("y", 256)), value: []byte("v")}, // 256 bytes is fine
+			{key: []byte("ac\xffme"), value: []byte("v"), reason: "tenant is not valid UTF-8"},
 		},
 		"json:tenant.id": {
-			// The extractor reads the value only up to the field (see
-			// route.Extractor.Tenant), so bad JSON must come before it.
 			{value: []byte(`{"tenant":`), reason: "bad json"},
 			{value: []byte(`{"tenant":{"id":acme}}`), reason: "bad json"},
 			{value: []byte(`{"tenant":{"id":"acme"},"n":1}`)},
@@ -335,6 +334,11 @@ func TestGateInvalidEvents(t *testing.T) {
 			{value: []byte(`{"tenant":{"id":""}}`), reason: "tenant is empty"},
 			{value: []byte(`{"tenant":{"id":true}}`), reason: "not a string or number"},
 			{key: []byte("k"), value: []byte(`{"tenant":{"id":42}}`)},
+			// Readers that would see another tenant than the gate counts.
+			{value: []byte(`{"tenant":{"id":"cheap"},"tenant":{"id":"victim"}}`), reason: `key "tenant" appears twice`},
+			{value: []byte(`{"tenant":{"id":"cheap","ID":"victim"}}`), reason: `key "ID" differs from "id" only in case`},
+			{value: []byte(`{"tenant":{"id":1e2}}`), reason: "not a string or an integer in plain decimal"},
+			{value: []byte("{\"tenant\":{\"id\":\"ac\xffme\"}}"), reason: "tenant is not valid UTF-8"},
 		},
 	}
 	for spec, events := range cases {

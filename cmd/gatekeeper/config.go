@@ -14,6 +14,7 @@ import (
 	"github.com/kelseyhightower/envconfig"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/route"
 )
 
 // envPrefix starts every configuration variable.
@@ -118,6 +119,14 @@ type Config struct {
 	KafkaSASLPassword string `split_words:"true" desc:"SASL password"`
 	// KafkaTLS connects to Kafka over TLS.
 	KafkaTLS bool `split_words:"true" default:"false" desc:"connect to Kafka over TLS"`
+	// RetrySecret, when set, is the HMAC-SHA256 key that signs the gk-
+	// headers of deferred events (gk-sig); events in the retry tiers whose
+	// signature is missing or does not match are dead-lettered. At least
+	// route.MinSecretBytes. Secret.
+	RetrySecret string `split_words:"true" desc:"key of at least 32 bytes that signs deferred events (gk-sig); the retry tiers dead-letter events it did not sign (none: not signed or checked)"`
+	// RetrySecretPrevious is the retry secret being rotated out: gk-sig made
+	// with it still verifies, but nothing is signed with it. Secret.
+	RetrySecretPrevious string `split_words:"true" desc:"the RETRY_SECRET being rotated out: still accepted when checking gk-sig, never used to sign"`
 }
 
 // The roles a process may run.
@@ -237,7 +246,7 @@ func (c *Config) Validate() error {
 			return nil
 		},
 		func() error {
-			if err := checkTenantFrom(c.TenantFrom); err != nil {
+			if _, err := route.ParseTenantFrom(c.TenantFrom); err != nil {
 				return bad("TENANT_FROM", "%v", err)
 			}
 			return nil
@@ -284,6 +293,7 @@ func (c *Config) Validate() error {
 			}
 			return nil
 		},
+		c.checkRetrySecret,
 		func() error {
 			if _, ok := logLevels[c.LogLevel]; !ok {
 				return bad("LOG_LEVEL", "%q is not debug, info, warn or error", c.LogLevel)
@@ -452,27 +462,38 @@ func (c *Config) retryTopics() []string {
 	return out
 }
 
-// checkTenantFrom checks the syntax of TENANT_FROM: key, header:<name> or
-// json:<dot.path>. It mirrors the route package's parser, which decides.
-func checkTenantFrom(spec string) error {
-	switch {
-	case spec == "key":
-		return nil
-	case strings.HasPrefix(spec, "header:"):
-		if strings.TrimPrefix(spec, "header:") == "" {
-			return fmt.Errorf("%q: header name is empty", spec)
-		}
-		return nil
-	case strings.HasPrefix(spec, "json:"):
-		path := strings.TrimPrefix(spec, "json:")
-		for _, p := range strings.Split(path, ".") {
-			if p == "" {
-				return fmt.Errorf("%q: json path has an empty segment", spec)
-			}
-		}
-		return nil
+// checkRetrySecret checks RETRY_SECRET and RETRY_SECRET_PREVIOUS. The
+// messages never show a secret, nor its length.
+func (c *Config) checkRetrySecret() error {
+	if c.RetrySecret != "" && len(c.RetrySecret) < route.MinSecretBytes {
+		return bad("RETRY_SECRET", "must be at least %d bytes (e.g. openssl rand -base64 32)", route.MinSecretBytes)
 	}
-	return fmt.Errorf("%q is not key, header:<name> or json:<dot.path>", spec)
+	switch {
+	case c.RetrySecretPrevious == "":
+		return nil
+	case c.RetrySecret == "":
+		return bad("RETRY_SECRET_PREVIOUS", "set without %s_RETRY_SECRET, which signs (the previous secret only verifies)", envPrefix)
+	case len(c.RetrySecretPrevious) < route.MinSecretBytes:
+		return bad("RETRY_SECRET_PREVIOUS", "must be at least %d bytes", route.MinSecretBytes)
+	}
+	return nil
+}
+
+// RetrySigner returns the signer of RETRY_SECRET (verifying with
+// RETRY_SECRET_PREVIOUS too), or nil when RETRY_SECRET is not set.
+func (c *Config) RetrySigner() (*route.Signer, error) {
+	if c.RetrySecret == "" {
+		return nil, nil
+	}
+	var previous [][]byte
+	if c.RetrySecretPrevious != "" {
+		previous = append(previous, []byte(c.RetrySecretPrevious))
+	}
+	s, err := route.NewSigner([]byte(c.RetrySecret), previous...)
+	if err != nil {
+		return nil, &configError{Var: "RETRY_SECRET", Msg: err.Error()}
+	}
+	return s, nil
 }
 
 func (c *Config) checkLimits() error {
@@ -554,7 +575,7 @@ func (c *Config) checkSASL() error {
 // Masked returns a copy for printing, with every secret that is set shown as
 // "****" (an unset secret stays empty, so that it shows as unset).
 func (c Config) Masked() Config {
-	for _, s := range []*string{&c.AdminToken, &c.RedisPassword, &c.KafkaSASLPassword} {
+	for _, s := range []*string{&c.AdminToken, &c.RetrySecret, &c.RetrySecretPrevious, &c.RedisPassword, &c.KafkaSASLPassword} {
 		if *s != "" {
 			*s = mask
 		}

@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/route"
 )
 
 // setEnv makes the GATEKEEPER_* configuration exactly vars (names without
@@ -68,6 +71,7 @@ func TestConfigKeys(t *testing.T) {
 		"ROLES", "BATCH_SIZE", "RETRY_LOOKAHEAD", "BATCH_BYTES", "RETRY_LOOKAHEAD_BYTES", "MAX_MESSAGE_BYTES", "BATCH_WAIT", "SHUTDOWN_GRACE", "REDIS_TIMEOUT", "KAFKA_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "RETENTION",
 		"REDIS_USERNAME", "REDIS_PASSWORD", "REDIS_TLS",
 		"KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD", "KAFKA_TLS",
+		"RETRY_SECRET", "RETRY_SECRET_PREVIOUS",
 	}
 	for i := range want {
 		want[i] = envPrefix + "_" + want[i]
@@ -183,6 +187,8 @@ func TestConfigGoodValues(t *testing.T) {
 		{"sasl", with(minimal(), "KAFKA_SASL_MECHANISM", "SCRAM-SHA-512", "KAFKA_SASL_USERNAME", "u", "KAFKA_SASL_PASSWORD", "p", "KAFKA_TLS", "true")},
 		{"http any port", with(minimal(), "HTTP_ADDR", "127.0.0.1:0")},
 		{"forward", with(minimal(), "ON_REDIS_ERROR", "forward", "SHADOW", "1")},
+		{"retry secret", with(minimal(), "RETRY_SECRET", strings.Repeat("s", 32))},
+		{"retry secret rotated", with(minimal(), "RETRY_SECRET", strings.Repeat("s", 44), "RETRY_SECRET_PREVIOUS", strings.Repeat("p", 32))},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -235,6 +241,7 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "TENANT_FROM", "header:"), "TENANT_FROM"},
 		{with(minimal(), "TENANT_FROM", "json:"), "TENANT_FROM"},
 		{with(minimal(), "TENANT_FROM", "json:a..b"), "TENANT_FROM"},
+		{with(minimal(), "TENANT_FROM", "json:a.\xff"), "TENANT_FROM"},
 		{with(minimal(), "LIMITS", "<unset>"), "LIMITS"},
 		{with(minimal(), "LIMITS", " "), "LIMITS"},
 		{with(minimal(), "LIMITS", "acme=lots"), "LIMITS"},
@@ -283,6 +290,9 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "KAFKA_SASL_USERNAME", "u"), "KAFKA_SASL_MECHANISM"},
 		{with(minimal(), "KAFKA_SASL_MECHANISM", "PLAIN", "KAFKA_SASL_PASSWORD", "p"), "KAFKA_SASL_USERNAME"},
 		{with(minimal(), "KAFKA_SASL_MECHANISM", "PLAIN", "KAFKA_SASL_USERNAME", "u"), "KAFKA_SASL_PASSWORD"},
+		{with(minimal(), "RETRY_SECRET", "short-secret-31-bytes-xxxxxxxxx"), "RETRY_SECRET"},
+		{with(minimal(), "RETRY_SECRET_PREVIOUS", strings.Repeat("p", 32)), "RETRY_SECRET_PREVIOUS"},
+		{with(minimal(), "RETRY_SECRET", strings.Repeat("s", 32), "RETRY_SECRET_PREVIOUS", "short-previous"), "RETRY_SECRET_PREVIOUS"},
 	}
 	for _, tt := range tests {
 		name := tt.wantVar
@@ -317,6 +327,8 @@ func TestConfigErrorText(t *testing.T) {
 		{with(minimal(), "BATCH_WAIT", "abc"), `GATEKEEPER_BATCH_WAIT: "abc" is not a duration (e.g. 50ms, 2s, 24h)`},
 		{with(minimal(), "SOURCE_TOPICS", "<unset>"), `GATEKEEPER_SOURCE_TOPICS: required, not set`},
 		{with(minimal(), "SHADOW", "maybe"), `GATEKEEPER_SHADOW: "maybe" is not true or false`},
+		{with(minimal(), "RETRY_SECRET", "hunter2"), `GATEKEEPER_RETRY_SECRET: must be at least 32 bytes (e.g. openssl rand -base64 32)`},
+		{with(minimal(), "RETRY_SECRET_PREVIOUS", strings.Repeat("p", 32)), `GATEKEEPER_RETRY_SECRET_PREVIOUS: set without GATEKEEPER_RETRY_SECRET, which signs (the previous secret only verifies)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
@@ -352,8 +364,10 @@ func TestConfigIgnoresUnprefixed(t *testing.T) {
 }
 
 func TestConfigMasked(t *testing.T) {
+	retrySecret, previous := strings.Repeat("r", 32), strings.Repeat("q", 32)
 	setEnv(t, with(minimal(), "ADMIN_TOKEN", "tok", "REDIS_PASSWORD", "rpw",
-		"KAFKA_SASL_MECHANISM", "PLAIN", "KAFKA_SASL_USERNAME", "user", "KAFKA_SASL_PASSWORD", "kpw"))
+		"KAFKA_SASL_MECHANISM", "PLAIN", "KAFKA_SASL_USERNAME", "user", "KAFKA_SASL_PASSWORD", "kpw",
+		"RETRY_SECRET", retrySecret, "RETRY_SECRET_PREVIOUS", previous))
 	cfg, err := loadConfig()
 	if err != nil {
 		t.Fatal(err)
@@ -373,7 +387,7 @@ func TestConfigMasked(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := strings.Join(lines, "\n")
-	for _, secret := range []string{"tok", "rpw", "kpw"} {
+	for _, secret := range []string{"tok", "rpw", "kpw", retrySecret, previous} {
 		if strings.Contains(all, "="+secret) {
 			t.Errorf("masked environ shows %q:\n%s", secret, all)
 		}
@@ -383,7 +397,7 @@ func TestConfigMasked(t *testing.T) {
 	v := reflect.ValueOf(m)
 	for i := 0; i < typ.NumField(); i++ {
 		name := typ.Field(i).Name
-		if (strings.Contains(name, "Password") || strings.Contains(name, "Token")) && v.Field(i).String() != mask {
+		if (strings.Contains(name, "Password") || strings.Contains(name, "Token") || strings.Contains(name, "Secret")) && v.Field(i).String() != mask {
 			t.Errorf("%s is not masked", name)
 		}
 	}
@@ -425,5 +439,41 @@ func TestUnknownVars(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"GATEKEEPER_A", "GATEKEEPER_LIMTS"}, got); diff != "" {
 		t.Errorf("unknown vars (-want +got):\n%s", diff)
+	}
+}
+
+func TestConfigRetrySigner(t *testing.T) {
+	current, previous := strings.Repeat("c", 32), strings.Repeat("p", 32)
+	signedBy := func(secret string) kafka.Message {
+		s, err := route.NewSigner([]byte(secret))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Sign(kafka.Message{Key: []byte("k"), Value: []byte("v")})
+	}
+	if s, err := (&Config{}).RetrySigner(); s != nil || err != nil {
+		t.Errorf("without RETRY_SECRET: got %v, %v, want no signer and no error", s, err)
+	}
+	tests := []struct {
+		name             string
+		cfg              Config
+		previousVerifies bool
+	}{
+		{name: "current", cfg: Config{RetrySecret: current}},
+		{name: "rotated", cfg: Config{RetrySecret: current, RetrySecretPrevious: previous}, previousVerifies: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := tt.cfg.RetrySigner()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Verify(signedBy(current)); err != nil {
+				t.Errorf("signed with RETRY_SECRET: got %v, want it verified", err)
+			}
+			if err := s.Verify(signedBy(previous)); (err == nil) != tt.previousVerifies {
+				t.Errorf("signed with the previous secret: got %v, want verified %v", err, tt.previousVerifies)
+			}
+		})
 	}
 }

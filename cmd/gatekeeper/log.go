@@ -25,6 +25,8 @@ var secretKeys = map[string]bool{
 	"password":       true,
 	"token":          true,
 	"admin_token":    true,
+	"secret":         true,
+	"retry_secret":   true,
 	"redis_password": true,
 	"sasl_password":  true,
 	"authorization":  true,

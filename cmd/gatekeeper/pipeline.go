@@ -83,12 +83,17 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		Logger:       p.Log,
 	})
 	defer writer.Close()
+	signer, err := cfg.RetrySigner()
+	if err != nil {
+		return err
+	}
 	router := &route.Router{
 		Writer:  writer,
 		Topics:  topics,
 		Clock:   clock,
 		Logger:  p.Log,
 		Metrics: routeMetrics,
+		Signer:  signer,
 
 		MaxMessageBytes: cfg.MaxMessageBytes,
 	}
@@ -171,7 +176,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 			Config:         group,
 			LookAhead:      cfg.RetryLookahead,
 			LookAheadBytes: cfg.RetryLookaheadBytes,
-			ReleaseAt:      router.Topics.ReleaseAt,
+			ReleaseAt:      router.ReleaseAt,
 			OnWaiting:      func(topic string, delta int) { waiting.WithLabelValues(topic).Add(float64(delta)) },
 			OnLateness: func(topic string, late time.Duration) {
 				lateness.WithLabelValues(topic).Observe(late.Seconds())
@@ -196,7 +201,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		p.Joined.Store(&joined)
 	}
 	p.Log.Info("pipeline started", slog.Any("roles", cfg.Roles), slog.Any("source_topics", cfg.SourceTopics),
-		slog.String("downstream_topic", cfg.DownstreamTopic))
+		slog.String("downstream_topic", cfg.DownstreamTopic), slog.Bool("retry_signed", signer != nil))
 	return g.Wait()
 }
 

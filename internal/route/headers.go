@@ -33,6 +33,11 @@ const (
 	HeaderFirstSeen = "gk-first-seen"
 	// HeaderReason says why an event went to the dead-letter topic (dead-letter topic only).
 	HeaderReason = "gk-reason"
+	// HeaderSig authenticates a deferred event when a retry secret is set:
+	// the base64url HMAC-SHA256 of its key, value and other headers (see
+	// Signer). It is the last header of events written to a retry tier, and
+	// stays on them downstream and in the dead-letter topic.
+	HeaderSig = "gk-sig"
 )
 
 // Deferral is what the gk- headers of a deferred event say. It is a value type.

@@ -43,6 +43,10 @@ type Metrics struct {
 	// WritesFailing is the number of batches whose write has failed several
 	// times in a row and is still being retried.
 	WritesFailing prometheus.Gauge
+	// SigFailures counts events read from a retry tier and dead-lettered
+	// because their gk-sig was missing or did not match, by reason:
+	// "missing" or "mismatch".
+	SigFailures *prometheus.CounterVec
 }
 
 // NewMetrics builds the collectors and registers them with reg; a nil reg
@@ -85,11 +89,16 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name:      "writes_failing",
 			Help:      "Batches whose Kafka write has failed several times in a row and is being retried (their partition does not progress).",
 		}),
+		SigFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gatekeeper",
+			Name:      "retry_sig_failures_total",
+			Help:      "Events from a retry tier dead-lettered because gk-sig was missing or did not match (GATEKEEPER_RETRY_SECRET set), by reason.",
+		}, []string{"reason"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.Decisions, m.EventsIn, m.EventsOut, m.RedisUnchecked, m.BatchSize, m.Oversized, m.WritesFailing} {
+	for _, c := range []prometheus.Collector{m.Decisions, m.EventsIn, m.EventsOut, m.RedisUnchecked, m.BatchSize, m.Oversized, m.WritesFailing, m.SigFailures} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register route metrics: %w", err)
 		}
@@ -117,6 +126,13 @@ func (m *Metrics) eventsOut(msgs []kafka.Message) {
 		return
 	}
 	countTopics(m.EventsOut, msgs)
+}
+
+func (m *Metrics) sigFailure(reason string, n int) {
+	if m == nil || n == 0 {
+		return
+	}
+	m.SigFailures.WithLabelValues(reason).Add(float64(n))
 }
 
 func (m *Metrics) unchecked(n int) {

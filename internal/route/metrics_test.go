@@ -22,6 +22,7 @@ func TestNewMetrics(t *testing.T) {
 	m.batchIn(nil)
 	m.eventsOut(nil)
 	m.unchecked(1)
+	m.sigFailure("missing", 1)
 }
 
 func TestNewMetricsNames(t *testing.T) {
@@ -36,6 +37,7 @@ func TestNewMetricsNames(t *testing.T) {
 	m.RedisUnchecked.Inc()
 	m.BatchSize.Observe(3)
 	m.oversized("t")
+	m.sigFailure("missing", 1)
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +47,8 @@ func TestNewMetricsNames(t *testing.T) {
 		got = append(got, f.GetName())
 	}
 	want := []string{"gatekeeper_batch_size", "gatekeeper_decisions_total", "gatekeeper_events_in_total",
-		"gatekeeper_events_out_total", "gatekeeper_oversized_total", "gatekeeper_redis_unchecked_total", "gatekeeper_writes_failing"}
+		"gatekeeper_events_out_total", "gatekeeper_oversized_total", "gatekeeper_redis_unchecked_total",
+		"gatekeeper_retry_sig_failures_total", "gatekeeper_writes_failing"}
 	if len(got) != len(want) {
 		t.Fatalf("got families %v, want %v", got, want)
 	}

@@ -34,6 +34,13 @@ var ErrEarly = errors.New("released before its time")
 // "max attempts" past MaxAttempts), rejected goes to the dead-letter topic.
 // A message whose gk- headers cannot be read goes to the dead-letter topic.
 //
+// If the Router has a Signer, every message's gk-sig is verified before
+// anything else is read from it: a message without one, or whose signature
+// does not match, goes to the dead-letter topic with the reason
+// "gk-sig missing" or "gk-sig does not match" and is counted in
+// gatekeeper_retry_sig_failures_total. Every message written back to a tier
+// (moved or deferred again) is signed again with the current key.
+//
 // A Retrier is safe for concurrent use once configured; do not change its
 // fields while Handle may run.
 type Retrier struct {
@@ -81,116 +88,157 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	log := r.logger()
+	b := retryBatch{items: make([]Item, len(msgs)), counts: map[string]int{}, sigFailures: map[string]int{}}
 	now := r.now()
-	topics := r.Router.Topics
-
-	type pending struct {
-		i int // index in msgs
-		d Deferral
-	}
-	items := make([]Item, len(msgs))
-	var readmit []pending
-	var tenants []string
-	counts := map[string]int{}
 	for i, m := range msgs {
-		tier, ok := topics.Tier(m.Topic)
-		if !ok {
-			return fmt.Errorf("retrier: topic %q (partition %d offset %d) is not a retry tier of %q",
-				m.Topic, m.Partition, m.Offset, topics.Retry)
+		if err := r.classify(&b, i, m, now); err != nil {
+			return fmt.Errorf("retrier: %w", err)
 		}
-		if tier.LowerBound > 0 {
-			due, err := parseDue(m)
-			if err != nil {
-				counts[DecisionInvalid]++
-				items[i] = r.deadLetter(log, m, err.Error())
-				continue
-			}
-			if release := due.Add(-tier.LowerBound); now.Before(release) {
-				return fmt.Errorf("retrier: topic %s partition %d offset %d: %w: now %s, release at %s",
-					m.Topic, m.Partition, m.Offset, ErrEarly, now.Format(time.RFC3339Nano), release.Format(time.RFC3339Nano))
-			}
-			items[i] = Item{Msg: m, Outcome: Requeue, Deferral: Deferral{Due: due}}
-			continue
-		}
-
-		d, err := ParseDeferral(m)
-		if err != nil {
-			counts[DecisionInvalid]++
-			items[i] = r.deadLetter(log, m, err.Error())
-			continue
-		}
-		if now.Before(d.Due) {
-			return fmt.Errorf("retrier: topic %s partition %d offset %d: %w: now %s, due %s",
-				m.Topic, m.Partition, m.Offset, ErrEarly, now.Format(time.RFC3339Nano), d.Due.Format(time.RFC3339Nano))
-		}
-		if now.Before(d.Reserved) {
-			counts[DecisionReserved]++
-			items[i] = Item{Msg: m, Outcome: Forward}
-			continue
-		}
-		readmit = append(readmit, pending{i: i, d: d})
-		tenants = append(tenants, d.Tenant)
 	}
 
-	ds, unchecked, err := r.admission().admit(ctx, tenants, msgs[0])
+	ds, unchecked, err := r.admission().admit(ctx, b.tenants, msgs[0])
 	if err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
+	if err := r.decide(&b, msgs, ds, unchecked); err != nil {
+		return fmt.Errorf("retrier: %w", err)
+	}
+	if err := r.Router.Route(ctx, b.items); err != nil {
+		return fmt.Errorf("retrier: %w", err)
+	}
+
+	r.Metrics.batchIn(msgs)
+	for label, n := range b.counts {
+		r.Metrics.decision(label, n)
+	}
+	for reason, n := range b.sigFailures {
+		r.Metrics.sigFailure(reason, n)
+	}
+	if unchecked {
+		r.Metrics.unchecked(len(b.readmit))
+	}
+	return nil
+}
+
+// retryBatch is what Handle has worked out about a batch so far.
+type retryBatch struct {
+	items       []Item         // index-aligned with the batch
+	readmit     []pendingRetry // events to admit again, in batch order
+	tenants     []string       // their tenants, index-aligned with readmit
+	counts      map[string]int // gatekeeper_decisions_total by label
+	sigFailures map[string]int // gatekeeper_retry_sig_failures_total by reason
+}
+
+// pendingRetry is an event to admit again: msgs[i], deferred as d.
+type pendingRetry struct {
+	i int
+	d Deferral
+}
+
+// classify sets b.items[i] for m, read from a retry tier, unless m is to be
+// admitted again: then it is added to b.readmit. With a Signer, m's gk-sig
+// is verified before anything else is read, and m is dead-lettered if it
+// does not verify. The error is the batch's: a message released early, or
+// from a topic that is not a retry tier.
+func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, now time.Time) error {
+	tier, ok := r.Router.Topics.Tier(m.Topic)
+	if !ok {
+		return fmt.Errorf("topic %q (partition %d offset %d) is not a retry tier of %q",
+			m.Topic, m.Partition, m.Offset, r.Router.Topics.Retry)
+	}
+	if s := r.Router.Signer; s != nil {
+		if err := s.Verify(m); err != nil {
+			reason := "mismatch"
+			if errors.Is(err, ErrSigMissing) {
+				reason = "missing"
+			}
+			b.sigFailures[reason]++
+			b.counts[DecisionInvalid]++
+			b.items[i] = r.deadLetter(m, err.Error())
+			return nil
+		}
+	}
+	if tier.LowerBound > 0 {
+		due, err := parseDue(m)
+		if err != nil {
+			b.counts[DecisionInvalid]++
+			b.items[i] = r.deadLetter(m, err.Error())
+			return nil
+		}
+		if release := due.Add(-tier.LowerBound); now.Before(release) {
+			return fmt.Errorf("topic %s partition %d offset %d: %w: now %s, release at %s",
+				m.Topic, m.Partition, m.Offset, ErrEarly, now.Format(time.RFC3339Nano), release.Format(time.RFC3339Nano))
+		}
+		b.items[i] = Item{Msg: m, Outcome: Requeue, Deferral: Deferral{Due: due}}
+		return nil
+	}
+
+	d, err := ParseDeferral(m)
+	if err != nil {
+		b.counts[DecisionInvalid]++
+		b.items[i] = r.deadLetter(m, err.Error())
+		return nil
+	}
+	if now.Before(d.Due) {
+		return fmt.Errorf("topic %s partition %d offset %d: %w: now %s, due %s",
+			m.Topic, m.Partition, m.Offset, ErrEarly, now.Format(time.RFC3339Nano), d.Due.Format(time.RFC3339Nano))
+	}
+	if now.Before(d.Reserved) {
+		b.counts[DecisionReserved]++
+		b.items[i] = Item{Msg: m, Outcome: Forward}
+		return nil
+	}
+	b.readmit = append(b.readmit, pendingRetry{i: i, d: d})
+	b.tenants = append(b.tenants, d.Tenant)
+	return nil
+}
+
+// decide sets the items of the events admitted again from their decisions
+// ds (index-aligned with b.readmit); unchecked means Redis failed under
+// RedisForward and they go downstream.
+func (r *Retrier) decide(b *retryBatch, msgs []kafka.Message, ds []limit.Decision, unchecked bool) error {
 	maxAttempts := r.MaxAttempts
 	if maxAttempts == 0 {
 		maxAttempts = DefaultMaxAttempts
 	}
-	for j, p := range readmit {
+	for j, p := range b.readmit {
 		m := msgs[p.i]
 		if unchecked {
-			items[p.i] = Item{Msg: m, Outcome: Forward}
+			b.items[p.i] = Item{Msg: m, Outcome: Forward}
 			continue
 		}
 		d := ds[j]
 		switch d.Kind {
 		case limit.Admit:
-			counts[d.Kind.String()]++
-			items[p.i] = Item{Msg: m, Outcome: Forward}
+			b.counts[d.Kind.String()]++
+			b.items[p.i] = Item{Msg: m, Outcome: Forward}
 		case limit.Defer:
 			next := p.d
 			next.Attempt++
 			if next.Attempt > maxAttempts {
-				counts[DecisionMaxAttempts]++
-				items[p.i] = r.deadLetter(log, m, ReasonMaxAttempts)
+				b.counts[DecisionMaxAttempts]++
+				b.items[p.i] = r.deadLetter(m, ReasonMaxAttempts)
 				continue
 			}
-			counts[d.Kind.String()]++
+			b.counts[d.Kind.String()]++
 			next.Due, next.Reserved = d.Due, d.Until
-			items[p.i] = Item{Msg: m, Outcome: Defer, Deferral: next}
-			log.Debug("event deferred again", "tenant", next.Tenant, "topic", m.Topic, "partition", m.Partition,
+			b.items[p.i] = Item{Msg: m, Outcome: Defer, Deferral: next}
+			r.logger().Debug("event deferred again", "tenant", next.Tenant, "topic", m.Topic, "partition", m.Partition,
 				"offset", m.Offset, "attempt", next.Attempt, "due", next.Due)
 		case limit.Reject:
-			counts[d.Kind.String()]++
-			items[p.i] = r.deadLetter(log, m, rejectReason(d))
+			b.counts[d.Kind.String()]++
+			b.items[p.i] = r.deadLetter(m, rejectReason(d))
 		default:
-			return fmt.Errorf("retrier: decision %d for tenant %q is not valid", d.Kind, p.d.Tenant)
+			return fmt.Errorf("decision %d for tenant %q is not valid", d.Kind, p.d.Tenant)
 		}
-	}
-
-	if err := r.Router.Route(ctx, items); err != nil {
-		return fmt.Errorf("retrier: %w", err)
-	}
-
-	r.Metrics.batchIn(msgs)
-	for label, n := range counts {
-		r.Metrics.decision(label, n)
-	}
-	if unchecked {
-		r.Metrics.unchecked(len(readmit))
 	}
 	return nil
 }
 
 // deadLetter keeps m's gk- headers, which say where the event came from, and adds the reason.
-func (r *Retrier) deadLetter(log *slog.Logger, m kafka.Message, reason string) Item {
+func (r *Retrier) deadLetter(m kafka.Message, reason string) Item {
 	tenant, _ := lastHeader(m.Headers, HeaderTenant)
-	log.Debug("retried event dead-lettered", "tenant", tenant, "topic", m.Topic, "partition", m.Partition,
+	r.logger().Debug("retried event dead-lettered", "tenant", tenant, "topic", m.Topic, "partition", m.Partition,
 		"offset", m.Offset, "reason", reason)
 	return Item{Msg: m, Outcome: DeadLetter, Reason: reason}
 }

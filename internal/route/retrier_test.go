@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -238,6 +239,106 @@ func TestRetrierValidate(t *testing.T) {
 		err := tt.retrier.Validate()
 		if (err == nil) != tt.ok {
 			t.Errorf("%s: got error %v, want ok=%v", tt.name, err, tt.ok)
+		}
+	}
+}
+
+// withHeader returns a copy of m with every header named name set to value.
+func withHeader(m kafka.Message, name, value string) kafka.Message {
+	m.Headers = append([]kafka.Header(nil), m.Headers...)
+	for i := range m.Headers {
+		if m.Headers[i].Key == name {
+			m.Headers[i].Value = []byte(value)
+		}
+	}
+	return m
+}
+
+// TestRetrierSigned checks that with a retry secret the Retrier dead-letters
+// retry-tier events whose gk- headers Gatekeeper did not sign, before it
+// reads them, and that every event it writes back to a tier verifies.
+func TestRetrierSigned(t *testing.T) {
+	past := t0.Add(-10 * time.Second)
+	year := t0.Add(365 * 24 * time.Hour)
+	s := newTestSigner(t, testSecret, testPrevious)
+	decisions := map[string]limit.Decision{
+		"again": {Kind: limit.Defer, Due: t0.Add(20 * time.Minute), Until: t0.Add(21 * time.Minute)},
+	}
+
+	inSlot := s.Sign(retryMsg("down.retry", 1, deferral("ok", 1, past, t0.Add(time.Second))))
+	readmit := s.Sign(retryMsg("down.retry", 2, deferral("again", 1, past, past)))
+	move := s.Sign(retryMsg("down.retry.1h", 3, deferral("ok", 1, t0.Add(time.Minute), t0.Add(2*time.Minute))))
+	moveOldKey := newTestSigner(t, testPrevious).Sign(retryMsg("down.retry.long", 4, deferral("ok", 1, t0.Add(time.Hour), t0.Add(2*time.Hour))))
+	unsigned := retryMsg("down.retry", 5, deferral("victim", 1, past, year))
+	unsignedEarly := retryMsg("down.retry", 6, deferral("ok", 1, year, year))
+	unsignedTier := retryMsg("down.retry.long", 7, deferral("ok", 1, t0.Add(time.Hour), year))
+	farReserved := withHeader(s.Sign(retryMsg("down.retry", 8, deferral("cheap", 1, past, past))), HeaderReserved, ms(year))
+	otherTenant := withHeader(s.Sign(retryMsg("down.retry", 9, deferral("cheap", 1, past, t0.Add(time.Second)))), HeaderTenant, "victim")
+	otherEvent := s.Sign(retryMsg("down.retry", 10, deferral("ok", 1, past, t0.Add(time.Second))))
+	otherEvent.Value = []byte("another event")
+
+	batch := []kafka.Message{inSlot, readmit, move, moveOldKey, unsigned, unsignedEarly, unsignedTier,
+		farReserved, otherTenant, otherEvent}
+	f := newRetrier(t, byTenant(decisions))
+	f.retrier.Router.Signer = s
+	if err := f.retrier.Handle(context.Background(), batch); err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+
+	if diff := cmp.Diff([][]string{{"again"}}, f.admitter.Calls()); diff != "" {
+		t.Errorf("Admit calls mismatch (-want +got):\n%s", diff)
+	}
+	next := deferral("again", 2, decisions["again"].Due, decisions["again"].Until)
+	want := []out{
+		outOf(inSlot, "down"),
+		outOf(s.Sign(retryMsg("", 2, next)), "down.retry.1h"),
+		outOf(move, "down.retry"),
+		outOf(s.Sign(moveOldKey), "down.retry.1h"),
+		outOf(unsigned, "down.dlq", "gk-reason=gk-sig missing"),
+		outOf(unsignedEarly, "down.dlq", "gk-reason=gk-sig missing"),
+		outOf(unsignedTier, "down.dlq", "gk-reason=gk-sig missing"),
+		outOf(farReserved, "down.dlq", "gk-reason=gk-sig does not match"),
+		outOf(otherTenant, "down.dlq", "gk-reason=gk-sig does not match"),
+		outOf(otherEvent, "down.dlq", "gk-reason=gk-sig does not match"),
+	}
+	got := f.writer.last(t)
+	diffOut(t, want, got)
+	current := newTestSigner(t, testSecret)
+	for i, m := range got {
+		if strings.HasPrefix(m.Topic, "down.retry") {
+			if err := current.Verify(m); err != nil {
+				t.Errorf("message %d to %s: %v, want it signed with the current key", i, m.Topic, err)
+			}
+		}
+	}
+
+	for reason, want := range map[string]float64{"missing": 3, "mismatch": 3} {
+		if got := counterValue(t, f.metrics.SigFailures.WithLabelValues(reason)); got != want {
+			t.Errorf("retry_sig_failures_total{reason=%q}: got %v, want %v", reason, got, want)
+		}
+	}
+	if got := counterValue(t, f.metrics.Decisions.WithLabelValues(DecisionInvalid)); got != 6 {
+		t.Errorf("decisions_total{decision=\"invalid\"}: got %v, want 6", got)
+	}
+}
+
+// TestRetrierUnsigned checks that without a retry secret gk-sig is neither
+// required nor added.
+func TestRetrierUnsigned(t *testing.T) {
+	past := t0.Add(-time.Second)
+	f := newRetrier(t, byTenant(map[string]limit.Decision{
+		"again": {Kind: limit.Defer, Due: t0.Add(20 * time.Minute), Until: t0.Add(21 * time.Minute)},
+	}))
+	batch := []kafka.Message{
+		retryMsg("down.retry", 1, deferral("ok", 1, past, t0.Add(time.Second))),
+		retryMsg("down.retry", 2, deferral("again", 1, past, past)),
+	}
+	if err := f.retrier.Handle(context.Background(), batch); err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range f.writer.last(t) {
+		if _, ok := LastHeader(m, HeaderSig); ok || m.Topic == "down.dlq" {
+			t.Errorf("message %d: got topic %s with gk-sig %v, want no DLQ and no gk-sig", i, m.Topic, ok)
 		}
 	}
 }

@@ -181,7 +181,9 @@ const (
 	// deferral's gk- headers (replacing any it had).
 	Defer
 	// Requeue sends the event to the retry tier of Deferral.Due with its
-	// headers unchanged (only Deferral.Due is read).
+	// headers unchanged (only Deferral.Due is read), but for gk-sig, which
+	// is made again with the current key. The caller must have verified the
+	// event's gk-sig: Requeue signs what it is given.
 	Requeue
 	// DeadLetter sends the event to the dead-letter topic with gk-reason set to Reason.
 	DeadLetter
@@ -273,6 +275,28 @@ type Router struct {
 	MaxMessageBytes int
 
 	failing atomic.Int64 // batches whose write keeps failing
+	// Signer, if set, signs every event written to a retry tier (gk-sig),
+	// and the Retrier and ReleaseAt verify the events read back with it.
+	Signer *Signer
+}
+
+// ReleaseAt is Topics.ReleaseAt, except that with a Signer a message whose
+// gk-sig does not verify is released at once (the zero time), so that the
+// Retrier dead-letters it rather than hold it, and the partition's commits,
+// until a gk-due that anyone could have written.
+func (r *Router) ReleaseAt(m kafka.Message) time.Time {
+	if r.Signer != nil && r.Signer.Verify(m) != nil {
+		return time.Time{}
+	}
+	return r.Topics.ReleaseAt(m)
+}
+
+// sign returns m signed by r.Signer, or m itself without a Signer.
+func (r *Router) sign(m kafka.Message) kafka.Message {
+	if r.Signer == nil {
+		return m
+	}
+	return r.Signer.Sign(m)
 }
 
 // writeFailingAfter is the number of failed attempts after which a batch's
@@ -312,9 +336,10 @@ func (r *Router) build(items []Item, out []kafka.Message) error {
 		case Forward:
 			m.Topic = r.Topics.Downstream
 		case Defer:
-			m = WithDeferral(m, it.Deferral)
+			m = r.sign(WithDeferral(m, it.Deferral))
 			m.Topic = pickTier(retryTiers, it.Deferral.Due.Sub(now)).Topic
 		case Requeue:
+			m = r.sign(m)
 			m.Topic = pickTier(retryTiers, it.Deferral.Due.Sub(now)).Topic
 		case DeadLetter:
 			m = WithReason(m, it.Reason)

@@ -135,6 +135,73 @@ func TestRouterBuild(t *testing.T) {
 	}
 }
 
+// TestRouterBuildSigned checks that with a Signer what goes to a retry tier
+// is signed with the current key, and nothing else is.
+func TestRouterBuildSigned(t *testing.T) {
+	s := newTestSigner(t, testSecret, testPrevious)
+	src := kafka.Message{Key: []byte("k"), Value: []byte("v"), Headers: hdr("a", "1", HeaderSig, "forged")}
+	oldKey := newTestSigner(t, testPrevious).Sign(WithDeferral(src, testDeferral()))
+	r := &Router{Topics: testTopics, Clock: fixedClock(t0), Signer: s}
+	items := []Item{
+		{Msg: src, Outcome: Defer, Deferral: testDeferral()},
+		{Msg: oldKey, Outcome: Requeue, Deferral: Deferral{Due: t0.Add(2 * time.Hour)}},
+		{Msg: src, Outcome: Forward},
+		{Msg: src, Outcome: DeadLetter, Reason: "no key"},
+	}
+	got, err := r.Build(items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	current := newTestSigner(t, testSecret)
+	tests := []struct {
+		topic string
+		want  error
+	}{
+		{"down.retry", nil},
+		{"down.retry.long", nil},
+		{"down", ErrSigMismatch}, // the forged gk-sig it came with
+		{"down.dlq", ErrSigMismatch},
+	}
+	for i, tt := range tests {
+		if got[i].Topic != tt.topic {
+			t.Errorf("item %d: got topic %s, want %s", i, got[i].Topic, tt.topic)
+		}
+		if err := current.Verify(got[i]); !errors.Is(err, tt.want) {
+			t.Errorf("item %d to %s: Verify got %v, want %v", i, got[i].Topic, err, tt.want)
+		}
+	}
+	if diff := cmp.Diff(view([]kafka.Message{s.Sign(oldKey)})[0].Headers, view(got[1:2])[0].Headers); diff != "" {
+		t.Errorf("requeued headers (-want +got):\n%s", diff)
+	}
+}
+
+func TestRouterReleaseAtSigned(t *testing.T) {
+	s := newTestSigner(t, testSecret)
+	d := testDeferral()
+	d.Due = t0.Add(2 * time.Hour)
+	signed := s.Sign(WithDeferral(kafka.Message{Topic: "down.retry.long", Value: []byte("v")}, d))
+	signed.Topic = "down.retry.long"
+	forged := withHeader(signed, HeaderDue, ms(t0.Add(1000*time.Hour)))
+	unsigned := WithDeferral(kafka.Message{Topic: "down.retry.long"}, d)
+	tests := []struct {
+		name   string
+		signer *Signer
+		msg    kafka.Message
+		want   time.Time
+	}{
+		{name: "signed", signer: s, msg: signed, want: d.Due.Add(-time.Hour)},
+		{name: "forged due", signer: s, msg: forged, want: time.Time{}},
+		{name: "unsigned", signer: s, msg: unsigned, want: time.Time{}},
+		{name: "unsigned without signer", msg: unsigned, want: d.Due.Add(-time.Hour)},
+	}
+	for _, tt := range tests {
+		r := &Router{Topics: testTopics, Signer: tt.signer}
+		if got := r.ReleaseAt(tt.msg); !got.Equal(tt.want) {
+			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
 func TestRouterRoute(t *testing.T) {
 	errBroker := errors.New("broker down")
 	msgs := []kafka.Message{
