@@ -78,8 +78,10 @@ type Config struct {
 	RebalanceTimeout  time.Duration
 	HeartbeatInterval time.Duration
 	JoinGroupBackoff  time.Duration
-	// RetentionTime is how long the broker keeps the group's offsets
-	// (0: the broker's offsets.retention.minutes).
+	// RetentionTime is passed to kafka-go's consumer group. The commits
+	// themselves go out as OffsetCommit requests of the newest version both
+	// sides know, which carry no retention: the broker keeps the offsets for
+	// its offsets.retention.minutes.
 	RetentionTime time.Duration
 
 	// Dialer sets TLS, SASL or a client ID (default: kafka-go's dialer with
