@@ -78,7 +78,7 @@ func servedMetrics(t *testing.T) map[string]bool {
 	if _, err := NewWatcher(filepath.Join(t.TempDir(), "limits.yaml"), func(*limit.Rules) error { return nil }, discardLogger(), reg); err != nil {
 		t.Fatal(err)
 	}
-	if err := reg.Register(newReadyCollector([]readyCheck{{Name: "redis", Check: func(context.Context) error { return nil }}}, 0)); err != nil {
+	if err := reg.Register(newReadyCollector([]readyCheck{passingCheck("redis")}, 0)); err != nil {
 		t.Fatal(err)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -11,9 +10,7 @@ import (
 )
 
 func TestReadyCollector(t *testing.T) {
-	ok := readyCheck{Name: "redis", Check: func(context.Context) error { return nil }}
-	down := readyCheck{Name: "consumption", Check: func(context.Context) error { return errors.New("paused") }}
-	slow := readyCheck{Name: "kafka", Check: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }}
+	ok, down, slow := passingCheck("redis"), failingCheck("consumption", errors.New("paused")), hangingCheck("kafka")
 	tests := []struct {
 		name   string
 		checks []readyCheck
