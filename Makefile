@@ -1,7 +1,9 @@
 # Gatekeeper developer targets. `make test` needs only Go, Java 17+ and Maven: it starts
 # (or reuses) a local Kafka, redis-server and Redis Cluster for every GATEKEEPER_TEST_*
 # address that is not already set, and leaves them running for the next run
-# (`make servers-down` stops them).
+# (`make servers-down` stops them). The tests of deploy/ run promtool on the alert rules and
+# the dashboard through deploy/local/promtool.sh, which installs Debian's prometheus
+# package with apt-get when promtool is missing (redis-server comes the same way).
 
 GO        ?= go
 # `make test` runs everything against Kafka KAFKA_VERSION on KAFKA_PORT, then the packages

@@ -131,6 +131,7 @@ type manifests struct {
 	pdbs          []*policyv1.PodDisruptionBudget
 	scaledObjects []*scaledObject
 	triggerAuths  map[string]*triggerAuthentication
+	rules         []*prometheusRule
 	kustomization *kustomization
 }
 
@@ -181,25 +182,32 @@ func decodeObject(doc []byte) (any, error) {
 		obj = &triggerAuthentication{}
 	case "kustomize.config.k8s.io/v1beta1 Kustomization":
 		obj = &kustomization{}
+	case "monitoring.coreos.com/v1 PrometheusRule":
+		obj = &prometheusRule{}
 	default:
 		return nil, fmt.Errorf("apiVersion %q kind %q: not a kind this test knows (add its type)", tm.APIVersion, tm.Kind)
 	}
-	// As kubectl and the API server do: YAML to JSON (duplicate keys are an
-	// error), then case-sensitive JSON decoding. sigs.k8s.io/yaml's own
-	// UnmarshalStrict matches field names case-insensitively, so it would let
-	// "stringdata" or "readonlyRootFilesystem" through.
+	if err := decodeStrict(doc, obj); err != nil {
+		return nil, fmt.Errorf("%s: %w", tm.Kind, err)
+	}
+	return obj, nil
+}
+
+// decodeStrict decodes a YAML document into obj as kubectl and the API
+// server do: YAML to JSON (duplicate keys are an error), then case-sensitive
+// JSON decoding where an unknown field is an error. sigs.k8s.io/yaml's own
+// UnmarshalStrict matches field names case-insensitively, so it would let
+// "stringdata" or "readonlyRootFilesystem" through.
+func decodeStrict(doc []byte, obj any) error {
 	j, err := yaml.YAMLToJSONStrict(doc)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", tm.Kind, err)
+		return err
 	}
 	strict, err := kjson.UnmarshalStrict(j, obj)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", tm.Kind, err)
+		return err
 	}
-	if len(strict) > 0 {
-		return nil, fmt.Errorf("%s: %w", tm.Kind, errors.Join(strict...))
-	}
-	return obj, nil
+	return errors.Join(strict...)
 }
 
 func loadManifests(t *testing.T) *manifests {
@@ -248,6 +256,8 @@ func loadManifests(t *testing.T) *manifests {
 				m.triggerAuths[o.Name] = o
 			case *kustomization:
 				m.kustomization = o
+			case *prometheusRule:
+				m.rules = append(m.rules, o)
 			}
 		}
 	}
@@ -257,6 +267,7 @@ func loadManifests(t *testing.T) *manifests {
 	for what, n := range map[string]int{
 		"Deployment": len(m.deployments), "Service": len(m.services), "PodDisruptionBudget": len(m.pdbs),
 		"ScaledObject": len(m.scaledObjects), "Secret": len(m.secrets), "TriggerAuthentication": len(m.triggerAuths),
+		"PrometheusRule": len(m.rules),
 	} {
 		if n != 1 {
 			t.Errorf("%s objects in %s: got %d, want 1", what, k8sDir, n)
@@ -400,6 +411,8 @@ func TestStrictDecodingRejectsMistakes(t *testing.T) {
 		{"keda-scaledobject.yaml", "stabilizationWindowSeconds:", "stabilizationWindow:"},
 		{"keda-triggerauthentication.yaml", "secretTargetRef:", "secretTargetRefs:"},
 		{"kustomization.yaml", "resources:", "resource:"},
+		{"prometheusrule.yaml", "alert:", "alrt:"},
+		{"prometheusrule.yaml", "annotations:", "anotations:"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.file+"/"+strings.TrimSuffix(tt.to, ":"), func(t *testing.T) {

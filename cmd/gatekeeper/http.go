@@ -88,19 +88,26 @@ func newHandler(c httpConfig) http.Handler {
 	return mux
 }
 
-// readyz runs every check at once and answers 200 only if all pass. The
-// body lists each check: "[+]name ok" or "[-]name failed: reason".
-func (c httpConfig) readyz(w http.ResponseWriter, r *http.Request) {
-	errs := make([]error, len(c.Checks))
+// runChecks runs every check at once, each bounded by timeout, and returns
+// their results in the order of checks.
+func runChecks(ctx context.Context, checks []readyCheck, timeout time.Duration) []error {
+	errs := make([]error, len(checks))
 	var wg sync.WaitGroup
-	for i, ch := range c.Checks {
+	for i, ch := range checks {
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(r.Context(), c.CheckTimeout)
+			ctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
 			errs[i] = ch.Check(ctx)
 		})
 	}
 	wg.Wait()
+	return errs
+}
+
+// readyz runs every check at once and answers 200 only if all pass. The
+// body lists each check: "[+]name ok" or "[-]name failed: reason".
+func (c httpConfig) readyz(w http.ResponseWriter, r *http.Request) {
+	errs := runChecks(r.Context(), c.Checks, c.CheckTimeout)
 	var b strings.Builder
 	status := http.StatusOK
 	for i, ch := range c.Checks {

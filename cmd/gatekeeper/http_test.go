@@ -98,10 +98,24 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
+// passingCheck, failingCheck and hangingCheck are readiness checks that
+// pass, fail with err, and wait for their context to end.
+func passingCheck(name string) readyCheck {
+	return readyCheck{Name: name, Check: func(context.Context) error { return nil }}
+}
+
+func failingCheck(name string, err error) readyCheck {
+	return readyCheck{Name: name, Check: func(context.Context) error { return err }}
+}
+
+func hangingCheck(name string) readyCheck {
+	return readyCheck{Name: name, Check: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }}
+}
+
 func TestReadyz(t *testing.T) {
-	ok := readyCheck{Name: "redis", Check: func(context.Context) error { return nil }}
-	down := readyCheck{Name: "kafka", Check: func(context.Context) error { return errors.New("dial tcp: refused\nsecond line") }}
-	slow := readyCheck{Name: "slow", Check: func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }}
+	ok := passingCheck("redis")
+	down := failingCheck("kafka", errors.New("dial tcp: refused\nsecond line"))
+	slow := hangingCheck("slow")
 	tests := []struct {
 		name     string
 		checks   []readyCheck

@@ -287,16 +287,9 @@ func serve(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	}
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-	)
-	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "gatekeeper_build_info",
-		Help: "Always 1; the labels give the version.",
-	}, []string{"version", "goversion"})
-	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
-	reg.MustRegister(buildInfo)
+	if err := registerProcessMetrics(reg); err != nil {
+		return err
+	}
 
 	redis.SetLogger(redisLogger{log: log})
 	rdb := newRedis(cfg)
@@ -380,6 +373,10 @@ func serve(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			return nil
 		}},
 	}
+	checkTimeout := min(cfg.RedisTimeout, cfg.KafkaTimeout)
+	if err := reg.Register(newReadyCollector(checks, checkTimeout)); err != nil {
+		return fmt.Errorf("readiness metrics: %w", err)
+	}
 	handler := newHandler(httpConfig{
 		Gatherer:   reg,
 		Registerer: reg,
@@ -393,7 +390,7 @@ func serve(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		},
 		AdminToken:   cfg.AdminToken,
 		Log:          log,
-		CheckTimeout: min(cfg.RedisTimeout, cfg.KafkaTimeout),
+		CheckTimeout: checkTimeout,
 	})
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", cfg.HTTPAddr)
@@ -441,6 +438,27 @@ func serve(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		return pg.Wait()
 	})
 	return g.Wait()
+}
+
+// registerProcessMetrics registers with reg the collectors that exist from
+// start-up on: the Go runtime (go_*), the process (process_*) and
+// gatekeeper_build_info.
+func registerProcessMetrics(reg prometheus.Registerer) error {
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gatekeeper_build_info",
+		Help: "Always 1; the labels give the version.",
+	}, []string{"version", "goversion"})
+	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	for _, c := range []prometheus.Collector{
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo,
+	} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("process metrics: %w", err)
+		}
+	}
+	return nil
 }
 
 // startLimiter creates the limiter, which loads the scripts into Redis.

@@ -27,45 +27,9 @@ const rebalanceTimeout = 30 * time.Second
 func startPipeline(ctx context.Context, p pipeline) error {
 	cfg := p.Config
 	clock := time.Now
-	routeMetrics, err := route.NewMetrics(p.Registerer)
+	m, err := newPipelineMetrics(p.Registerer)
 	if err != nil {
-		return fmt.Errorf("route metrics: %w", err)
-	}
-	waiting := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "gatekeeper_deferred_waiting",
-		Help: "Deferred events read from a retry tier and waiting for their release time.",
-	}, []string{"topic"})
-	lateness := prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: "gatekeeper_retry_lateness_seconds",
-		Help: "Time from a deferred event's release time to the acknowledgement of its writes. " +
-			"For the first retry tier the release time is gk-due: this is how late the event was " +
-			"forwarded (or deferred again). For the other tiers it is gk-due minus the tier's lower " +
-			"bound, and the write moves the event to a shorter tier.",
-		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
-	}, []string{"topic"})
-	lag := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "gatekeeper_consumer_lag",
-		Help: "Messages of a partition beyond its committed offset, as of the last fetch.",
-	}, []string{"topic", "partition"})
-	skipped := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "gatekeeper_handover_skipped_total",
-		Help: "Retry-tier events skipped because the partition's previous owner had already handled them " +
-			"(read from the offset metadata of its last commit): duplicates avoided at a handover.",
-	}, []string{"topic"})
-	truncated := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "gatekeeper_handover_truncated_commits_total",
-		Help: "Retry-tier commits whose set of handled offsets beyond the committed one did not fit in the " +
-			"offset metadata (4096 bytes); a new owner of the partition would handle the rest again.",
-	}, []string{"topic"})
-	offsetsLost := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "gatekeeper_offsets_lost_total",
-		Help: "Offsets Kafka deleted (retention) before Gatekeeper consumed them: the events there are lost. " +
-			"Each jump is also an error log line.",
-	}, []string{"topic"})
-	for _, c := range []prometheus.Collector{waiting, lateness, lag, skipped, truncated, offsetsLost} {
-		if err := p.Registerer.Register(c); err != nil {
-			return fmt.Errorf("pipeline metrics: %w", err)
-		}
+		return err
 	}
 
 	topics := route.Topics{Downstream: cfg.DownstreamTopic, Retry: cfg.RetryTopic, DLQ: cfg.DLQTopic}
@@ -92,7 +56,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		Topics:  topics,
 		Clock:   clock,
 		Logger:  p.Log,
-		Metrics: routeMetrics,
+		Metrics: m.route,
 		Signer:  signer,
 
 		MaxMessageBytes: cfg.MaxMessageBytes,
@@ -122,9 +86,9 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		Dialer:            p.Dialer,
 		Transport:         p.Transport,
 		Logger:            p.Log,
-		OnOffsetsLost:     func(topic string, _ int, n int64) { offsetsLost.WithLabelValues(topic).Add(float64(n)) },
+		OnOffsetsLost:     func(topic string, _ int, n int64) { m.offsetsLost.WithLabelValues(topic).Add(float64(n)) },
 		OnLag: func(topic string, partition int, n int64) {
-			lag.WithLabelValues(topic, fmt.Sprint(partition)).Set(float64(n))
+			m.lag.WithLabelValues(topic, fmt.Sprint(partition)).Set(float64(n))
 		},
 	}
 
@@ -143,7 +107,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 			Shadow:       cfg.Shadow,
 			Clock:        clock,
 			Logger:       p.Log,
-			Metrics:      routeMetrics,
+			Metrics:      m.route,
 			SetReady:     setReady,
 		}
 		if err := gate.Validate(); err != nil {
@@ -166,7 +130,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 			OnRedisError: onRedisError,
 			Clock:        clock,
 			Logger:       p.Log,
-			Metrics:      routeMetrics,
+			Metrics:      m.route,
 			SetReady:     setReady,
 		}
 		if err := retrier.Validate(); err != nil {
@@ -177,12 +141,12 @@ func startPipeline(ctx context.Context, p pipeline) error {
 			LookAhead:      cfg.RetryLookahead,
 			LookAheadBytes: cfg.RetryLookaheadBytes,
 			ReleaseAt:      router.ReleaseAt,
-			OnWaiting:      func(topic string, delta int) { waiting.WithLabelValues(topic).Add(float64(delta)) },
+			OnWaiting:      func(topic string, delta int) { m.waiting.WithLabelValues(topic).Add(float64(delta)) },
 			OnLateness: func(topic string, late time.Duration) {
-				lateness.WithLabelValues(topic).Observe(late.Seconds())
+				m.lateness.WithLabelValues(topic).Observe(late.Seconds())
 			},
-			OnSkipped:   func(topic string, n int) { skipped.WithLabelValues(topic).Add(float64(n)) },
-			OnTruncated: func(topic string, _ int64) { truncated.WithLabelValues(topic).Inc() },
+			OnSkipped:   func(topic string, n int) { m.skipped.WithLabelValues(topic).Add(float64(n)) },
+			OnTruncated: func(topic string, _ int64) { m.truncated.WithLabelValues(topic).Inc() },
 		}
 		// The retry tiers have a group of their own, so that their
 		// rebalances never disturb the source group.
@@ -203,6 +167,67 @@ func startPipeline(ctx context.Context, p pipeline) error {
 	p.Log.Info("pipeline started", slog.Any("roles", cfg.Roles), slog.Any("source_topics", cfg.SourceTopics),
 		slog.String("downstream_topic", cfg.DownstreamTopic), slog.Bool("retry_signed", signer != nil))
 	return g.Wait()
+}
+
+// pipelineMetrics are the collectors of the pipeline: the route package's
+// and those of the consumer groups' callbacks.
+type pipelineMetrics struct {
+	route       *route.Metrics
+	waiting     *prometheus.GaugeVec
+	lateness    *prometheus.HistogramVec
+	lag         *prometheus.GaugeVec
+	skipped     *prometheus.CounterVec
+	truncated   *prometheus.CounterVec
+	offsetsLost *prometheus.CounterVec
+}
+
+// newPipelineMetrics builds the pipeline's collectors and registers them
+// with reg.
+func newPipelineMetrics(reg prometheus.Registerer) (*pipelineMetrics, error) {
+	routeMetrics, err := route.NewMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("route metrics: %w", err)
+	}
+	m := &pipelineMetrics{
+		route: routeMetrics,
+		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gatekeeper_deferred_waiting",
+			Help: "Deferred events read from a retry tier and waiting for their release time.",
+		}, []string{"topic"}),
+		lateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "gatekeeper_retry_lateness_seconds",
+			Help: "Time from a deferred event's release time to the acknowledgement of its writes. " +
+				"For the first retry tier the release time is gk-due: this is how late the event was " +
+				"forwarded (or deferred again). For the other tiers it is gk-due minus the tier's lower " +
+				"bound, and the write moves the event to a shorter tier.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}, []string{"topic"}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "gatekeeper_consumer_lag",
+			Help: "Messages of a partition beyond its committed offset, as of the last fetch.",
+		}, []string{"topic", "partition"}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gatekeeper_handover_skipped_total",
+			Help: "Retry-tier events skipped because the partition's previous owner had already handled them " +
+				"(read from the offset metadata of its last commit): duplicates avoided at a handover.",
+		}, []string{"topic"}),
+		truncated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gatekeeper_handover_truncated_commits_total",
+			Help: "Retry-tier commits whose set of handled offsets beyond the committed one did not fit in the " +
+				"offset metadata (4096 bytes); a new owner of the partition would handle the rest again.",
+		}, []string{"topic"}),
+		offsetsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gatekeeper_offsets_lost_total",
+			Help: "Offsets Kafka deleted (retention) before Gatekeeper consumed them: the events there are lost. " +
+				"Each jump is also an error log line.",
+		}, []string{"topic"}),
+	}
+	for _, c := range []prometheus.Collector{m.waiting, m.lateness, m.lag, m.skipped, m.truncated, m.offsetsLost} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("pipeline metrics: %w", err)
+		}
+	}
+	return m, nil
 }
 
 // pipelineTopics lists every topic the roles of cfg read or write.

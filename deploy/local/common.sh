@@ -39,3 +39,28 @@ ensure_redis_installed() {
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >&2
 }
+
+# ensure_promtool_installed: installs Debian's prometheus package, which holds promtool, when
+# promtool is missing. Only promtool is wanted: the Prometheus server the package brings is
+# stopped and disabled again if the package's scripts started it (a policy-rc.d that forbids
+# starting services, as in containers, keeps it from starting in the first place). Safe to
+# call concurrently: callers take a lock shared by every checkout on the machine, the second
+# finds promtool installed, and apt waits for a dpkg lock held by someone else.
+ensure_promtool_installed() {
+  command -v promtool >/dev/null && return 0
+  local sudo="" lock="${TMPDIR:-/tmp}/gatekeeper-promtool-install.lock"
+  [[ $(id -u) -eq 0 ]] || sudo=sudo
+  exec 8>"$lock" && flock 8
+  if command -v promtool >/dev/null; then exec 8>&-; return 0; fi
+  log "promtool not found: installing Debian's prometheus package with apt-get"
+  local apt=(env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 -qq)
+  $sudo "${apt[@]}" update
+  $sudo "${apt[@]}" install -y --no-install-recommends prometheus >&2
+  if [[ -d /run/systemd/system ]]; then
+    $sudo systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  elif [[ -x /etc/init.d/prometheus ]]; then
+    $sudo /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+  fi
+  exec 8>&-
+  command -v promtool >/dev/null || die "apt-get installed prometheus but promtool is not on PATH"
+}

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/gatekeeper-dev/gatekeeper/deploy"
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+)
+
+// recordingRegisterer registers with a real registry (so that conflicts
+// still fail) and remembers the collectors.
+type recordingRegisterer struct {
+	*prometheus.Registry
+	collectors []prometheus.Collector
+}
+
+func (r *recordingRegisterer) Register(c prometheus.Collector) error {
+	if err := r.Registry.Register(c); err != nil {
+		return err
+	}
+	r.collectors = append(r.collectors, c)
+	return nil
+}
+
+func (r *recordingRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// descNameRE reads the name out of a Desc's String(): client_golang gives a
+// Desc no accessor for it.
+var descNameRE = regexp.MustCompile(`^Desc\{fqName: "([^"]+)"`)
+
+// families returns the name of every metric family the collectors
+// describe, whether or not it has a series yet.
+func (r *recordingRegisterer) families(t *testing.T) map[string]bool {
+	t.Helper()
+	names := map[string]bool{}
+	for _, c := range r.collectors {
+		ch := make(chan *prometheus.Desc)
+		go func() {
+			c.Describe(ch)
+			close(ch)
+		}()
+		for d := range ch {
+			m := descNameRE.FindStringSubmatch(d.String())
+			if m == nil {
+				t.Fatalf("no fqName in %s", d)
+			}
+			names[m[1]] = true
+		}
+	}
+	return names
+}
+
+// servedMetrics registers what serve registers over a process's life, the
+// way serve does it: the process collectors and build info, the limits file
+// watcher, the readiness checks, the limiter (against miniredis) and the
+// pipeline. It returns every metric family they describe.
+func servedMetrics(t *testing.T) map[string]bool {
+	t.Helper()
+	reg := &recordingRegisterer{Registry: prometheus.NewRegistry()}
+	if err := registerProcessMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewWatcher(filepath.Join(t.TempDir(), "limits.yaml"), func(*limit.Rules) error { return nil }, discardLogger(), reg); err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Register(newReadyCollector([]readyCheck{passingCheck("redis")}, 0)); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	rules, err := limit.ParseRules("*=1/1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lim, err := startLimiter(context.Background(), discardLogger(), rdb, rules, limit.Options{Registerer: reg}); lim == nil || err != nil {
+		t.Fatalf("startLimiter: got %v, %v; want a limiter", lim, err)
+	}
+	if _, err := newPipelineMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	return reg.families(t)
+}
+
+// TestMonitoringMetricsRegistered checks the dashboard and the alert rules
+// (deploy/grafana, deploy/prometheus) against the collectors the binary
+// registers, by their descriptions: every metric name they use is
+// registered, including the labelled ones that have no series until their
+// first use (offsets lost, signature failures, oversized events, handover
+// counters), which a scrape cannot show. And every gatekeeper_ metric has a
+// place on the dashboard. integration/ops_metrics_test.go checks the same
+// names against a scrape of the running binary.
+func TestMonitoringMetricsRegistered(t *testing.T) {
+	registered := servedMetrics(t)
+	used, err := deploy.MonitoringMetricNames()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, where := range used {
+		if !deploy.MetricIn(name, registered) {
+			t.Errorf("%s: not registered by gatekeeper; used by %v", name, where)
+		}
+	}
+	qs, err := deploy.DashboardQueries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	onDashboard := map[string]bool{}
+	for _, q := range qs {
+		for _, n := range deploy.MetricNames(q.Expr) {
+			onDashboard[n] = true
+		}
+	}
+	var missing []string
+	for name := range registered {
+		if !strings.HasPrefix(name, "gatekeeper_") {
+			continue
+		}
+		found := onDashboard[name]
+		for _, s := range deploy.HistogramSuffixes {
+			found = found || onDashboard[name+s]
+		}
+		if !found {
+			missing = append(missing, name)
+		}
+	}
+	slices.Sort(missing)
+	if len(missing) > 0 {
+		t.Errorf("registered but not on %s: %v", deploy.DashboardFile, missing)
+	}
+	if len(registered) < 40 {
+		t.Errorf("got %d registered metric families, want gatekeeper's and the Go and process collectors'", len(registered))
+	}
+}
