@@ -25,7 +25,9 @@ type Options struct {
 	Location *time.Location
 	// Horizon is the furthest a deferral may reach. Default 24h.
 	Horizon time.Duration
-	// Retention keeps window keys this long after their window ends. Default 7 days.
+	// Retention keeps the keys of windows of a day or longer this long after
+	// their window ends, and bounds how long shorter windows keep theirs
+	// (24 windows' length, at least a minute; see retention). Default 7 days.
 	Retention time.Duration
 	// Timeout bounds every Redis call. Default 2s.
 	Timeout time.Duration
@@ -329,7 +331,7 @@ func (l *Limiter) markFull(g *group, until time.Time) {
 }
 
 // descriptors numbers the distinct rules of one script call and holds their
-// ARGV descriptions (limit, kind, step, base, boundaries): a description
+// ARGV descriptions (limit, kind, step, base, retention, boundaries): a description
 // depends only on the rule and the time, not on the tenant, so it is sent
 // once per call however many tenants share the rule.
 type descriptors struct {
@@ -342,15 +344,16 @@ func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
 	if i, ok := d.index[r]; ok {
 		return i
 	}
+	ret := retention(r, l.opts.Retention).Milliseconds()
 	switch {
 	case l.opts.Window == TTL:
-		d.args = append(d.args, r.Limit, "t", r.Length().Milliseconds(), 0, 0)
+		d.args = append(d.args, r.Limit, "t", r.Length().Milliseconds(), 0, ret, 0)
 	case r.Unit == Second || r.Unit == Minute:
 		s, _ := Window(r, now, l.opts.Location)
-		d.args = append(d.args, r.Limit, "a", r.Length().Milliseconds(), s.UnixMilli(), 0)
+		d.args = append(d.args, r.Limit, "a", r.Length().Milliseconds(), s.UnixMilli(), ret, 0)
 	default:
 		b := boundaries(r, now, hend, l.opts.Location)
-		d.args = append(d.args, r.Limit, "e", 0, 0, len(b))
+		d.args = append(d.args, r.Limit, "e", 0, 0, ret, len(b))
 		for _, t := range b {
 			d.args = append(d.args, t.UnixMilli())
 		}
@@ -384,9 +387,8 @@ func (l *Limiter) script(groups []*group, now, hend time.Time) ([]string, []any)
 		}
 	}
 	recs = append(recs, ']')
-	av := make([]any, 0, 7+len(d.args))
-	av = append(av, now.UnixMilli(), hend.UnixMilli(), l.opts.Retention.Milliseconds(), l.opts.MaxScan,
-		len(d.index), len(groups))
+	av := make([]any, 0, 6+len(d.args))
+	av = append(av, now.UnixMilli(), hend.UnixMilli(), l.opts.MaxScan, len(d.index), len(groups))
 	av = append(av, d.args...)
 	av = append(av, recs)
 	return ks, av

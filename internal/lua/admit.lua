@@ -8,7 +8,8 @@
 --      go before newer live events;
 --   3. reports what did not fit within the horizon as rejected.
 -- Window keys are hashes {count, expire} (expire = the window's logical end,
--- unix ms), kept for a retention period after they end, as in aligned_incr.
+-- unix ms), kept for their rule's retention period after they end, as in
+-- aligned_incr (the caller sizes it to the window: see limit.retention).
 -- All times are unix ms from the caller's clock, passed in ARGV.
 --
 -- Window kinds per rule:
@@ -31,11 +32,12 @@
 --   All keys of a tenant share the {<tenant>} hash tag, so they sit in one
 --   Cluster slot.
 -- ARGV[1] now (unix ms)      ARGV[2] horizon end (now + horizon, unix ms)
--- ARGV[3] retention (ms)     ARGV[4] most windows one tenant may scan
--- ARGV[5] number of rule descriptors   ARGV[6] number of tenants
+-- ARGV[3] most windows one tenant may scan
+-- ARGV[4] number of rule descriptors   ARGV[5] number of tenants
 --   then per rule descriptor (each distinct rule once per call, whatever the
 --   number of tenants it applies to):
---     limit, kind, step ms, base ms, number of boundaries, boundaries...
+--     limit, kind, step ms, base ms, retention ms, number of boundaries,
+--     boundaries...
 --   then one argument holding every tenant's record, a JSON array of numbers:
 --   number of rules, n events, then per rule: descriptor index (1-based),
 --   cached ttl chain start, cached chain end. (One cjson.decode costs the
@@ -58,10 +60,9 @@
 
 local now = tonumber(ARGV[1])
 local hend = tonumber(ARGV[2])
-local retention = tonumber(ARGV[3])
-local maxscan = tonumber(ARGV[4])
-local ndescs = tonumber(ARGV[5])
-local ntenants = tonumber(ARGV[6])
+local maxscan = tonumber(ARGV[3])
+local ndescs = tonumber(ARGV[4])
+local ntenants = tonumber(ARGV[5])
 
 local counts = {}
 local none = {} -- an empty list, never written
@@ -79,10 +80,10 @@ local function anchor_key(r)
 end
 
 -- opened gives a window just opened by HINCRBY its logical end e and its
--- physical expiry, e plus the retention.
-local function opened(key, e)
+-- physical expiry, e plus its rule's retention ret.
+local function opened(key, e, ret)
   redis.call("HSET", key, "expire", e)
-  redis.call("PEXPIRE", key, e - now + retention)
+  redis.call("PEXPIRE", key, e - now + ret)
 end
 
 -- count_of reads a window's live count once per call and caches it.
@@ -106,7 +107,7 @@ local function add(r, s, e, by)
   local c = count_of(key)
   if c == 0 then
     redis.call("HSET", key, "count", by, "expire", e)
-    redis.call("PEXPIRE", key, e - now + retention)
+    redis.call("PEXPIRE", key, e - now + r.ret)
   else
     redis.call("HINCRBY", key, "count", by)
   end
@@ -150,24 +151,24 @@ end
 
 -- Rule descriptors, parsed once per call.
 local descs = {}
-local a = 7
+local a = 6
 for di = 1, ndescs do
-  local nb = tonumber(ARGV[a + 4])
+  local nb = tonumber(ARGV[a + 5])
   local bounds = {}
   for bi = 1, nb do
-    bounds[bi] = tonumber(ARGV[a + 4 + bi])
+    bounds[bi] = tonumber(ARGV[a + 5 + bi])
   end
   local d = {
     limit = tonumber(ARGV[a]), kind = ARGV[a + 1],
-    step = tonumber(ARGV[a + 2]), base = tonumber(ARGV[a + 3]), bounds = bounds,
-    hint = 1, cs = 0, ce = 0,
+    step = tonumber(ARGV[a + 2]), base = tonumber(ARGV[a + 3]),
+    ret = tonumber(ARGV[a + 4]), bounds = bounds, hint = 1, cs = 0, ce = 0,
   }
   if d.kind ~= "t" then
     -- The current window is the same for every tenant of an aligned rule.
     d.cs, d.ce = win(d, now)
   end
   descs[di] = d
-  a = a + 5 + nb
+  a = a + 6 + nb
 end
 
 -- The tenants' records (see above): p is the read position.
@@ -205,7 +206,7 @@ for ti = 1, ntenants do
       local c = redis.call("HINCRBY", key, "count", n)
       if c <= d.limit and (c ~= n or not cend) then
         if c == n then
-          opened(key, ce)
+          opened(key, ce, d.ret)
         end
         local o = #out
         out[o + 1] = n
@@ -233,7 +234,7 @@ for ti = 1, ntenants do
       local d = descs[di]
       local r = {
         limit = d.limit, kind = d.kind, step = d.step, base = d.base,
-        bounds = d.bounds, key = KEYS[k], hint = 1, maxend = 0,
+        ret = d.ret, bounds = d.bounds, key = KEYS[k], hint = 1, maxend = 0,
         cached = false, chainend = 0, cs = 0, ce = 0, ts = 0, te = 0,
       }
       if r.kind == "t" then
@@ -275,7 +276,7 @@ for ti = 1, ntenants do
         end
       end
       if c == n then
-        opened(key, r.ce)
+        opened(key, r.ce, r.ret)
       end
       local before = c - n
       admitted = r.limit - before
