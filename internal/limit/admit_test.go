@@ -33,6 +33,7 @@ var admitCases = map[string]admitCase{
 	"TTLChainNeverShrinks":     testTTLChainNeverShrinks,
 	"WindowKeysExpire":         testWindowKeysExpire,
 	"ReservedWindowKeyLives":   testReservedWindowKeyLives,
+	"BrokenKeyIsolated":        testBrokenKeyIsolated,
 }
 
 // Redis loses its script cache on restart or failover: Admit loads it again.
