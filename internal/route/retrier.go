@@ -31,7 +31,8 @@ var ErrEarly = errors.New("released before its time")
 // (before gk-reserved) goes downstream uncounted, gk- headers kept; after the
 // slot it is admitted again: admitted goes downstream, deferred goes back to
 // a retry tier with gk-attempt+1 (or to the dead-letter topic with reason
-// "max attempts" past MaxAttempts), rejected goes to the dead-letter topic.
+// "max attempts" past MaxAttempts), rejected and failed (a broken counter
+// key) go to the dead-letter topic.
 // A message whose gk- headers cannot be read goes to the dead-letter topic.
 //
 // A Retrier is safe for concurrent use once configured; do not change its
@@ -165,7 +166,7 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 			items[p.i] = Item{Msg: m, Outcome: Defer, Deferral: next}
 			log.Debug("event deferred again", "tenant", next.Tenant, "topic", m.Topic, "partition", m.Partition,
 				"offset", m.Offset, "attempt", next.Attempt, "due", next.Due)
-		case limit.Reject:
+		case limit.Reject, limit.Fail:
 			counts[d.Kind.String()]++
 			items[p.i] = r.deadLetter(log, m, rejectReason(d))
 		default:
@@ -176,6 +177,7 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 	if err := r.Router.Route(ctx, items); err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
+	warnFailed(log, msgs[0], ds, counts)
 
 	r.Metrics.batchIn(msgs)
 	for label, n := range counts {
