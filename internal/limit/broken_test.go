@@ -2,6 +2,7 @@ package limit
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -111,32 +112,55 @@ func checkUntouched(t *testing.T, rdb redis.UniversalClient, l *Limiter, broken 
 
 // A script call that fails for another reason than a tenant's keys (here a
 // record naming a rule the call does not describe, as a bug would) takes
-// back what it counted for the tenants before the failing one: the caller
-// retries the batch, and the retry counts each event once.
+// back all it wrote: the counts of a tenant decided in the fast path (a),
+// and the admission, reservations and frontier of one that searched (s).
+// The caller retries the batch, and the retry counts each event once.
 func TestFailedCallCountsNothing(t *testing.T) {
 	rdb := testRedis(t)
-	ctx := context.Background()
-	now := t0.Add(10 * time.Second)
-	l := newTestLimiter(t, rdb, "*=10/1m", Options{Clock: func() time.Time { return now }})
-	groups := []*group{{tenant: "a", idx: []int{0, 1, 2}}, {tenant: "b", idx: []int{3}}}
-	l.mu.Lock()
-	for _, g := range groups {
-		g.rules = l.Rules().For(g.tenant)
-		g.set = ruleSetID(l.opts.Window, g.rules)
-		g.st = l.stateLocked(g, now)
-	}
-	l.mu.Unlock()
-	ks, av := l.script(groups, now, now.Add(l.opts.Horizon))
-	av[len(av)-1] = []byte("[1,3,1,0,0,1,1,99,0,0]") // b's rule is descriptor 99
-	if err := l.admit.Run(ctx, rdb, ks, av...).Err(); err == nil {
-		t.Fatal("script with a bad record: got no error, want one")
-	}
-	if got := kinds(admit(t, l, repeat("a", 3))); got != "aaa" {
-		t.Fatalf("retry: got %s, want aaa", got)
-	}
-	us, err := l.Usage(ctx, "a")
-	if err != nil || us[0].Count != 3 {
-		t.Errorf("a's usage after the failed call and its retry: got %+v %v, want count 3", us, err)
+	for _, window := range []WindowKind{Aligned, TTL} {
+		t.Run(string(window), func(t *testing.T) {
+			ctx := context.Background()
+			now := t0.Add(10 * time.Second)
+			l := newTestLimiter(t, rdb, "*=10/1m;s=2/1m", Options{Clock: func() time.Time { return now }, Window: window})
+			admit(t, l, []string{"a"}) // a's ttl chain is now cached: its next events take the fast path
+			groups := []*group{{tenant: "a", idx: []int{0, 1, 2}}, {tenant: "s", idx: []int{3, 4, 5, 6}}, {tenant: "bad", idx: []int{7}}}
+			l.mu.Lock()
+			for _, g := range groups {
+				g.rules = l.Rules().For(g.tenant)
+				g.set = ruleSetID(l.opts.Window, g.rules)
+				g.st = l.stateLocked(g, now)
+				g.chain = g.st.chain
+			}
+			l.mu.Unlock()
+			ks, av := l.script(groups, now, now.Add(l.opts.Horizon))
+			var recs []int64
+			if err := json.Unmarshal(av[len(av)-1].([]byte), &recs); err != nil {
+				t.Fatal(err)
+			}
+			recs[len(recs)-3] = 99 // bad's rule is descriptor 99
+			av[len(av)-1], _ = json.Marshal(recs)
+			if err := l.admit.Run(ctx, rdb, ks, av...).Err(); err == nil {
+				t.Fatal("script with a bad record: got no error, want one")
+			}
+			for tenant, want := range map[string]int64{"a": 1, "s": 0} {
+				if us, err := l.Usage(ctx, tenant); err != nil || us[0].Count != want {
+					t.Errorf("%s's usage after the failed call: got %+v %v, want count %d", tenant, us, err, want)
+				}
+			}
+			r := l.Rules().For("s")[0]
+			for _, key := range []string{l.keys.frontier("s", groups[1].set), l.keys.rule("s", r) + ":anchor",
+				l.keys.window("s", r, t0.Add(time.Minute)), l.keys.window("s", r, now.Add(time.Minute))} {
+				if n, err := rdb.Exists(ctx, key).Result(); err != nil || n != 0 {
+					t.Errorf("s's key %s: exists %d (%v), want it taken back", key, n, err)
+				}
+			}
+			if got := kinds(admit(t, l, repeat("a", 3))); got != "aaa" {
+				t.Fatalf("retry: got %s, want aaa", got)
+			}
+			if us, err := l.Usage(ctx, "a"); err != nil || us[0].Count != 4 {
+				t.Errorf("a's usage after the retry: got %+v %v, want count 4", us, err)
+			}
+		})
 	}
 }
 

@@ -60,17 +60,18 @@
 --   with it ("has the wrong type", "holds a count that is not an integer").
 --
 -- Failures. Redis does not roll a script back, so the script keeps a journal
--- of its writes and takes them back itself: a call never half-applies.
+-- of its writes and takes them back itself: a call never half-applies. (The
+-- one count of a tenant decided in the fast path is not journaled, to keep
+-- that path short: it is found again from the tenant's record and reply.)
 --   - An error of a tenant's own key (WRONGTYPE; a count that is not an
 --     integer or would overflow) is that tenant's failure: what the call
 --     wrote for the tenant is taken back, the reply says which key, and the
 --     other tenants go on. No extra command checks a key beforehand: the
 --     read or write that meets it fails without effect.
---   - Any other error (OOM, READONLY, a cluster slot on the move: Redis
---     raises these at a call's first write or first key, never after its
---     first write; a bug) takes back everything the call wrote and ends it
---     with that error, so the caller can retry the batch without counting
---     any event twice.
+--   - Any other error (OOM, READONLY, MISCONF, which Redis raises only
+--     before a call's first write; a cluster slot on the move; a bug) takes
+--     back everything the call wrote and ends it with that error, so the
+--     caller can retry the batch without counting any event twice.
 --
 -- Lua numbers are doubles: whole milliseconds below 2^53 are exact.
 
@@ -507,29 +508,33 @@ local function decide(k, p, nrules, n, c)
   reply(admitted, res, rest, full, rules)
 end
 
--- The tenant being decided: at = {its number, its record (recs[at[2]]),
+-- Where the tenant in decide stands: {its number, its record (recs[at[2]]),
 -- its first key (KEYS[at[3]]), where its writes (journal) and its reply
--- (out) begin}. A table, not locals: run sets it and the loop below reads
--- it after an error, and the embedded Lua of make demo (gopher-lua) does
--- not keep a local shared with a closure once an error has unwound it.
-local at = {1, 1, 1, 0, 0}
+-- (out) begin}, for a failure in decide. A table, not locals: the embedded
+-- Lua of make demo (gopher-lua) does not keep a local shared with a closure
+-- once an error has unwound it. (A failure in the fast path raises its own.)
+local at = {0, 0, 0, 0, 0}
 
--- run decides the tenants from at[1] on. An error stops it at the failing
--- tenant, which the loop below fails alone, or the whole call with it.
+-- slow[ti] is true for the tenants that went to decide or failed: the
+-- others were decided in the fast path, whose one count is not journaled
+-- (see undo_call).
+local slow = {}
+
+-- run decides the tenants from the ti-th on (record at recs[p], first key
+-- KEYS[k]). An error stops it at the failing tenant, which the loop below
+-- fails alone, or the whole call with it.
 --
--- Fast path, inline (most tenants take it, and here a Lua call costs about
--- as much as a Redis command): a tenant with one rule whose current window
--- is known without reading Redis (aligned; ttl with a cached chain that
--- already covers the current window) is counted optimistically; when
--- everything fits and no window opens in a cached chain, that is the whole
--- decision. Otherwise decide goes on from the count made.
-local function run()
+-- Fast path, inline (most tenants take it, and here a Lua call or a table
+-- write shows): a tenant with one rule whose current window is known
+-- without reading Redis (aligned; ttl with a cached chain that already
+-- covers the current window) is counted optimistically; when everything
+-- fits and no window opens in a cached chain, that is the whole decision.
+-- Otherwise decide goes on from the count made.
+local function run(ti, p, k)
   local recs, descs, out, journal, keys = recs, descs, out, journal, KEYS -- registers, not upvalues
-  local p, k = at[2], at[3]
-  for ti = at[1], ntenants do
+  for ti = ti, ntenants do
     local nrules, n = recs[p], recs[p + 1]
-    local o = #out
-    at[1], at[2], at[3], at[4], at[5] = ti, p, k, jn, o
+    local mark, o = jn, #out
     local c, done = nil, false
     if nrules == 1 then
       local d, cst, cend = descs[recs[p + 2]], recs[p + 3], recs[p + 4]
@@ -543,10 +548,10 @@ local function run()
       end
       if cs and (not cend or ce <= cend) then
         local key = keys[k + 1] .. ":" .. cs -- wkey, inline
-        cur = key
-        c = redis.call("HINCRBY", key, "count", n)
-        journal[jn + 1], journal[jn + 2], journal[jn + 3] = c == n and 1 or 2, key, -n -- incr, inline
-        jn = jn + 3
+        c = redis.pcall("HINCRBY", key, "count", n)
+        if type(c) == "table" then -- it wrote nothing
+          error({key = key, why = fault(c.err), msg = c.err, at = {ti, p, k, mark, o}})
+        end
         if c <= d.limit and (c ~= n or not cend) then
           if c == n then
             opened(key, ce, d.ret)
@@ -556,52 +561,94 @@ local function run()
             out[o + 5], out[o + 6] = cst, cend
           end
           done = true
+        else
+          journal[jn + 1], journal[jn + 2], journal[jn + 3] = c == n and 1 or 2, key, -n -- incr, inline
+          jn = jn + 3
         end
       end
     end
     if not done then
+      slow[ti] = true
+      at[1], at[2], at[3], at[4], at[5] = ti, p, k, mark, o
       decide(k, p, nrules, n, c)
     end
     k, p = k + 1 + nrules, p + 2 + 3 * nrules
   end
 end
 
--- failure returns the key and the fault of a tenant's failure e, or nil
--- when e is not a tenant's key's own (Redis 6 raises command errors as
--- {err = ...}, Redis 7 as strings).
+-- undo_call takes back every write of the call: the journal's, and the
+-- count of each tenant decided in the fast path, n events in the window
+-- that holds now, found from the tenants' records and replies in out.
+local function undo_call()
+  undo(0)
+  local p, k, o = 1, 1, 1
+  for ti = 1, ntenants do
+    if out[o] == nil then
+      return -- ti and the tenants after it were not decided
+    end
+    local nrules, n = recs[p], recs[p + 1]
+    local d = descs[recs[p + 2]]
+    if not slow[ti] then
+      local cs = d.cs
+      if d.kind == "t" then
+        cs = recs[p + 3] + math.floor((now - recs[p + 3]) / d.step) * d.step
+      end
+      local key = wkey(KEYS[k + 1], cs)
+      if redis.call("HINCRBY", key, "count", -n) <= 0 then
+        redis.call("DEL", key)
+      end
+    end
+    if out[o] == -1 then
+      o = o + 3
+    else
+      o = o + 4 + 3 * out[o + 1]
+      if d.kind == "t" then
+        o = o + 2 * nrules
+      end
+    end
+    k, p = k + 1 + nrules, p + 2 + 3 * nrules
+  end
+end
+
+-- failure returns the key and the fault of a tenant's failure e, or nil and
+-- the error when e is not a tenant's key's own. (Redis 7 raises command
+-- errors as strings, Redis 6 as {err = ...}.)
 local function failure(e)
+  local key, msg = cur, e
   if type(e) == "table" then
     if e.why then
       return e.key, e.why
     end
-    e = e.err
+    key, msg = e.key or cur, e.msg or e.err
   end
-  local why = type(e) == "string" and fault(e)
-  if why then
-    return cur, why
+  msg = tostring(msg)
+  local why = fault(msg)
+  if why and key then
+    return key, why
   end
-  return nil
+  return nil, msg
 end
 
+local ti, p, k = 1, 1, 1
 while true do
-  local ok, e = pcall(run)
+  local ok, e = pcall(run, ti, p, k)
   if ok then
     return out
   end
   local key, why = failure(e)
   if not key then
-    undo(0)
-    if type(e) == "table" then
-      e = e.err
-    end
-    return redis.error_reply(tostring(e))
+    undo_call()
+    return redis.error_reply(why)
   end
-  local ti, p, k, mark, o = at[1], at[2], at[3], at[4], at[5]
+  local pos = type(e) == "table" and e.at or at
+  local mark, o = pos[4], pos[5]
+  ti, p, k = pos[1], pos[2], pos[3]
   undo(mark)
   for i = #out, o + 1, -1 do
     out[i] = nil
   end
   out[o + 1], out[o + 2], out[o + 3] = -1, key, why
+  slow[ti] = true
   local nrules = recs[p]
-  at[1], at[2], at[3] = ti + 1, p + 2 + 3 * nrules, k + 1 + nrules
+  ti, p, k = ti + 1, p + 2 + 3 * nrules, k + 1 + nrules
 end
