@@ -104,7 +104,7 @@ type Config struct {
 	// (a crashed replica) before its partitions move to the others.
 	KafkaSessionTimeout time.Duration `split_words:"true" default:"30s" desc:"consumer-group session timeout: how soon a crashed replica's partitions move (6s to 30s with Kafka's defaults)"`
 	// Retention keeps aligned window keys this long after their window ends.
-	Retention time.Duration `default:"168h" desc:"how long aligned window counters stay queryable after the window ends"`
+	Retention time.Duration `default:"168h" desc:"how long counters of windows of a day or longer stay after the window ends; shorter windows keep 24 windows (at least 1m), at most this"`
 	// RedisUsername is the Redis ACL user (none: the default user).
 	RedisUsername string `split_words:"true" desc:"Redis ACL user name"`
 	// RedisPassword authenticates to Redis. Secret.

@@ -414,6 +414,11 @@ func serve(ctx context.Context, cfg *Config, log *slog.Logger) error {
 			return nil
 		}
 		st.limiter.Store(lim)
+		if w, err := limit.CheckEviction(gctx, rdb); err != nil {
+			log.Debug("cannot read redis maxmemory-policy", slog.String("error", oneLine(err.Error())))
+		} else if w != "" {
+			log.Warn(w)
+		}
 
 		pctx, cancel := context.WithCancel(gctx)
 		defer cancel()

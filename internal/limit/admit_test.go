@@ -31,6 +31,9 @@ var admitCases = map[string]admitCase{
 	"TTLChainCachedByReplicas": testTTLChainCachedByReplicas,
 	"TTLChainLost":             testTTLChainLost,
 	"TTLChainNeverShrinks":     testTTLChainNeverShrinks,
+	"WindowKeysExpire":         testWindowKeysExpire,
+	"ReservedWindowKeyLives":   testReservedWindowKeyLives,
+	"BrokenKeyIsolated":        testBrokenKeyIsolated,
 }
 
 // Redis loses its script cache on restart or failover: Admit loads it again.

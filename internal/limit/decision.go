@@ -14,6 +14,13 @@ const (
 	Defer
 	// Reject: no room within the deferral horizon.
 	Reject
+	// Fail: a counter key of the event's tenant is broken (it has the wrong
+	// type, or holds a count that is not an integer), so the event cannot be
+	// decided until someone repairs or deletes the key; Reason names it.
+	// Nothing was counted for the tenant's events. Other tenants are not
+	// affected, and retrying does not help: the event goes to the dead-letter
+	// topic.
+	Fail
 )
 
 // String returns the kind's lower-case name, as used in metrics and logs.
@@ -25,6 +32,8 @@ func (k Kind) String() string {
 		return "defer"
 	case Reject:
 		return "reject"
+	case Fail:
+		return "fail"
 	}
 	return "unknown"
 }
@@ -39,6 +48,6 @@ type Decision struct {
 	// the windows it was counted in). An event that comes back in [Due, Until)
 	// is forwarded without being counted again; later, it is checked as new.
 	Until time.Time
-	// Reason says why, for Reject.
+	// Reason says why, for Reject and Fail.
 	Reason string
 }

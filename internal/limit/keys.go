@@ -80,3 +80,33 @@ func ruleSetID(kind WindowKind, rules []Rule) string {
 	}
 	return string(kind) + ":" + strings.Join(parts, ",")
 }
+
+// Key lifetimes. A window key lives until its window ends plus a retention,
+// counted from the end of the window it names, so a slot reserved in a
+// future window keeps its key at least that long too.
+//
+// Windows of a day or longer keep the seed's retention (Options.Retention,
+// default 7 days): a day's count stays queryable for a week, a handful of
+// keys per tenant and rule. Shorter windows keep 24 windows' length, at
+// least a minute and at most Options.Retention: a tenant then holds about 25
+// keys per rule whatever the window's length (a 1s rule kept for 7 days would
+// hold 604,800), a flood of made-up tenants leaves keys that are gone within
+// minutes of a one-second or one-minute window, and an hourly rule still keeps
+// its last day. The minute is the margin a key keeps past its window's end so
+// that a replica whose clock lags, or a usage query at the boundary, never
+// finds a window it still counts in already gone (a lost key restarts its
+// count and would let the limit be passed).
+const (
+	minRetention    = time.Minute
+	retentionFactor = 24
+)
+
+// retention returns how long the keys of r's windows live after their
+// window ends, given the configured retention (Options.Retention).
+func retention(r Rule, configured time.Duration) time.Duration {
+	w := r.Length()
+	if w >= 24*time.Hour {
+		return configured
+	}
+	return min(configured, max(minRetention, retentionFactor*w))
+}

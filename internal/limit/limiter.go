@@ -25,7 +25,9 @@ type Options struct {
 	Location *time.Location
 	// Horizon is the furthest a deferral may reach. Default 24h.
 	Horizon time.Duration
-	// Retention keeps window keys this long after their window ends. Default 7 days.
+	// Retention keeps the keys of windows of a day or longer this long after
+	// their window ends, and bounds how long shorter windows keep theirs
+	// (24 windows' length, at least a minute; see retention). Default 7 days.
 	Retention time.Duration
 	// Timeout bounds every Redis call. Default 2s.
 	Timeout time.Duration
@@ -213,8 +215,10 @@ type group struct {
 // tenant's events are decided in slice order: the first that fit are admitted,
 // the next get the earliest reserved slots, the rest are rejected. The whole
 // batch costs one Redis round trip (one per node on Redis Cluster), none for
-// tenants without rules or known to be full up to the horizon. A non-nil
-// error means Redis trouble and nothing was decided.
+// tenants without rules or known to be full up to the horizon. The events
+// of a tenant whose counter keys are broken get Fail decisions, and the
+// other tenants are decided as usual. A non-nil error means Redis trouble
+// and nothing was decided (nor counted): the batch may be retried.
 func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, error) {
 	now := l.opts.Clock()
 	rules := l.rules.Load()
@@ -284,12 +288,11 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 
 // cacheChains keeps the ttl chains of the one-rule tenants in replies (the
 // last two numbers of each reply).
-func (l *Limiter) cacheChains(calls []*group, replies [][]int64) {
+func (l *Limiter) cacheChains(calls []*group, replies []reply) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for j, g := range calls {
-		if len(g.rules) == 1 {
-			r := replies[j]
+		if r := replies[j].n; len(g.rules) == 1 && replies[j].failed == "" {
 			g.st.chain = chain{start: r[len(r)-2], end: r[len(r)-1]}
 		}
 	}
@@ -329,7 +332,7 @@ func (l *Limiter) markFull(g *group, until time.Time) {
 }
 
 // descriptors numbers the distinct rules of one script call and holds their
-// ARGV descriptions (limit, kind, step, base, boundaries): a description
+// ARGV descriptions (limit, kind, step, base, retention, boundaries): a description
 // depends only on the rule and the time, not on the tenant, so it is sent
 // once per call however many tenants share the rule.
 type descriptors struct {
@@ -342,15 +345,16 @@ func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
 	if i, ok := d.index[r]; ok {
 		return i
 	}
+	ret := retention(r, l.opts.Retention).Milliseconds()
 	switch {
 	case l.opts.Window == TTL:
-		d.args = append(d.args, r.Limit, "t", r.Length().Milliseconds(), 0, 0)
+		d.args = append(d.args, r.Limit, "t", r.Length().Milliseconds(), 0, ret, 0)
 	case r.Unit == Second || r.Unit == Minute:
 		s, _ := Window(r, now, l.opts.Location)
-		d.args = append(d.args, r.Limit, "a", r.Length().Milliseconds(), s.UnixMilli(), 0)
+		d.args = append(d.args, r.Limit, "a", r.Length().Milliseconds(), s.UnixMilli(), ret, 0)
 	default:
 		b := boundaries(r, now, hend, l.opts.Location)
-		d.args = append(d.args, r.Limit, "e", 0, 0, len(b))
+		d.args = append(d.args, r.Limit, "e", 0, 0, ret, len(b))
 		for _, t := range b {
 			d.args = append(d.args, t.UnixMilli())
 		}
@@ -384,9 +388,8 @@ func (l *Limiter) script(groups []*group, now, hend time.Time) ([]string, []any)
 		}
 	}
 	recs = append(recs, ']')
-	av := make([]any, 0, 7+len(d.args))
-	av = append(av, now.UnixMilli(), hend.UnixMilli(), l.opts.Retention.Milliseconds(), l.opts.MaxScan,
-		len(d.index), len(groups))
+	av := make([]any, 0, 6+len(d.args))
+	av = append(av, now.UnixMilli(), hend.UnixMilli(), l.opts.MaxScan, len(d.index), len(groups))
 	av = append(av, d.args...)
 	av = append(av, recs)
 	return ks, av
@@ -395,7 +398,7 @@ func (l *Limiter) script(groups []*group, now, hend time.Time) ([]string, []any)
 // call runs admit.lua: one call for the batch on a single node; on Redis
 // Cluster one call per tenant (each tenant's keys share a slot), pipelined so
 // that go-redis sends one round trip per node, the nodes in parallel.
-func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([][]int64, error) {
+func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([]reply, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
 	start := time.Now()
@@ -435,7 +438,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([][]
 		l.metrics.redisErrors.Inc()
 		return nil, fmt.Errorf("admit batch: %w", err)
 	}
-	out := make([][]int64, len(calls))
+	out := make([]reply, len(calls))
 	for i, c := range cmds {
 		r, err := l.parseReplies(c.Val(), calls[i:i+1])
 		if err != nil {
@@ -448,6 +451,13 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([][]
 
 var errReply = errors.New("admit: unexpected script reply")
 
+// reply is one tenant's part of admit.lua's reply: its numbers, or, when a
+// broken key failed the tenant, the reason.
+type reply struct {
+	n      []int64
+	failed string
+}
+
 // chainNumbers is how many numbers a tenant's reply ends with: the ttl chain
 // (start, end) of each of its rules when the window is ttl, else none.
 func (l *Limiter) chainNumbers(g *group) int {
@@ -457,38 +467,63 @@ func (l *Limiter) chainNumbers(g *group) int {
 	return 0
 }
 
-// parseReplies splits admit.lua's flat reply into one slice per group:
+// parseReplies splits admit.lua's flat reply into one reply per group:
 // admitted, reservations, 3 numbers per reservation, rejected, full_until,
-// then the ttl chain (start, end) of each rule when the window is ttl.
-func (l *Limiter) parseReplies(res any, groups []*group) ([][]int64, error) {
+// then the ttl chain (start, end) of each rule when the window is ttl; or,
+// for a tenant that failed, -1, the broken key and what is wrong with it.
+func (l *Limiter) parseReplies(res any, groups []*group) ([]reply, error) {
 	arr, ok := res.([]any)
 	if !ok {
 		return nil, fmt.Errorf("%w: %T", errReply, res)
 	}
-	flat := make([]int64, len(arr))
-	for i, x := range arr {
-		if flat[i], ok = x.(int64); !ok {
-			return nil, fmt.Errorf("%w: field %d: %T", errReply, i, x)
-		}
-	}
-	out := make([][]int64, len(groups))
+	flat := make([]int64, 0, len(arr))
+	out := make([]reply, len(groups))
 	for i, g := range groups {
-		chains := l.chainNumbers(g)
-		if len(flat) < 2 || flat[1] < 0 || int64(len(flat)-4-chains) < 3*flat[1] {
-			return nil, fmt.Errorf("%w: tenant %d: %v", errReply, i, flat)
+		if len(arr) >= 3 && arr[0] == int64(-1) {
+			key, kok := arr[1].(string)
+			why, wok := arr[2].(string)
+			if !kok || !wok {
+				return nil, fmt.Errorf("%w: tenant %d: failure %v", errReply, i, arr[:3])
+			}
+			out[i].failed = "counter key " + key + " " + why
+			arr = arr[3:]
+			continue
 		}
-		n := 4 + chains + 3*int(flat[1])
-		out[i], flat = flat[:n:n], flat[n:]
+		var nres int64
+		if len(arr) >= 2 {
+			nres, _ = arr[1].(int64)
+		}
+		chains := l.chainNumbers(g)
+		if nres < 0 || int64(len(arr)-4-chains) < 3*nres {
+			return nil, fmt.Errorf("%w: tenant %d: %v", errReply, i, arr)
+		}
+		n := 4 + chains + 3*int(nres)
+		start := len(flat)
+		for j, x := range arr[:n] {
+			v, ok := x.(int64)
+			if !ok {
+				return nil, fmt.Errorf("%w: tenant %d: field %d: %T", errReply, i, j, x)
+			}
+			flat = append(flat, v)
+		}
+		out[i].n, arr = flat[start:len(flat):len(flat)], arr[n:]
 	}
-	if len(flat) != 0 {
-		return nil, fmt.Errorf("%w: %d numbers left over", errReply, len(flat))
+	if len(arr) != 0 {
+		return nil, fmt.Errorf("%w: %d values left over", errReply, len(arr))
 	}
 	return out, nil
 }
 
 // apply turns one tenant's reply into decisions, in the tenant's event order.
-func (l *Limiter) apply(g *group, r []int64, now time.Time, out []Decision) error {
+func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) error {
+	if rep.failed != "" {
+		for _, i := range g.idx {
+			out[i] = Decision{Kind: Fail, Reason: rep.failed}
+		}
+		return nil
+	}
 	// The ttl chain (start, end) of each rule follows the fixed fields.
+	r := rep.n
 	chains := l.chainNumbers(g)
 	if len(r) < 4+chains || int64(len(r)) != int64(4+chains)+3*r[1] {
 		return fmt.Errorf("%w: %v", errReply, r)

@@ -8,7 +8,8 @@
 --      go before newer live events;
 --   3. reports what did not fit within the horizon as rejected.
 -- Window keys are hashes {count, expire} (expire = the window's logical end,
--- unix ms), kept for a retention period after they end, as in aligned_incr.
+-- unix ms), kept for their rule's retention period after they end, as in
+-- aligned_incr (the caller sizes it to the window: see limit.retention).
 -- All times are unix ms from the caller's clock, passed in ARGV.
 --
 -- Window kinds per rule:
@@ -31,11 +32,12 @@
 --   All keys of a tenant share the {<tenant>} hash tag, so they sit in one
 --   Cluster slot.
 -- ARGV[1] now (unix ms)      ARGV[2] horizon end (now + horizon, unix ms)
--- ARGV[3] retention (ms)     ARGV[4] most windows one tenant may scan
--- ARGV[5] number of rule descriptors   ARGV[6] number of tenants
+-- ARGV[3] most windows one tenant may scan
+-- ARGV[4] number of rule descriptors   ARGV[5] number of tenants
 --   then per rule descriptor (each distinct rule once per call, whatever the
 --   number of tenants it applies to):
---     limit, kind, step ms, base ms, number of boundaries, boundaries...
+--     limit, kind, step ms, base ms, retention ms, number of boundaries,
+--     boundaries...
 --   then one argument holding every tenant's record, a JSON array of numbers:
 --   number of rules, n events, then per rule: descriptor index (1-based),
 --   cached ttl chain start, cached chain end. (One cjson.decode costs the
@@ -54,17 +56,80 @@
 --   because every window up to the horizon is full, the first time at which a
 --   window might have room (0 otherwise). The chain end may be lower than the
 --   anchor's (another caller extended it); it is never higher.
+--   A tenant whose keys failed it is instead: -1, the key, what is wrong
+--   with it ("has the wrong type", "holds a count that is not an integer").
+--
+-- Failures. Redis does not roll a script back, so the script keeps a journal
+-- of its writes and takes them back itself: a call never half-applies. (The
+-- one count of a tenant decided in the fast path is not journaled, to keep
+-- that path short: it is found again from the tenant's record and reply.)
+--   - An error of a tenant's own key (WRONGTYPE; a count that is not an
+--     integer or would overflow) is that tenant's failure: what the call
+--     wrote for the tenant is taken back, the reply says which key, and the
+--     other tenants go on. No extra command checks a key beforehand: the
+--     read or write that meets it fails without effect.
+--   - Any other error (OOM, READONLY, MISCONF, which Redis raises only
+--     before a call's first write; a cluster slot on the move; a bug) takes
+--     back everything the call wrote and ends it with that error, so the
+--     caller can retry the batch without counting any event twice.
+--
 -- Lua numbers are doubles: whole milliseconds below 2^53 are exact.
 
 local now = tonumber(ARGV[1])
 local hend = tonumber(ARGV[2])
-local retention = tonumber(ARGV[3])
-local maxscan = tonumber(ARGV[4])
-local ndescs = tonumber(ARGV[5])
-local ntenants = tonumber(ARGV[6])
+local maxscan = tonumber(ARGV[3])
+local ndescs = tonumber(ARGV[4])
+local ntenants = tonumber(ARGV[5])
 
 local counts = {}
 local none = {} -- an empty list, never written
+local out = {}
+
+-- The journal of the call's writes, newest last, three slots each: op, key,
+-- arg. op 1: the key did not hold a count before (undo: DEL); op 2: the
+-- count grew by -arg (undo: HINCRBY arg); op 3: an anchor that held arg,
+-- {start, until} or false (undo: put it back).
+local journal = {}
+local jn = 0
+
+local function note(op, key, arg)
+  journal[jn + 1], journal[jn + 2], journal[jn + 3] = op, key, arg
+  jn = jn + 3
+end
+
+-- undo takes back the journal's writes after mark, newest first. It writes
+-- only keys the call wrote, so it cannot meet a key of the wrong type.
+local function undo(mark)
+  while jn > mark do
+    local op, key, arg = journal[jn - 2], journal[jn - 1], journal[jn]
+    if op == 2 then
+      redis.call("HINCRBY", key, "count", arg)
+    elseif op == 3 and arg then
+      redis.call("HSET", key, "start", arg[1], "until", arg[2])
+      redis.call("PEXPIRE", key, string.format("%.0f", tonumber(arg[2]) - now + 1000))
+    else
+      redis.call("DEL", key)
+    end
+    jn = jn - 3
+  end
+end
+
+-- fault words an error of a key as a reply says it, or nil when the error
+-- is not the key's own (see Failures above).
+local function fault(err)
+  if string.find(err, "WRONGTYPE", 1, true) then
+    return "has the wrong type"
+  elseif string.find(err, "hash value is not an integer", 1, true) then
+    return "holds a count that is not an integer"
+  elseif string.find(err, "increment or decrement would overflow", 1, true) then
+    return "holds a count that would overflow"
+  end
+  return nil
+end
+
+-- cur is the key of the last command that may fail on a tenant's key: an
+-- error of redis.call does not name its key, and a failure's reply does.
+local cur = nil
 
 -- wkey is the key of the window starting at s of the rule whose key prefix
 -- is prefix. Times are whole numbers below 1e14, which Lua writes without
@@ -78,22 +143,38 @@ local function anchor_key(r)
   return r.key .. ":anchor"
 end
 
--- opened gives a window just opened by HINCRBY its logical end e and its
--- physical expiry, e plus the retention.
-local function opened(key, e)
+-- incr adds by to a window's count and journals it.
+local function incr(key, by)
+  cur = key
+  local c = redis.call("HINCRBY", key, "count", by)
+  if c == by then
+    note(1, key, false)
+  else
+    note(2, key, -by)
+  end
+  return c
+end
+
+-- opened gives a window just opened by incr its logical end e and its
+-- physical expiry, e plus its rule's retention ret.
+local function opened(key, e, ret)
   redis.call("HSET", key, "expire", e)
-  redis.call("PEXPIRE", key, e - now + retention)
+  redis.call("PEXPIRE", key, e - now + ret)
 end
 
 -- count_of reads a window's live count once per call and caches it.
 local function count_of(key)
   local c = counts[key]
   if c == nil then
+    cur = key
     local v = redis.call("HMGET", key, "count", "expire")
     local e = tonumber(v[2])
     c = 0
-    if e and now < e then
-      c = tonumber(v[1]) or 0
+    if e and now < e and v[1] then
+      c = tonumber(v[1])
+      if not c or c % 1 ~= 0 then
+        error({key = key, why = "holds a count that is not an integer"})
+      end
     end
     counts[key] = c
   end
@@ -106,10 +187,14 @@ local function add(r, s, e, by)
   local c = count_of(key)
   if c == 0 then
     redis.call("HSET", key, "count", by, "expire", e)
-    redis.call("PEXPIRE", key, e - now + retention)
+    redis.call("PEXPIRE", key, e - now + r.ret)
+    journal[jn + 1], journal[jn + 2], journal[jn + 3] = 1, key, false
   else
+    cur = key
     redis.call("HINCRBY", key, "count", by)
+    journal[jn + 1], journal[jn + 2], journal[jn + 3] = 2, key, -by
   end
+  jn = jn + 3
   counts[key] = c + by
   if e > r.maxend then
     r.maxend = e
@@ -136,11 +221,14 @@ local function win(r, t)
 end
 
 -- anchor reads rule r's ttl chain from Redis: it continues while now is
--- before its end; otherwise the next window starts a new chain at now.
+-- before its end; otherwise the next window starts a new chain at now. The
+-- anchor as read is kept in r.old, for the journal.
 local function anchor(r)
-  local v = redis.call("HMGET", anchor_key(r), "start", "until")
+  cur = anchor_key(r)
+  local v = redis.call("HMGET", cur, "start", "until")
   local st, un = tonumber(v[1]), tonumber(v[2])
   r.cached = false
+  r.old = v
   if st and un and now < un then
     r.base, r.chainend = st, un
   else
@@ -150,280 +238,417 @@ end
 
 -- Rule descriptors, parsed once per call.
 local descs = {}
-local a = 7
+local a = 6
 for di = 1, ndescs do
-  local nb = tonumber(ARGV[a + 4])
+  local nb = tonumber(ARGV[a + 5])
   local bounds = {}
   for bi = 1, nb do
-    bounds[bi] = tonumber(ARGV[a + 4 + bi])
+    bounds[bi] = tonumber(ARGV[a + 5 + bi])
   end
   local d = {
     limit = tonumber(ARGV[a]), kind = ARGV[a + 1],
-    step = tonumber(ARGV[a + 2]), base = tonumber(ARGV[a + 3]), bounds = bounds,
-    hint = 1, cs = 0, ce = 0,
+    step = tonumber(ARGV[a + 2]), base = tonumber(ARGV[a + 3]),
+    ret = tonumber(ARGV[a + 4]), bounds = bounds, hint = 1, cs = 0, ce = 0,
   }
   if d.kind ~= "t" then
     -- The current window is the same for every tenant of an aligned rule.
     d.cs, d.ce = win(d, now)
   end
   descs[di] = d
-  a = a + 5 + nb
+  a = a + 6 + nb
 end
 
--- The tenants' records (see above): p is the read position.
+-- The tenants' records (see above).
 local recs = cjson.decode(ARGV[a])
-local p = 1
-local out = {}
-local k = 1
-for ti = 1, ntenants do
-  local nrules, n = recs[p], recs[p + 1]
-  local p0 = p + 2 -- the tenant's rule records
-  p = p0 + 3 * nrules
-  local fkey = KEYS[k]
 
-  -- Fast path, for a tenant with one rule whose current window is known
-  -- without reading Redis (aligned; ttl with a cached chain that already
-  -- covers the current window): count optimistically; when everything fits
-  -- and no window opens in a cached chain, that is the whole decision.
-  -- Otherwise pre keeps the count for the general path below.
-  local pre, done = nil, false
-  if nrules == 1 then
-    local di, cst, cend = recs[p0], recs[p0 + 1], recs[p0 + 2]
-    local d = descs[di]
-    local cs, ce = nil, nil
-    if d.kind ~= "t" then
-      cend = nil
-      cs, ce = d.cs, d.ce
+-- reply appends a tenant's decision to out: admitted, the reservations
+-- (due, count, until each), rejected, full_until, then the chains of its
+-- ttl rules.
+local function reply(admitted, res, rest, full, rules)
+  local o = #out
+  out[o + 1] = admitted
+  out[o + 2] = #res / 3
+  for i = 1, #res do
+    out[o + 2 + i] = res[i]
+  end
+  o = o + 2 + #res
+  out[o + 1] = rest
+  out[o + 2] = full
+  o = o + 2
+  for ri = 1, #rules do
+    local r = rules[ri]
+    if r.kind == "t" then
+      out[o + 1] = r.base
+      out[o + 2] = r.chainend
+      o = o + 2
+    end
+  end
+end
+
+-- rules_of returns the state of a tenant's rules, whose record entries
+-- start at recs[q] and keys at KEYS[k]: ttl rules with their chain, from
+-- the cache for a tenant with one rule while the chain runs, else from the
+-- anchor; every rule with its current window [cs, ce).
+local function rules_of(k, q, nrules)
+  local rules = {}
+  for ri = 1, nrules do
+    local d, cst, cend = descs[recs[q]], recs[q + 1], recs[q + 2]
+    local r = {
+      limit = d.limit, kind = d.kind, step = d.step, base = d.base,
+      ret = d.ret, bounds = d.bounds, key = KEYS[k + ri - 1], hint = 1, maxend = 0,
+      cached = false, chainend = 0, cs = 0, ce = 0, ts = 0, te = 0,
+    }
+    if r.kind == "t" then
+      if nrules == 1 and cend > now then
+        r.base, r.chainend, r.cached = cst, cend, true
+      else
+        anchor(r)
+      end
+    end
+    r.cs, r.ce = win(r, now)
+    rules[ri] = r
+    q = q + 3
+  end
+  return rules
+end
+
+-- admit_one admits what fits of n events of a one-rule tenant in the
+-- current window and counts them there: it counts all n (c: the count the
+-- fast path already made) and gives back what did not fit, one call when
+-- everything fits. A current window's key is never past its expiry (keys
+-- carry their window's start), so the count read is live.
+local function admit_one(r, n, c)
+  local key = wkey(r.key, r.cs)
+  c = c or incr(key, n)
+  if c == n and r.cached then
+    -- The window was empty and the chain is known only from the cache:
+    -- check the anchor before counting there.
+    local cst = r.base
+    anchor(r)
+    if r.base ~= cst then
+      -- The chain is gone (lost keys): undo (the window held nothing
+      -- before) and count in the chain that starts now.
+      redis.call("DEL", key)
+      r.cs, r.ce = win(r, now)
+      key = wkey(r.key, r.cs)
+      c = incr(key, n)
+    end
+  end
+  if c == n then
+    opened(key, r.ce, r.ret)
+  end
+  local admitted = r.limit - (c - n)
+  if admitted > n then
+    admitted = n
+  elseif admitted < 0 then
+    admitted = 0
+  end
+  if admitted < n then
+    incr(key, admitted - n)
+  end
+  -- (No need to remember the count: with one rule the search below starts
+  -- after the current window.)
+  if admitted > 0 and r.ce > r.maxend then
+    r.maxend = r.ce
+  end
+  return admitted
+end
+
+-- admit_all admits, for a tenant with several rules, the first of n events
+-- that fit in the current window of every rule, and counts them there.
+local function admit_all(rules, n)
+  local admitted = n
+  for _, r in ipairs(rules) do
+    local room = r.limit - count_of(wkey(r.key, r.cs))
+    if room < admitted then
+      admitted = room
+    end
+  end
+  if admitted < 0 then
+    admitted = 0
+  end
+  if admitted > 0 then
+    for _, r in ipairs(rules) do
+      add(r, r.cs, r.ce, admitted)
+    end
+  end
+  return admitted
+end
+
+-- reserve reserves rest events, in order, in the earliest windows from
+-- first on where every rule has room, up to the horizon, and moves the
+-- tenant's frontier (key fkey). It returns the reservations (due, count,
+-- until each), what is left and where the search stopped.
+local function reserve(rules, fkey, rest, first)
+  local res = none
+  local t = first
+  if rest > 0 then
+    res = {}
+    cur = fkey
+    local fr = tonumber(redis.call("GET", fkey))
+    if fr and fr > t then
+      t = fr
+    end
+  end
+  local scans = 0
+  while rest > 0 and t <= hend and scans < maxscan do
+    scans = scans + 1
+    -- The windows of every rule that hold t (kept in r.ts, r.te): the
+    -- least room, the end of the latest full one, the earliest end.
+    local minroom, jump, untilt = math.huge, 0, math.huge
+    local past = false
+    for _, r in ipairs(rules) do
+      local s, e = win(r, t)
+      if not s then
+        past = true
+        break
+      end
+      r.ts, r.te = s, e
+      local room = r.limit - count_of(wkey(r.key, s))
+      if room < minroom then
+        minroom = room
+      end
+      if room <= 0 and e > jump then
+        jump = e
+      end
+      if e < untilt then
+        untilt = e
+      end
+    end
+    if past then
+      t = hend + 1
+      break
+    end
+    if minroom > 0 then
+      local take = minroom
+      if rest < take then
+        take = rest
+      end
+      for _, r in ipairs(rules) do
+        add(r, r.ts, r.te, take)
+      end
+      res[#res + 1] = t
+      res[#res + 1] = take
+      res[#res + 1] = untilt
+      rest = rest - take
+      if take == minroom then
+        jump = 0
+        for _, r in ipairs(rules) do
+          if r.limit - count_of(wkey(r.key, r.ts)) <= 0 and r.te > jump then
+            jump = r.te
+          end
+        end
+        t = jump
+      end
     else
-      if cend > now then
+      t = jump
+    end
+  end
+  if t > first then
+    redis.call("SET", fkey, string.format("%.0f", t), "PX", string.format("%.0f", t - now + 1000))
+    note(1, fkey, false) -- a frontier is a hint: none is always safe
+  end
+  return res, rest, t
+end
+
+-- keep_chains keeps ttl chains alive while any of their windows holds a
+-- count. A cached chain end may be behind the anchor's: read it before
+-- extending.
+local function keep_chains(rules)
+  for ri = 1, #rules do
+    local r = rules[ri]
+    if r.kind == "t" and r.maxend > r.chainend then
+      local akey = anchor_key(r)
+      if r.cached then
+        cur = akey
+        r.old = redis.call("HMGET", akey, "start", "until")
+        local un = tonumber(r.old[2])
+        if un and un > r.chainend then
+          r.chainend = un
+        end
+      end
+      if r.maxend > r.chainend then
+        local v = r.old
+        note(3, akey, tonumber(v[1]) and tonumber(v[2]) and v or false)
+        redis.call("HSET", akey, "start", string.format("%.0f", r.base), "until", string.format("%.0f", r.maxend))
+        redis.call("PEXPIRE", akey, string.format("%.0f", r.maxend - now + 1000))
+        r.chainend = r.maxend
+      end
+    end
+  end
+end
+
+-- decide decides the n events of the tenant whose record starts at recs[p]
+-- and keys at KEYS[k] (c: what the fast path counted, if anything), and
+-- appends its reply to out.
+local function decide(k, p, nrules, n, c)
+  local fkey = KEYS[k]
+  local rules = rules_of(k + 1, p + 2, nrules)
+  -- 1. admit into the current windows.
+  local admitted
+  if nrules == 1 then
+    admitted = admit_one(rules[1], n, c)
+  else
+    admitted = admit_all(rules, n)
+  end
+  local first = math.huge
+  for ri = 1, nrules do
+    if rules[ri].ce < first then
+      first = rules[ri].ce
+    end
+  end
+  -- 2. reserve the rest in the earliest future windows with room.
+  local res, rest, t = reserve(rules, fkey, n - admitted, first)
+  keep_chains(rules)
+  -- 3. what is left is rejected.
+  local full = 0
+  if rest > 0 and t > hend then
+    full = t
+  end
+  reply(admitted, res, rest, full, rules)
+end
+
+-- Where the tenant in decide stands: {its number, its record (recs[at[2]]),
+-- its first key (KEYS[at[3]]), where its writes (journal) and its reply
+-- (out) begin}, for a failure in decide. A table, not locals: the embedded
+-- Lua of make demo (gopher-lua) does not keep a local shared with a closure
+-- once an error has unwound it. (A failure in the fast path raises its own.)
+local at = {0, 0, 0, 0, 0}
+
+-- slow[ti] is true for the tenants that went to decide or failed: the
+-- others were decided in the fast path, whose one count is not journaled
+-- (see undo_call).
+local slow = {}
+
+-- run decides the tenants from the ti-th on (record at recs[p], first key
+-- KEYS[k]). An error stops it at the failing tenant, which the loop below
+-- fails alone, or the whole call with it.
+--
+-- Fast path, inline (most tenants take it, and here a Lua call or a table
+-- write shows): a tenant with one rule whose current window is known
+-- without reading Redis (aligned; ttl with a cached chain that already
+-- covers the current window) is counted optimistically; when everything
+-- fits and no window opens in a cached chain, that is the whole decision.
+-- Otherwise decide goes on from the count made.
+local function run(ti, p, k)
+  local recs, descs, out, journal, keys = recs, descs, out, journal, KEYS -- registers, not upvalues
+  for ti = ti, ntenants do
+    local nrules, n = recs[p], recs[p + 1]
+    local mark, o = jn, #out
+    local c, done = nil, false
+    if nrules == 1 then
+      local d, cst, cend = descs[recs[p + 2]], recs[p + 3], recs[p + 4]
+      local cs, ce = nil, nil
+      if d.kind ~= "t" then
+        cend = nil
+        cs, ce = d.cs, d.ce
+      elseif cend > now then
         cs = cst + math.floor((now - cst) / d.step) * d.step
         ce = cs + d.step
       end
-    end
-    if cs and (not cend or ce <= cend) then
-      local key = wkey(KEYS[k + 1], cs)
-      local c = redis.call("HINCRBY", key, "count", n)
-      if c <= d.limit and (c ~= n or not cend) then
-        if c == n then
-          opened(key, ce)
+      if cs and (not cend or ce <= cend) then
+        local key = keys[k + 1] .. ":" .. cs -- wkey, inline
+        c = redis.pcall("HINCRBY", key, "count", n)
+        if type(c) == "table" then -- it wrote nothing
+          error({key = key, why = fault(c.err), msg = c.err, at = {ti, p, k, mark, o}})
         end
-        local o = #out
-        out[o + 1] = n
-        out[o + 2] = 0
-        out[o + 3] = 0
-        out[o + 4] = 0
-        if cend then
-          out[o + 5] = cst
-          out[o + 6] = cend
-        end
-        k = k + 2
-        done = true
-      else
-        pre = c
-      end
-    end
-  end
-
-  if not done then
-    k = k + 1
-    local rules = {}
-    for ri = 1, nrules do
-      local q = p0 + 3 * (ri - 1)
-      local di, cst, cend = recs[q], recs[q + 1], recs[q + 2]
-      local d = descs[di]
-      local r = {
-        limit = d.limit, kind = d.kind, step = d.step, base = d.base,
-        bounds = d.bounds, key = KEYS[k], hint = 1, maxend = 0,
-        cached = false, chainend = 0, cs = 0, ce = 0, ts = 0, te = 0,
-      }
-      if r.kind == "t" then
-        if nrules == 1 and cend > now then
-          r.base, r.chainend, r.cached = cst, cend, true
+        if c <= d.limit and (c ~= n or not cend) then
+          if c == n then
+            opened(key, ce, d.ret)
+          end
+          out[o + 1], out[o + 2], out[o + 3], out[o + 4] = n, 0, 0, 0
+          if cend then
+            out[o + 5], out[o + 6] = cst, cend
+          end
+          done = true
         else
-          anchor(r)
-        end
-      end
-      k = k + 1
-      rules[ri] = r
-    end
-
-    -- 1. admit into the current windows.
-    local admitted = n
-    for ri = 1, nrules do
-      local r = rules[ri]
-      r.cs, r.ce = win(r, now)
-    end
-    if nrules == 1 then
-      -- One rule: count optimistically and give back what did not fit, one
-      -- call when it fits. A current window's key is never past its expiry
-      -- (keys carry their window's start), so the count read is live.
-      local r = rules[1]
-      local key = wkey(r.key, r.cs)
-      local c = pre or redis.call("HINCRBY", key, "count", n)
-      if c == n and r.cached then
-        -- The window was empty and the chain is known only from the cache:
-        -- check the anchor before counting there.
-        local cst = r.base
-        anchor(r)
-        if r.base ~= cst then
-          -- The chain is gone (lost keys): undo (the window held nothing
-          -- before) and count in the chain that starts now.
-          redis.call("DEL", key)
-          r.cs, r.ce = win(r, now)
-          key = wkey(r.key, r.cs)
-          c = redis.call("HINCRBY", key, "count", n)
-        end
-      end
-      if c == n then
-        opened(key, r.ce)
-      end
-      local before = c - n
-      admitted = r.limit - before
-      if admitted > n then
-        admitted = n
-      elseif admitted < 0 then
-        admitted = 0
-      end
-      if admitted < n then
-        redis.call("HINCRBY", key, "count", admitted - n)
-      end
-      -- (No need to remember the count: with one rule the search below
-      -- starts after the current window.)
-      if admitted > 0 and r.ce > r.maxend then
-        r.maxend = r.ce
-      end
-    else
-      for _, r in ipairs(rules) do
-        local room = r.limit - count_of(wkey(r.key, r.cs))
-        if room < admitted then
-          admitted = room
-        end
-      end
-      if admitted < 0 then
-        admitted = 0
-      end
-      if admitted > 0 then
-        for _, r in ipairs(rules) do
-          add(r, r.cs, r.ce, admitted)
+          journal[jn + 1], journal[jn + 2], journal[jn + 3] = c == n and 1 or 2, key, -n -- incr, inline
+          jn = jn + 3
         end
       end
     end
-    local first = math.huge
-    for ri = 1, nrules do
-      local ce = rules[ri].ce
-      if ce < first then
-        first = ce
-      end
+    if not done then
+      slow[ti] = true
+      at[1], at[2], at[3], at[4], at[5] = ti, p, k, mark, o
+      decide(k, p, nrules, n, c)
     end
-    -- 2. reserve the rest in the earliest future windows with room.
-    local rest = n - admitted
-    local res = none
-    local t = first
-    if rest > 0 then
-      res = {}
-      local fr = tonumber(redis.call("GET", fkey))
-      if fr and fr > t then
-        t = fr
-      end
-    end
-    local scans = 0
-    while rest > 0 and t <= hend and scans < maxscan do
-      scans = scans + 1
-      local minroom, jump, untilt = math.huge, 0, math.huge
-      local past = false
-      for _, r in ipairs(rules) do
-        local s, e = win(r, t)
-        if not s then
-          past = true
-          break
-        end
-        r.ts, r.te = s, e
-        local room = r.limit - count_of(wkey(r.key, s))
-        if room < minroom then
-          minroom = room
-        end
-        if room <= 0 and e > jump then
-          jump = e
-        end
-        if e < untilt then
-          untilt = e
-        end
-      end
-      if past then
-        t = hend + 1
-        break
-      end
-      if minroom > 0 then
-        local take = minroom
-        if rest < take then
-          take = rest
-        end
-        for _, r in ipairs(rules) do
-          add(r, r.ts, r.te, take)
-        end
-        res[#res + 1] = t
-        res[#res + 1] = take
-        res[#res + 1] = untilt
-        rest = rest - take
-        if take == minroom then
-          jump = 0
-          for _, r in ipairs(rules) do
-            if r.limit - count_of(wkey(r.key, r.ts)) <= 0 and r.te > jump then
-              jump = r.te
-            end
-          end
-          t = jump
-        end
-      else
-        t = jump
-      end
-    end
-    if t > first then
-      redis.call("SET", fkey, string.format("%.0f", t), "PX", string.format("%.0f", t - now + 1000))
-    end
-
-    -- Keep ttl chains alive while any of their windows holds a count. A
-    -- cached chain end may be behind the anchor's: read it before extending.
-    for ri = 1, nrules do
-      local r = rules[ri]
-      if r.kind == "t" and r.maxend > r.chainend then
-        local akey = anchor_key(r)
-        if r.cached then
-          local un = tonumber(redis.call("HGET", akey, "until"))
-          if un and un > r.chainend then
-            r.chainend = un
-          end
-        end
-        if r.maxend > r.chainend then
-          redis.call("HSET", akey, "start", string.format("%.0f", r.base), "until", string.format("%.0f", r.maxend))
-          redis.call("PEXPIRE", akey, string.format("%.0f", r.maxend - now + 1000))
-          r.chainend = r.maxend
-        end
-      end
-    end
-
-    local full = 0
-    if rest > 0 and t > hend then
-      full = t
-    end
-    local o = #out
-    out[o + 1] = admitted
-    out[o + 2] = #res / 3
-    for i = 1, #res do
-      out[o + 2 + i] = res[i]
-    end
-    o = o + 2 + #res
-    out[o + 1] = rest
-    out[o + 2] = full
-    o = o + 2
-    for ri = 1, nrules do
-      local r = rules[ri]
-      if r.kind == "t" then
-        out[o + 1] = r.base
-        out[o + 2] = r.chainend
-        o = o + 2
-      end
-    end
+    k, p = k + 1 + nrules, p + 2 + 3 * nrules
   end
 end
-return out
+
+-- undo_call takes back every write of the call: the journal's, and the
+-- count of each tenant decided in the fast path, n events in the window
+-- that holds now, found from the tenants' records and replies in out.
+local function undo_call()
+  undo(0)
+  local p, k, o = 1, 1, 1
+  for ti = 1, ntenants do
+    if out[o] == nil then
+      return -- ti and the tenants after it were not decided
+    end
+    local nrules, n = recs[p], recs[p + 1]
+    local d = descs[recs[p + 2]]
+    if not slow[ti] then
+      local cs = d.cs
+      if d.kind == "t" then
+        cs = recs[p + 3] + math.floor((now - recs[p + 3]) / d.step) * d.step
+      end
+      local key = wkey(KEYS[k + 1], cs)
+      if redis.call("HINCRBY", key, "count", -n) <= 0 then
+        redis.call("DEL", key)
+      end
+    end
+    if out[o] == -1 then
+      o = o + 3
+    else
+      o = o + 4 + 3 * out[o + 1]
+      if d.kind == "t" then
+        o = o + 2 * nrules
+      end
+    end
+    k, p = k + 1 + nrules, p + 2 + 3 * nrules
+  end
+end
+
+-- failure returns the key and the fault of a tenant's failure e, or nil and
+-- the error when e is not a tenant's key's own. (Redis 7 raises command
+-- errors as strings, Redis 6 as {err = ...}.)
+local function failure(e)
+  local key, msg = cur, e
+  if type(e) == "table" then
+    if e.why then
+      return e.key, e.why
+    end
+    key, msg = e.key or cur, e.msg or e.err
+  end
+  msg = tostring(msg)
+  local why = fault(msg)
+  if why and key then
+    return key, why
+  end
+  return nil, msg
+end
+
+local ti, p, k = 1, 1, 1
+while true do
+  local ok, e = pcall(run, ti, p, k)
+  if ok then
+    return out
+  end
+  local key, why = failure(e)
+  if not key then
+    undo_call()
+    return redis.error_reply(why)
+  end
+  local pos = type(e) == "table" and e.at or at
+  local mark, o = pos[4], pos[5]
+  ti, p, k = pos[1], pos[2], pos[3]
+  undo(mark)
+  for i = #out, o + 1, -1 do
+    out[i] = nil
+  end
+  out[o + 1], out[o + 2], out[o + 3] = -1, key, why
+  slow[ti] = true
+  local nrules = recs[p]
+  ti, p, k = ti + 1, p + 2 + 3 * nrules, k + 1 + nrules
+end

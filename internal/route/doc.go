@@ -4,8 +4,9 @@
 // tenant with an [Extractor], asks an [Admitter] (the limiter) about the whole
 // batch in one call, and hands the outcome of every event to a [Router], which
 // writes admitted events to the downstream topic, deferred events to a retry
-// tier topic and rejected or invalid events to the dead-letter topic, in one
-// acknowledged write per batch.
+// tier topic and rejected, failed (a broken counter key of their tenant) or
+// invalid events to the dead-letter topic, in one acknowledged write per
+// batch.
 //
 // A [Retrier] handles events released from the retry tiers: events from a tier
 // with a lower bound move down to the tier of their remaining delay; events

@@ -13,7 +13,10 @@ import (
 
 // Admitter decides a batch of events by tenant; *limit.Limiter implements it.
 // The result is index-aligned with tenants, one tenant's events decided in
-// slice order. A non-nil error means Redis trouble and nothing was decided.
+// slice order. A non-nil error means Redis trouble and nothing was decided:
+// the batch is tried again. A limit.Fail decision (a broken counter key of
+// the event's tenant, which trying again does not mend) sends the event to
+// the dead-letter topic with the decision's reason.
 // Implementations must be safe for concurrent use.
 type Admitter interface {
 	Admit(ctx context.Context, tenants []string) ([]limit.Decision, error)
@@ -128,7 +131,7 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 			continue
 		}
 		d := ds[j]
-		if d.Kind != limit.Admit && d.Kind != limit.Defer && d.Kind != limit.Reject {
+		if d.Kind != limit.Admit && d.Kind != limit.Defer && d.Kind != limit.Reject && d.Kind != limit.Fail {
 			return fmt.Errorf("gate: decision %d for tenant %q is not valid", d.Kind, tenant)
 		}
 		counts[d.Kind.String()]++
@@ -153,16 +156,20 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 			if debug {
 				log.Debug("event deferred", "tenant", tenant, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "due", d.Due)
 			}
-		case limit.Reject:
+		case limit.Reject, limit.Fail:
 			items[i] = Item{Msg: withOrigin(m, tenant), Outcome: DeadLetter, Reason: rejectReason(d)}
 			if debug {
-				log.Debug("event rejected", "tenant", tenant, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "reason", rejectReason(d))
+				log.Debug("event dead-lettered", "tenant", tenant, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+					"decision", d.Kind.String(), "reason", rejectReason(d))
 			}
 		}
 	}
 
 	if err := g.Router.Route(ctx, items); err != nil {
 		return fmt.Errorf("gate: %w", err)
+	}
+	if !g.Shadow {
+		warnFailed(log, msgs[0], ds, counts)
 	}
 
 	g.Metrics.batchIn(msgs)
@@ -194,10 +201,30 @@ func (g *Gate) logger() *slog.Logger {
 }
 
 func rejectReason(d limit.Decision) string {
-	if d.Reason != "" {
+	switch {
+	case d.Reason != "":
 		return d.Reason
+	case d.Kind == limit.Fail:
+		return "a counter key is broken"
 	}
 	return defaultReason
+}
+
+// warnFailed logs, once per batch, that events were dead-lettered for a
+// broken counter key (an operator has to repair or delete it), with the
+// first one's reason. counts holds the batch's decision counts.
+func warnFailed(log *slog.Logger, first kafka.Message, ds []limit.Decision, counts map[string]int) {
+	n := counts[limit.Fail.String()]
+	if n == 0 {
+		return
+	}
+	for _, d := range ds {
+		if d.Kind == limit.Fail {
+			log.Warn("events dead-lettered: a counter key is broken", "topic", first.Topic, "partition", first.Partition,
+				"offset", first.Offset, "events", n, "reason", rejectReason(d))
+			return
+		}
+	}
 }
 
 func validPolicy(p string) error {

@@ -8,7 +8,7 @@ import (
 )
 
 // Decision labels of gatekeeper_decisions_total besides limit.Kind's names
-// ("admit", "defer", "reject").
+// ("admit", "defer", "reject", "fail": a broken counter key).
 const (
 	// DecisionInvalid counts events whose tenant could not be derived.
 	DecisionInvalid = "invalid"
@@ -23,8 +23,8 @@ const (
 // Metrics are the Prometheus collectors of this package. A nil *Metrics is
 // valid and records nothing. Metrics is safe for concurrent use.
 type Metrics struct {
-	// Decisions counts events by decision: admit, defer, reject, invalid,
-	// reserved, max_attempts. In shadow mode the decision is counted although
+	// Decisions counts events by decision: admit, defer, reject, fail,
+	// invalid, reserved, max_attempts. In shadow mode the decision is counted although
 	// the event goes downstream.
 	Decisions *prometheus.CounterVec
 	// EventsIn counts handled events by the topic they were read from.
@@ -56,7 +56,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gatekeeper",
 			Name:      "decisions_total",
-			Help:      "Events by decision (admit, defer, reject, invalid, reserved, max_attempts).",
+			Help:      "Events by decision (admit, defer, reject, fail, invalid, reserved, max_attempts).",
 		}, []string{"decision"}),
 		EventsIn: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gatekeeper",

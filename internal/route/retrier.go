@@ -31,7 +31,8 @@ var ErrEarly = errors.New("released before its time")
 // (before gk-reserved) goes downstream uncounted, gk- headers kept; after the
 // slot it is admitted again: admitted goes downstream, deferred goes back to
 // a retry tier with gk-attempt+1 (or to the dead-letter topic with reason
-// "max attempts" past MaxAttempts), rejected goes to the dead-letter topic.
+// "max attempts" past MaxAttempts), rejected and failed (a broken counter
+// key) go to the dead-letter topic.
 // A message whose gk- headers cannot be read goes to the dead-letter topic.
 //
 // If the Router has a Signer, every message's gk-sig is verified before
@@ -106,6 +107,7 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 	if err := r.Router.Route(ctx, b.items); err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
+	warnFailed(r.logger(), msgs[0], ds, b.counts)
 
 	r.Metrics.batchIn(msgs)
 	for label, n := range b.counts {
@@ -225,7 +227,7 @@ func (r *Retrier) decide(b *retryBatch, msgs []kafka.Message, ds []limit.Decisio
 			b.items[p.i] = Item{Msg: m, Outcome: Defer, Deferral: next}
 			r.logger().Debug("event deferred again", "tenant", next.Tenant, "topic", m.Topic, "partition", m.Partition,
 				"offset", m.Offset, "attempt", next.Attempt, "due", next.Due)
-		case limit.Reject:
+		case limit.Reject, limit.Fail:
 			b.counts[d.Kind.String()]++
 			b.items[p.i] = r.deadLetter(m, rejectReason(d))
 		default:

@@ -68,9 +68,10 @@ func newRetrier(t *testing.T, decide func(int, []string) ([]limit.Decision, erro
 func TestRetrierHandle(t *testing.T) {
 	past := t0.Add(-10 * time.Second)
 	decisions := map[string]limit.Decision{
-		"ok":    {Kind: limit.Admit},
-		"again": {Kind: limit.Defer, Due: t0.Add(20 * time.Minute), Until: t0.Add(21 * time.Minute)},
-		"full":  {Kind: limit.Reject, Reason: "no room within 24h"},
+		"ok":     {Kind: limit.Admit},
+		"again":  {Kind: limit.Defer, Due: t0.Add(20 * time.Minute), Until: t0.Add(21 * time.Minute)},
+		"full":   {Kind: limit.Reject, Reason: "no room within 24h"},
+		"broken": {Kind: limit.Fail, Reason: brokenReason},
 	}
 
 	requeue1h := retryMsg("down.retry.1h", 1, deferral("ok", 1, t0.Add(time.Minute), t0.Add(2*time.Minute)))
@@ -84,16 +85,17 @@ func TestRetrierHandle(t *testing.T) {
 	maxed := retryMsg("down.retry", 9, deferral("again", 3, past, past))
 	rejected := retryMsg("down.retry", 10, deferral("full", 1, past, past))
 	noHeaders := kafka.Message{Topic: "down.retry", Offset: 11, Key: []byte("k11"), Headers: hdr("trace", "x")}
+	failed := retryMsg("down.retry", 12, deferral("broken", 1, past, past))
 
 	batch := []kafka.Message{requeue1h, requeueLong, requeueLate, badDueTier, reserved, reservedEdge,
-		admitted, deferred, maxed, rejected, noHeaders}
+		admitted, deferred, maxed, rejected, noHeaders, failed}
 
 	f := newRetrier(t, byTenant(decisions))
 	if err := f.retrier.Handle(context.Background(), batch); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
 
-	if diff := cmp.Diff([][]string{{"ok", "again", "again", "full"}}, f.admitter.Calls()); diff != "" {
+	if diff := cmp.Diff([][]string{{"ok", "again", "again", "full", "broken"}}, f.admitter.Calls()); diff != "" {
 		t.Errorf("Admit calls mismatch (-want +got):\n%s", diff)
 	}
 	next := deferral("again", 3, decisions["again"].Due, decisions["again"].Until)
@@ -109,6 +111,7 @@ func TestRetrierHandle(t *testing.T) {
 		outOf(maxed, "down.dlq", "gk-reason=max attempts"),
 		outOf(rejected, "down.dlq", "gk-reason=no room within 24h"),
 		outOf(noHeaders, "down.dlq", "gk-reason=no header gk-attempt"),
+		outOf(failed, "down.dlq", "gk-reason="+brokenReason),
 	}
 	calls := f.writer.Calls()
 	if len(calls) != 1 {
@@ -116,7 +119,7 @@ func TestRetrierHandle(t *testing.T) {
 	}
 	diffOut(t, want, calls[0])
 
-	for label, want := range map[string]float64{"admit": 1, "defer": 1, "reject": 1, "invalid": 2, "reserved": 2, "max_attempts": 1} {
+	for label, want := range map[string]float64{"admit": 1, "defer": 1, "reject": 1, "fail": 1, "invalid": 2, "reserved": 2, "max_attempts": 1} {
 		if got := counterValue(t, f.metrics.Decisions.WithLabelValues(label)); got != want {
 			t.Errorf("decisions_total{decision=%q}: got %v, want %v", label, got, want)
 		}
