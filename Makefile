@@ -93,7 +93,7 @@ bench: build
 	  -gatekeeper-bin bin/gatekeeper -out $(BENCH_OUT) $(BENCH_ARGS)
 
 demo:
-	$(GO) run ./cmd/gatekeeper demo
+	$(GO) run ./cmd/gatekeeper-demo
 
 # Runs every FuzzXxx target in the module for FUZZTIME each (go test -fuzz takes one target at a time).
 fuzz:

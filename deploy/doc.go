@@ -1,7 +1,7 @@
 // Package deploy holds Gatekeeper's deployment and monitoring files and the
 // tests that keep them honest. Its only code (monitoring.go) reads the
 // PromQL expressions and metric names out of the monitoring files, for the
-// tests here, in cmd/gatekeeper and in integration/.
+// tests here, in internal/worker and in integration/.
 //
 //   - docker/Dockerfile: the image (static binary, distroless, non-root), with a
 //     second target for the sample producer.

@@ -23,7 +23,7 @@ import (
 // notDriven are the metric names of the dashboard and the alert rules that
 // this test does not make appear: labelled counters with no series until
 // their first increment, which needs more than a short test. Each is checked
-// only as registered, by cmd/gatekeeper's TestMonitoringMetricsRegistered
+// only as registered, by internal/worker's TestMonitoringMetricsRegistered
 // (which reads the collectors' descriptions, series or not); every other
 // name must be in the scrape.
 var notDriven = map[string]string{

@@ -3,11 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"io"
 	"net"
 	"os"
 	"runtime"
@@ -16,10 +13,10 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
+	"github.com/gatekeeper-dev/gatekeeper/internal/worker"
 )
 
 // runMain runs realMain and returns its status, stdout and stderr.
@@ -29,6 +26,20 @@ func runMain(t *testing.T, args ...string) (int, string, string) {
 	code := realMain(context.Background(), args, &stdout, &stderr)
 	return code, stdout.String(), stderr.String()
 }
+
+// setEnv makes the GATEKEEPER_* configuration exactly vars (names without
+// the prefix): every other configuration variable is unset for the test.
+func setEnv(t *testing.T, vars map[string]string) {
+	t.Helper()
+	keys, err := worker.ConfigKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.SetEnv(t, worker.EnvPrefix, keys, vars)
+}
+
+// minimal is the least configuration that validates; with adds to a copy.
+var minimal, with = testenv.MinimalConfig, testenv.With
 
 func TestMainSubcommands(t *testing.T) {
 	setEnv(t, minimal())
@@ -101,7 +112,7 @@ func TestMainCheckConfig(t *testing.T) {
 }
 
 func TestMainConfigTable(t *testing.T) {
-	want, err := configTable()
+	want, err := worker.ConfigTable()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +120,7 @@ func TestMainConfigTable(t *testing.T) {
 	if out != want {
 		t.Errorf("config-table printed %q, want %q", out, want)
 	}
-	keys, _ := configKeys()
+	keys, _ := worker.ConfigKeys()
 	rows := strings.Split(strings.TrimSpace(want), "\n")
 	if len(rows) != len(keys)+2 {
 		t.Errorf("got %d table rows, want header, rule and %d variables", len(rows), len(keys))
@@ -165,7 +176,7 @@ func readmeTableDiff(readme []byte) (diff string, found bool, err error) {
 	if !ok1 || !ok2 {
 		return "", false, nil
 	}
-	want, err := configTable()
+	want, err := worker.ConfigTable()
 	if err != nil {
 		return "", true, err
 	}
@@ -173,7 +184,7 @@ func readmeTableDiff(readme []byte) (diff string, found bool, err error) {
 }
 
 func TestReadmeTableDiff(t *testing.T) {
-	table, err := configTable()
+	table, err := worker.ConfigTable()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,58 +214,19 @@ func TestReadmeTableDiff(t *testing.T) {
 	}
 }
 
-// testRedis returns a client of GATEKEEPER_TEST_REDIS (required to work when
-// set) or of 127.0.0.1:6379 (test skipped if nothing answers there).
-func testRedis(t *testing.T) (*redis.Client, string) {
-	t.Helper()
-	addr := os.Getenv("GATEKEEPER_TEST_REDIS")
-	required := addr != ""
-	if !required {
-		addr = "127.0.0.1:6379"
-	}
-	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		rdb.Close()
-		if required {
-			t.Fatalf("GATEKEEPER_TEST_REDIS=%s: %v", addr, err)
-		}
-		t.Skipf("no Redis at %s (set GATEKEEPER_TEST_REDIS): %v", addr, err)
-	}
-	t.Cleanup(func() { rdb.Close() })
-	return rdb, addr
-}
-
-// testPrefix returns a key prefix of its own for the test and deletes its keys afterwards.
-func testPrefix(t *testing.T, rdb *redis.Client) string {
-	t.Helper()
-	b := make([]byte, 6)
-	rand.Read(b)
-	prefix := "gktest-" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		ctx := context.Background()
-		iter := rdb.Scan(ctx, 0, prefix+":*", 100).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
-	})
-	return prefix
-}
-
 func TestMainUsage(t *testing.T) {
-	rdb, addr := testRedis(t)
-	prefix := testPrefix(t, rdb)
+	rdb, addr := testenv.Redis(t)
+	prefix := testenv.Prefix(t, rdb)
 	const tenant = "weird tenant/with:chars"
 	env := with(minimal(), "REDIS_ADDRS", addr, "REDIS_KEY_PREFIX", prefix,
 		"LIMITS", "*=100/1m;acme=5/1m,50/1d", "TIMEZONE", "Europe/Berlin")
 	setEnv(t, env)
-	cfg, err := loadConfig()
+	cfg, err := worker.LoadConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
 	rules, _ := cfg.Rules()
-	opts, err := limiterOptions(cfg, nil)
+	opts, err := worker.LimiterOptions(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +253,7 @@ func TestMainUsage(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("got %d, stderr %q; want 0", code, errOut)
 			}
-			var got usageResponse
+			var got worker.UsageResponse
 			if err := json.Unmarshal([]byte(out), &got); err != nil {
 				t.Fatalf("stdout %q: %v", out, err)
 			}
@@ -313,101 +285,5 @@ func TestMainUsageRedisDown(t *testing.T) {
 	code, out, errOut := runMain(t, "usage", "acme")
 	if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 {
 		t.Errorf("got %d, stdout %q, stderr %q; want 1, nothing, one line", code, out, errOut)
-	}
-}
-
-func TestStartLimiterWaitsForRedis(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 100 * time.Millisecond})
-	defer rdb.Close()
-	rules, err := limit.ParseRules("*=1/1s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs bytes.Buffer
-	log, _ := newLogger(&logs, "info")
-	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
-	defer cancel()
-	// Each attempt registers the limiter's metrics anew: must not panic.
-	reg := prometheus.NewRegistry()
-	lim, err := startLimiter(ctx, log, rdb, rules, limit.Options{Timeout: 100 * time.Millisecond, Registerer: reg})
-	if lim != nil || err != nil {
-		t.Errorf("got %v, %v; want nil, nil once ctx is done", lim, err)
-	}
-	if n := strings.Count(logs.String(), "redis unavailable"); n < 2 {
-		t.Errorf("got %d retries logged, want at least 2:\n%s", n, logs.String())
-	}
-}
-
-func TestStartLimiterStartsWithRedis(t *testing.T) {
-	rdb, _ := testRedis(t)
-	rules, _ := limit.ParseRules("*=1/1s")
-	reg := prometheus.NewRegistry()
-	lim, err := startLimiter(context.Background(), discardLogger(), rdb, rules, limit.Options{Prefix: testPrefix(t, rdb), Registerer: reg})
-	if lim == nil || err != nil {
-		t.Fatalf("got %v, %v; want a limiter", lim, err)
-	}
-	if _, err := lim.Admit(context.Background(), []string{"a"}); err != nil {
-		t.Fatal(err)
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(mfs) == 0 {
-		t.Error("limiter metrics not registered")
-	}
-}
-
-func TestTransientRedisError(t *testing.T) {
-	tests := []struct {
-		err  error
-		want bool
-	}{
-		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, true},
-		{io.EOF, true},
-		{context.DeadlineExceeded, true},
-		{redis.ErrPoolTimeout, true},
-		{redis.ErrClosed, false},
-		{errors.New("WRONGPASS invalid username-password pair"), false},
-		{errors.New("ERR Error compiling script"), false},
-	}
-	for _, tt := range tests {
-		if got := transientRedisError(tt.err); got != tt.want {
-			t.Errorf("%v: got %v, want %v", tt.err, got, tt.want)
-		}
-	}
-}
-
-func TestKafkaSASL(t *testing.T) {
-	tests := []struct {
-		mech, want string
-	}{
-		{"", ""},
-		{"PLAIN", "PLAIN"},
-		{"SCRAM-SHA-256", "SCRAM-SHA-256"},
-		{"SCRAM-SHA-512", "SCRAM-SHA-512"},
-	}
-	for _, tt := range tests {
-		cfg := &Config{KafkaSASLMechanism: tt.mech, KafkaSASLUsername: "u", KafkaSASLPassword: "p", KafkaTimeout: time.Second}
-		d, err := newKafkaDialer(cfg)
-		if err != nil {
-			t.Fatalf("%s: %v", tt.mech, err)
-		}
-		got := ""
-		if d.SASLMechanism != nil {
-			got = d.SASLMechanism.Name()
-		}
-		if got != tt.want {
-			t.Errorf("got mechanism %q, want %q", got, tt.want)
-		}
-	}
-	if _, err := newKafkaTransport(&Config{KafkaSASLMechanism: "GSSAPI"}); err == nil {
-		t.Error("GSSAPI: got no error")
 	}
 }

@@ -172,7 +172,7 @@ func runChild(c childConfig) error {
 			limit: redis_rate.Limit{Rate: int(c.Limit), Burst: int(c.Limit), Period: c.Window},
 		})
 	case modeGatekeeperLib:
-		// Gatekeeper's own parts wired as cmd/gatekeeper/pipeline.go does,
+		// Gatekeeper's own parts wired as internal/worker/pipeline.go does,
 		// in-process, so that it can be profiled (-cpuprofile).
 		rules, err := limit.ParseRules(fmt.Sprintf("*=%d/%s", c.Limit, ruleUnit(c.Window)))
 		if err != nil {

@@ -19,3 +19,10 @@
 // destinations, or the batch's Handle returns an error and writes nothing
 // that the caller may count as done.
 package route
+
+// The roles a Gatekeeper process may run: the gate reads the source topics
+// (Gate), the retry role the retry tiers (Retrier).
+const (
+	RoleGate  = "gate"
+	RoleRetry = "retry"
+)

@@ -114,6 +114,18 @@ var tiers = [...]struct {
 	{".long", time.Hour, 0},
 }
 
+// RetryTierSuffixes returns what the tiers after the first add to the retry
+// topic's name, shortest tier first.
+func RetryTierSuffixes() []string {
+	var out []string
+	for _, tr := range tiers {
+		if tr.suffix != "" {
+			out = append(out, tr.suffix)
+		}
+	}
+	return out
+}
+
 // Tiers returns the retry tiers, shortest first.
 func (t Topics) Tiers() []Tier {
 	out := make([]Tier, len(tiers))

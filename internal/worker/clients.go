@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"context"
@@ -14,9 +14,9 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 )
 
-// newRedis returns a client of REDIS_ADDRS: a *redis.Client for one address,
+// NewRedis returns a client of REDIS_ADDRS: a *redis.Client for one address,
 // a *redis.ClusterClient for more. Every call is bounded by REDIS_TIMEOUT.
-func newRedis(cfg *Config) redis.UniversalClient {
+func NewRedis(cfg *Config) redis.UniversalClient {
 	var tlsConfig *tls.Config
 	if cfg.RedisTLS {
 		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
@@ -83,9 +83,9 @@ func kafkaTLS(cfg *Config) *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12}
 }
 
-// newKafkaDialer returns the dialer for consumer groups and readers, with
+// NewKafkaDialer returns the dialer for consumer groups and readers, with
 // the configured TLS, SASL and KAFKA_TIMEOUT.
-func newKafkaDialer(cfg *Config) (*kafka.Dialer, error) {
+func NewKafkaDialer(cfg *Config) (*kafka.Dialer, error) {
 	mech, err := kafkaSASL(cfg)
 	if err != nil {
 		return nil, err
@@ -99,9 +99,9 @@ func newKafkaDialer(cfg *Config) (*kafka.Dialer, error) {
 	}, nil
 }
 
-// newKafkaTransport returns the transport for writers, with the configured
+// NewKafkaTransport returns the transport for writers, with the configured
 // TLS, SASL and KAFKA_TIMEOUT.
-func newKafkaTransport(cfg *Config) (*kafka.Transport, error) {
+func NewKafkaTransport(cfg *Config) (*kafka.Transport, error) {
 	mech, err := kafkaSASL(cfg)
 	if err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"bytes"
@@ -76,7 +76,7 @@ func parseLimitsFile(data []byte) (*limit.Rules, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, errors.New("no rules (empty file)")
 		}
-		return nil, fmt.Errorf("bad YAML: %s", oneLine(strings.TrimPrefix(err.Error(), "yaml: ")))
+		return nil, fmt.Errorf("bad YAML: %s", OneLine(strings.TrimPrefix(err.Error(), "yaml: ")))
 	}
 	if _, ok := f.Tenants["*"]; ok {
 		return nil, errors.New(`tenant "*": write the rules for every other tenant under default:`)
@@ -262,7 +262,7 @@ func (w *Watcher) reload() {
 	}
 	if err != nil {
 		w.reloads.WithLabelValues("error").Inc()
-		w.log.Error("limits file not applied, keeping the rules in force", slog.String("error", oneLine(err.Error())))
+		w.log.Error("limits file not applied, keeping the rules in force", slog.String("error", OneLine(err.Error())))
 		return
 	}
 	w.reloads.WithLabelValues("ok").Inc()

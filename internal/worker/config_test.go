@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"os"
@@ -12,53 +12,25 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/route"
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // setEnv makes the GATEKEEPER_* configuration exactly vars (names without
 // the prefix): every other configuration variable is unset for the test.
 func setEnv(t *testing.T, vars map[string]string) {
 	t.Helper()
-	keys, err := configKeys()
+	keys, err := ConfigKeys()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range keys {
-		if old, ok := os.LookupEnv(k); ok {
-			t.Cleanup(func() { os.Setenv(k, old) })
-			os.Unsetenv(k)
-		}
-	}
-	for k, v := range vars {
-		t.Setenv(envPrefix+"_"+k, v)
-	}
+	testenv.SetEnv(t, EnvPrefix, keys, vars)
 }
 
-// minimal is the least configuration that validates.
-func minimal() map[string]string {
-	return map[string]string{
-		"SOURCE_TOPICS":    "events",
-		"DOWNSTREAM_TOPIC": "events.out",
-		"LIMITS":           "*=100/1m",
-	}
-}
-
-func with(base map[string]string, kv ...string) map[string]string {
-	out := map[string]string{}
-	for k, v := range base {
-		out[k] = v
-	}
-	for i := 0; i+1 < len(kv); i += 2 {
-		if kv[i+1] == "<unset>" {
-			delete(out, kv[i])
-			continue
-		}
-		out[kv[i]] = kv[i+1]
-	}
-	return out
-}
+// minimal is the least configuration that validates; with adds to a copy.
+var minimal, with = testenv.MinimalConfig, testenv.With
 
 func TestConfigKeys(t *testing.T) {
-	got, err := configKeys()
+	got, err := ConfigKeys()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +46,7 @@ func TestConfigKeys(t *testing.T) {
 		"RETRY_SECRET", "RETRY_SECRET_PREVIOUS",
 	}
 	for i := range want {
-		want[i] = envPrefix + "_" + want[i]
+		want[i] = EnvPrefix + "_" + want[i]
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("variable names (-want +got):\n%s", diff)
@@ -100,7 +72,7 @@ func TestConfigFieldsDocumented(t *testing.T) {
 
 func TestConfigDefaults(t *testing.T) {
 	setEnv(t, minimal())
-	got, err := loadConfig()
+	got, err := LoadConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +126,7 @@ func TestConfigDerivedTopics(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			setEnv(t, tt.env)
-			cfg, err := loadConfig()
+			cfg, err := LoadConfig()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -193,7 +165,7 @@ func TestConfigGoodValues(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			setEnv(t, tt.env)
-			if _, err := loadConfig(); err != nil {
+			if _, err := LoadConfig(); err != nil {
 				t.Errorf("got %v, want no error", err)
 			}
 		})
@@ -303,12 +275,12 @@ func TestConfigBadValues(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			setEnv(t, tt.env)
-			_, err := loadConfig()
+			_, err := LoadConfig()
 			if err == nil {
 				t.Fatalf("got no error, want one naming %s", tt.wantVar)
 			}
 			msg := err.Error()
-			if want := envPrefix + "_" + tt.wantVar + ": "; !strings.HasPrefix(msg, want) {
+			if want := EnvPrefix + "_" + tt.wantVar + ": "; !strings.HasPrefix(msg, want) {
 				t.Errorf("got %q, want it to start with %q", msg, want)
 			}
 			if strings.ContainsAny(msg, "\r\n") {
@@ -333,7 +305,7 @@ func TestConfigErrorText(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
 			setEnv(t, tt.env)
-			_, err := loadConfig()
+			_, err := LoadConfig()
 			if err == nil || err.Error() != tt.want {
 				t.Errorf("got %v, want %s", err, tt.want)
 			}
@@ -343,7 +315,7 @@ func TestConfigErrorText(t *testing.T) {
 
 func TestConfigSecretsNotInErrors(t *testing.T) {
 	setEnv(t, with(minimal(), "ADMIN_TOKEN", "s3cret value"))
-	_, err := loadConfig()
+	_, err := LoadConfig()
 	if err == nil || strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("got %v, want an error without the token", err)
 	}
@@ -354,7 +326,7 @@ func TestConfigIgnoresUnprefixed(t *testing.T) {
 	t.Setenv("LOG_LEVEL", "verbose")
 	t.Setenv("WINDOW", "hourly")
 	t.Setenv("TIMEZONE", "Nowhere")
-	cfg, err := loadConfig()
+	cfg, err := LoadConfig()
 	if err != nil {
 		t.Fatalf("got %v, want unprefixed variables ignored", err)
 	}
@@ -368,7 +340,7 @@ func TestConfigMasked(t *testing.T) {
 	setEnv(t, with(minimal(), "ADMIN_TOKEN", "tok", "REDIS_PASSWORD", "rpw",
 		"KAFKA_SASL_MECHANISM", "PLAIN", "KAFKA_SASL_USERNAME", "user", "KAFKA_SASL_PASSWORD", "kpw",
 		"RETRY_SECRET", retrySecret, "RETRY_SECRET_PREVIOUS", previous))
-	cfg, err := loadConfig()
+	cfg, err := LoadConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,7 +381,7 @@ func TestConfigMasked(t *testing.T) {
 
 func TestConfigEnvironRoundTrip(t *testing.T) {
 	setEnv(t, with(minimal(), "SOURCE_TOPICS", "a,b", "TIMEZONE", "Asia/Tokyo", "SHADOW", "true", "BATCH_WAIT", "75ms"))
-	want, err := loadConfig()
+	want, err := LoadConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -420,10 +392,10 @@ func TestConfigEnvironRoundTrip(t *testing.T) {
 	env := map[string]string{}
 	for _, l := range lines {
 		k, v, _ := strings.Cut(l, "=")
-		env[strings.TrimPrefix(k, envPrefix+"_")] = v
+		env[strings.TrimPrefix(k, EnvPrefix+"_")] = v
 	}
 	setEnv(t, env)
-	got, err := loadConfig()
+	got, err := LoadConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,7 +405,7 @@ func TestConfigEnvironRoundTrip(t *testing.T) {
 }
 
 func TestUnknownVars(t *testing.T) {
-	got, err := unknownVars([]string{"GATEKEEPER_LIMTS=1", "GATEKEEPER_WINDOW=ttl", "GATEKEEPER_TEST_REDIS=x", "PATH=/bin", "GATEKEEPER_A=1"})
+	got, err := UnknownVars([]string{"GATEKEEPER_LIMTS=1", "GATEKEEPER_WINDOW=ttl", "GATEKEEPER_TEST_REDIS=x", "PATH=/bin", "GATEKEEPER_A=1"})
 	if err != nil {
 		t.Fatal(err)
 	}

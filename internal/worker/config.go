@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"bytes"
@@ -17,8 +17,8 @@ import (
 	"github.com/gatekeeper-dev/gatekeeper/internal/route"
 )
 
-// envPrefix starts every configuration variable.
-const envPrefix = "GATEKEEPER"
+// EnvPrefix starts every configuration variable.
+const EnvPrefix = "GATEKEEPER"
 
 // mask replaces a secret when the configuration is printed.
 const mask = "****"
@@ -129,15 +129,6 @@ type Config struct {
 	RetrySecretPrevious string `split_words:"true" desc:"the RETRY_SECRET being rotated out: still accepted when checking gk-sig, never used to sign"`
 }
 
-// The roles a process may run.
-const (
-	roleGate  = "gate"
-	roleRetry = "retry"
-)
-
-// retryTierSuffixes are added to RetryTopic by the router's tiers.
-var retryTierSuffixes = []string{".1h", ".long"}
-
 // configError is a bad configuration value. Its text is one line that starts
 // with the variable's full name.
 type configError struct {
@@ -146,11 +137,11 @@ type configError struct {
 }
 
 func (e *configError) Error() string {
-	return oneLine(envPrefix + "_" + e.Var + ": " + e.Msg)
+	return OneLine(EnvPrefix + "_" + e.Var + ": " + e.Msg)
 }
 
-// oneLine folds a message onto one line.
-func oneLine(s string) string {
+// OneLine folds a message onto one line.
+func OneLine(s string) string {
 	s = strings.TrimSpace(s)
 	if !strings.ContainsAny(s, "\r\n") {
 		return s
@@ -166,12 +157,12 @@ func bad(variable, format string, args ...any) error {
 	return &configError{Var: variable, Msg: fmt.Sprintf(format, args...)}
 }
 
-// loadConfig reads the environment, fills derived defaults and validates.
+// LoadConfig reads the environment, fills derived defaults and validates.
 // Its error is one line naming the variable.
-func loadConfig() (*Config, error) {
+func LoadConfig() (*Config, error) {
 	var cfg Config
-	if err := envconfig.Process(envPrefix, &cfg); err != nil {
-		return nil, processError(err)
+	if err := envconfig.Process(EnvPrefix, &cfg); err != nil {
+		return nil, ProcessError(err)
 	}
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -180,8 +171,8 @@ func loadConfig() (*Config, error) {
 	return &cfg, nil
 }
 
-// processError turns envconfig's errors into one line naming the variable.
-func processError(err error) error {
+// ProcessError turns envconfig's errors into one line naming the variable.
+func ProcessError(err error) error {
 	var pe *envconfig.ParseError
 	if errors.As(err, &pe) {
 		what := pe.TypeName
@@ -193,14 +184,14 @@ func processError(err error) error {
 		case "int", "int64":
 			what = "a whole number"
 		}
-		return &configError{Var: strings.TrimPrefix(pe.KeyName, envPrefix+"_"), Msg: fmt.Sprintf("%q is not %s", pe.Value, what)}
+		return &configError{Var: strings.TrimPrefix(pe.KeyName, EnvPrefix+"_"), Msg: fmt.Sprintf("%q is not %s", pe.Value, what)}
 	}
 	// envconfig: "required key GATEKEEPER_X missing value".
 	if msg := err.Error(); strings.HasPrefix(msg, "required key ") && strings.HasSuffix(msg, " missing value") {
 		key := strings.TrimSuffix(strings.TrimPrefix(msg, "required key "), " missing value")
-		return &configError{Var: strings.TrimPrefix(key, envPrefix+"_"), Msg: "required, not set"}
+		return &configError{Var: strings.TrimPrefix(key, EnvPrefix+"_"), Msg: "required, not set"}
 	}
-	return fmt.Errorf("read %s_* environment: %s", envPrefix, oneLine(err.Error()))
+	return fmt.Errorf("read %s_* environment: %s", EnvPrefix, OneLine(err.Error()))
 }
 
 // setDefaults fills the defaults that depend on other variables and trims
@@ -269,7 +260,7 @@ func (c *Config) Validate() error {
 		},
 		func() error { return positive("DEFER_HORIZON", c.DeferHorizon) },
 		func() error {
-			if c.OnRedisError != "pause" && c.OnRedisError != "forward" {
+			if c.OnRedisError != route.RedisPause && c.OnRedisError != route.RedisForward {
 				return bad("ON_REDIS_ERROR", "%q is not pause or forward", c.OnRedisError)
 			}
 			return nil
@@ -433,11 +424,11 @@ func (c *Config) checkTopics() error {
 		return bad("DOWNSTREAM_TOPIC", "%q is also a source topic: events would loop", c.DownstreamTopic)
 	}
 	longest := 0
-	for _, s := range retryTierSuffixes {
+	for _, s := range route.RetryTierSuffixes() {
 		longest = max(longest, len(s))
 	}
 	if err := checkTopic(c.RetryTopic, longest); err != nil {
-		return bad("RETRY_TOPIC", "%v (tiers add %s)", err, strings.Join(retryTierSuffixes, " and "))
+		return bad("RETRY_TOPIC", "%v (tiers add %s)", err, strings.Join(route.RetryTierSuffixes(), " and "))
 	}
 	for _, t := range c.retryTopics() {
 		if slices.Contains(c.SourceTopics, t) || t == c.DownstreamTopic {
@@ -456,7 +447,7 @@ func (c *Config) checkTopics() error {
 // retryTopics lists the retry topic and its tiers.
 func (c *Config) retryTopics() []string {
 	out := []string{c.RetryTopic}
-	for _, s := range retryTierSuffixes {
+	for _, s := range route.RetryTierSuffixes() {
 		out = append(out, c.RetryTopic+s)
 	}
 	return out
@@ -472,7 +463,7 @@ func (c *Config) checkRetrySecret() error {
 	case c.RetrySecretPrevious == "":
 		return nil
 	case c.RetrySecret == "":
-		return bad("RETRY_SECRET_PREVIOUS", "set without %s_RETRY_SECRET, which signs (the previous secret only verifies)", envPrefix)
+		return bad("RETRY_SECRET_PREVIOUS", "set without %s_RETRY_SECRET, which signs (the previous secret only verifies)", EnvPrefix)
 	case len(c.RetrySecretPrevious) < route.MinSecretBytes:
 		return bad("RETRY_SECRET_PREVIOUS", "must be at least %d bytes", route.MinSecretBytes)
 	}
@@ -543,7 +534,7 @@ func (c *Config) checkRoles() error {
 		return bad("ROLES", "must not be empty (gate, retry or gate,retry)")
 	}
 	for i, r := range c.Roles {
-		if r != roleGate && r != roleRetry {
+		if r != route.RoleGate && r != route.RoleRetry {
 			return bad("ROLES", "%q is not gate or retry", r)
 		}
 		if slices.Contains(c.Roles[:i], r) {
@@ -587,11 +578,11 @@ func (c Config) Masked() Config {
 	return c
 }
 
-// configKeys returns the variable names of Config's fields in field order,
+// ConfigKeys returns the variable names of Config's fields in field order,
 // as envconfig derives them.
-func configKeys() ([]string, error) {
+func ConfigKeys() ([]string, error) {
 	var buf bytes.Buffer
-	if err := envconfig.Usagef(envPrefix, &Config{}, &buf, "{{range .}}{{usage_key .}}\n{{end}}"); err != nil {
+	if err := envconfig.Usagef(EnvPrefix, &Config{}, &buf, "{{range .}}{{usage_key .}}\n{{end}}"); err != nil {
 		return nil, err
 	}
 	return strings.Fields(buf.String()), nil
@@ -600,7 +591,7 @@ func configKeys() ([]string, error) {
 // Environ returns the configuration as KEY=value lines, in field order, as
 // they could be given to the process. Print only a Masked copy.
 func (c Config) Environ() ([]string, error) {
-	keys, err := configKeys()
+	keys, err := ConfigKeys()
 	if err != nil {
 		return nil, err
 	}
@@ -622,17 +613,17 @@ func (c Config) Environ() ([]string, error) {
 	return out, nil
 }
 
-// unknownVars lists GATEKEEPER_* variables in env that configure nothing,
+// UnknownVars lists GATEKEEPER_* variables in env that configure nothing,
 // most likely typos. GATEKEEPER_TEST_* (test servers) are not reported.
-func unknownVars(env []string) ([]string, error) {
-	keys, err := configKeys()
+func UnknownVars(env []string) ([]string, error) {
+	keys, err := ConfigKeys()
 	if err != nil {
 		return nil, err
 	}
 	var out []string
 	for _, kv := range env {
 		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, envPrefix+"_") && !strings.HasPrefix(k, envPrefix+"_TEST_") && !slices.Contains(keys, k) {
+		if strings.HasPrefix(k, EnvPrefix+"_") && !strings.HasPrefix(k, EnvPrefix+"_TEST_") && !slices.Contains(keys, k) {
 			out = append(out, k)
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"bytes"
@@ -23,13 +23,13 @@ const configTableFormat = `| Variable | Type | Default | Description |
 	`{{else}}none{{end}} | {{usage_description .}} |
 {{end}}`
 
-// configTable returns the markdown table of every configuration variable,
+// ConfigTable returns the markdown table of every configuration variable,
 // generated from Config's tags by envconfig.Usagef. `gatekeeper
 // config-table` prints it for the README, and TestREADMEConfigTable keeps
 // the README in step.
-func configTable() (string, error) {
+func ConfigTable() (string, error) {
 	var buf bytes.Buffer
-	if err := envconfig.Usagef(envPrefix, &Config{}, &buf, configTableFormat); err != nil {
+	if err := envconfig.Usagef(EnvPrefix, &Config{}, &buf, configTableFormat); err != nil {
 		return "", fmt.Errorf("config table: %w", err)
 	}
 	return buf.String(), nil
@@ -43,10 +43,10 @@ const configListFormat = `VARIABLE	DEFAULT	DESCRIPTION
 	`{{else if usage_required .}}(required){{else if .Tags.Get "doc_required"}}(required {{.Tags.Get "doc_required"}}){{end}}	{{usage_description .}}
 {{end}}`
 
-// writeConfigList writes the variables as an aligned plain-text table.
-func writeConfigList(w io.Writer) error {
+// WriteConfigList writes the variables as an aligned plain-text table.
+func WriteConfigList(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 1, 0, 2, ' ', 0)
-	if err := envconfig.Usagef(envPrefix, &Config{}, tw, configListFormat); err != nil {
+	if err := envconfig.Usagef(EnvPrefix, &Config{}, tw, configListFormat); err != nil {
 		return err
 	}
 	return tw.Flush()

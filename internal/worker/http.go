@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"context"
@@ -19,13 +19,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/route"
 )
 
 // usagePath is the prefix of the usage API; the tenant follows, escaped.
 const usagePath = "/v1/usage/"
-
-// maxTenantBytes is the longest tenant the usage API accepts.
-const maxTenantBytes = 256
 
 // readyCheck is one dependency of readiness. Check must be safe for
 // concurrent use and return nil when the dependency is usable.
@@ -50,9 +48,9 @@ type httpConfig struct {
 	CheckTimeout time.Duration
 }
 
-// usageResponse is the body of GET /v1/usage/{tenant}. Tenants are opaque
+// UsageResponse is the body of GET /v1/usage/{tenant}. Tenants are opaque
 // bytes; JSON shows bytes that are not UTF-8 as U+FFFD.
-type usageResponse struct {
+type UsageResponse struct {
 	Tenant string        `json:"tenant"`
 	Rules  []limit.Usage `json:"rules"`
 }
@@ -113,7 +111,7 @@ func (c httpConfig) readyz(w http.ResponseWriter, r *http.Request) {
 	for i, ch := range c.Checks {
 		if errs[i] != nil {
 			status = http.StatusServiceUnavailable
-			fmt.Fprintf(&b, "[-]%s failed: %s\n", ch.Name, oneLine(errs[i].Error()))
+			fmt.Fprintf(&b, "[-]%s failed: %s\n", ch.Name, OneLine(errs[i].Error()))
 		} else {
 			fmt.Fprintf(&b, "[+]%s ok\n", ch.Name)
 		}
@@ -175,20 +173,20 @@ func (c httpConfig) usage(w http.ResponseWriter, r *http.Request) {
 	case tenant == "":
 		writeJSON(w, http.StatusBadRequest, errorResponse{Error: "empty tenant: GET /v1/usage/{tenant}, with / in a tenant escaped as %2F"})
 		return
-	case len(tenant) > maxTenantBytes:
-		writeJSON(w, http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("tenant over %d bytes", maxTenantBytes)})
+	case len(tenant) > route.MaxTenantBytes:
+		writeJSON(w, http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("tenant over %d bytes", route.MaxTenantBytes)})
 		return
 	}
 	rules, err := c.Usage(r.Context(), tenant)
 	if err != nil {
 		c.Log.LogAttrs(r.Context(), slog.LevelWarn, "usage query failed", slog.String("tenant", tenant), slog.String("error", err.Error()))
-		writeJSON(w, http.StatusServiceUnavailable, errorResponse{Error: "counters unavailable: " + oneLine(err.Error())})
+		writeJSON(w, http.StatusServiceUnavailable, errorResponse{Error: "counters unavailable: " + OneLine(err.Error())})
 		return
 	}
 	if rules == nil {
 		rules = []limit.Usage{}
 	}
-	writeJSON(w, http.StatusOK, usageResponse{Tenant: tenant, Rules: rules})
+	writeJSON(w, http.StatusOK, UsageResponse{Tenant: tenant, Rules: rules})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

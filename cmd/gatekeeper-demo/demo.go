@@ -23,6 +23,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/route"
+	"github.com/gatekeeper-dev/gatekeeper/internal/worker"
 )
 
 // The demo's tenants, limits and deferral horizon. Windows are short so that
@@ -84,14 +86,15 @@ type demoOptions struct {
 	Drain time.Duration
 }
 
-// demoCmd runs `gatekeeper demo [-duration 30s] [-plain]`.
+// demoCmd runs `gatekeeper-demo [-duration 30s] [-plain]` with args (without
+// the program name) and returns the exit status: 0 ok, 1 failure, 2 bad usage.
 func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("gatekeeper demo", flag.ContinueOnError)
+	fs := flag.NewFlagSet("gatekeeper-demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	duration := fs.Duration("duration", 30*time.Second, "how long to produce traffic (Ctrl-C ends the run early)")
 	plain := fs.Bool("plain", false, "plain output: one line about every 5s instead of a live view (default when stdout is not a terminal)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: gatekeeper demo [-duration 30s] [-plain]\n\n"+
+		fmt.Fprintf(stderr, "Usage: gatekeeper-demo [-duration 30s] [-plain]\n\n"+
 			"Runs the gate and the retry path over synthetic traffic of a few tenants, on an embedded\n"+
 			"Kafka-protocol broker (kfake) and an embedded Redis (miniredis), or on the servers named by\n"+
 			"GATEKEEPER_KAFKA_BROKERS and GATEKEEPER_REDIS_ADDRS when set. Flags:\n")
@@ -104,19 +107,19 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "gatekeeper demo: unexpected argument %q\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "gatekeeper-demo: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
 	if *duration <= 0 {
-		fmt.Fprintln(stderr, "gatekeeper demo: -duration must be positive")
+		fmt.Fprintln(stderr, "gatekeeper-demo: -duration must be positive")
 		return 2
 	}
 	var conn demoConn
-	if err := envconfig.Process(envPrefix, &conn); err != nil {
-		fmt.Fprintln(stderr, processError(err))
+	if err := envconfig.Process(worker.EnvPrefix, &conn); err != nil {
+		fmt.Fprintln(stderr, worker.ProcessError(err))
 		return 1
 	}
-	live := !*plain && isTerminal(stdout)
+	live := !*plain && worker.IsTerminal(stdout)
 	logw := &logBuffer{}
 	opts := demoOptions{
 		Duration:   *duration,
@@ -137,7 +140,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		logw.printTo(stderr)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "gatekeeper demo: %s\n", oneLine(err.Error()))
+		fmt.Fprintf(stderr, "gatekeeper-demo: %s\n", worker.OneLine(err.Error()))
 		return 1
 	}
 	if !sum.OK() {
@@ -202,8 +205,8 @@ func newDemoNames(unique bool) demoNames {
 
 // demoConfig is the gatekeeper configuration of the demo: the values an
 // operator would set, with short windows, a short horizon and short waits.
-func demoConfig(conn demoConn, brokers, redisAddrs []string, n demoNames) *Config {
-	return &Config{
+func demoConfig(conn demoConn, brokers, redisAddrs []string, n demoNames) *worker.Config {
+	return &worker.Config{
 		KafkaBrokers:        brokers,
 		GroupID:             n.Group,
 		SourceTopics:        []string{n.Source},
@@ -217,11 +220,11 @@ func demoConfig(conn demoConn, brokers, redisAddrs []string, n demoNames) *Confi
 		Window:              string(limit.Aligned),
 		Timezone:            "UTC",
 		DeferHorizon:        demoHorizon,
-		OnRedisError:        "pause",
+		OnRedisError:        route.RedisPause,
 		MaxAttempts:         5,
 		HTTPAddr:            "127.0.0.1:0",
 		LogLevel:            "warn",
-		Roles:               []string{roleGate, roleRetry},
+		Roles:               []string{route.RoleGate, route.RoleRetry},
 		BatchSize:           500,
 		RetryLookahead:      10000,
 		BatchBytes:          4 << 20,
@@ -258,7 +261,7 @@ func runDemo(ctx context.Context, opts demoOptions) (*demoSummary, error) {
 		opts.Log = io.Discard
 	}
 	out := opts.Out
-	say := func(format string, args ...any) { fmt.Fprintf(out, "gatekeeper demo: "+format+"\n", args...) }
+	say := func(format string, args ...any) { fmt.Fprintf(out, "gatekeeper-demo: "+format+"\n", args...) }
 	// The shutdown steps run on their own context: Ctrl-C ends the traffic,
 	// not the drain and the summary.
 	bg := context.Background()
@@ -306,11 +309,11 @@ func runDemo(ctx context.Context, opts demoOptions) (*demoSummary, error) {
 	say("%s", strings.Join(where, "; "))
 
 	log := slog.New(slog.NewTextHandler(opts.Log, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	dialer, err := newKafkaDialer(cfg)
+	dialer, err := worker.NewKafkaDialer(cfg)
 	if err != nil {
 		return nil, err
 	}
-	transport, err := newKafkaTransport(cfg)
+	transport, err := worker.NewKafkaTransport(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -325,9 +328,9 @@ func runDemo(ctx context.Context, opts demoOptions) (*demoSummary, error) {
 	}
 
 	reg := prometheus.NewRegistry()
-	rdb := newRedis(cfg)
+	rdb := worker.NewRedis(cfg)
 	defer rdb.Close()
-	lopts, err := limiterOptions(cfg, reg)
+	lopts, err := worker.LimiterOptions(cfg, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -358,7 +361,7 @@ func runDemo(ctx context.Context, opts demoOptions) (*demoSummary, error) {
 	defer stopPipeline()
 	pipeDone := make(chan error, 1)
 	go func() {
-		pipeDone <- startPipeline(pctx, pipeline{
+		pipeDone <- worker.StartPipeline(pctx, worker.Pipeline{
 			Config:     cfg,
 			Log:        log,
 			Registerer: reg,

@@ -1,9 +1,8 @@
-package main
+package worker
 
 import (
 	"context"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // ruleMap shows rules as tenant -> rule strings ("*" for the fallback) for comparison.
@@ -176,8 +176,6 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
 func TestWatcher(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "limits.yaml")
@@ -203,7 +201,7 @@ func TestWatcher(t *testing.T) {
 
 	var a applied
 	reg := prometheus.NewRegistry()
-	w, err := NewWatcher(path, a.apply, discardLogger(), reg)
+	w, err := NewWatcher(path, a.apply, testenv.DiscardLogger(), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +281,7 @@ func TestWatcherDeletedFileKeepsRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	var a applied
-	w, err := NewWatcher(path, a.apply, discardLogger(), nil)
+	w, err := NewWatcher(path, a.apply, testenv.DiscardLogger(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

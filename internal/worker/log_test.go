@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"bytes"
@@ -39,7 +39,7 @@ func TestNewLoggerLevels(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.level, func(t *testing.T) {
 			var buf bytes.Buffer
-			log, err := newLogger(&buf, tt.level)
+			log, err := NewLogger(&buf, tt.level)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -56,14 +56,14 @@ func TestNewLoggerLevels(t *testing.T) {
 			}
 		})
 	}
-	if _, err := newLogger(&bytes.Buffer{}, "loud"); err == nil {
+	if _, err := NewLogger(&bytes.Buffer{}, "loud"); err == nil {
 		t.Error("level loud: got no error")
 	}
 }
 
 func TestLoggerJSONAndSecrets(t *testing.T) {
 	var buf bytes.Buffer
-	log, err := newLogger(&buf, "info")
+	log, err := NewLogger(&buf, "info")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestLoggerJSONAndSecrets(t *testing.T) {
 
 func TestRedisLogger(t *testing.T) {
 	var buf bytes.Buffer
-	log, _ := newLogger(&buf, "info")
+	log, _ := NewLogger(&buf, "info")
 	redisLogger{log: log}.Printf(context.Background(), "redis: connection pool: %s", "failed to dial")
 	got := lines(t, &buf)
 	if len(got) != 1 || got[0]["level"] != "WARN" || got[0]["component"] != "redis" {

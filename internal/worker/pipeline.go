@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"context"
@@ -20,11 +20,11 @@ import (
 // end before it so that a draining member still rejoins in time.
 const rebalanceTimeout = 30 * time.Second
 
-// startPipeline runs the consumer groups of ROLES (gate: SOURCE_TOPICS,
+// StartPipeline runs the consumer groups of ROLES (gate: SOURCE_TOPICS,
 // retry: the retry tier topics) until ctx is done, then drains: finishes the
 // writes in flight, commits and leaves the groups, within SHUTDOWN_GRACE.
 // It returns nil after a clean drain.
-func startPipeline(ctx context.Context, p pipeline) error {
+func StartPipeline(ctx context.Context, p Pipeline) error {
 	cfg := p.Config
 	clock := time.Now
 	m, err := newPipelineMetrics(p.Registerer)
@@ -94,7 +94,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	var joined []func() bool // one per consumer group: has it joined?
-	if cfg.HasRole("gate") {
+	if cfg.HasRole(route.RoleGate) {
 		extractor, err := route.ParseTenantFrom(cfg.TenantFrom)
 		if err != nil {
 			return fmt.Errorf("GATEKEEPER_TENANT_FROM: %w", err)
@@ -122,7 +122,7 @@ func startPipeline(ctx context.Context, p pipeline) error {
 		joined = append(joined, src.Ready)
 		g.Go(func() error { return src.Run(gctx) })
 	}
-	if cfg.HasRole("retry") {
+	if cfg.HasRole(route.RoleRetry) {
 		retrier := &route.Retrier{
 			Admitter:     p.Limiter,
 			Router:       router,
@@ -233,7 +233,7 @@ func newPipelineMetrics(reg prometheus.Registerer) (*pipelineMetrics, error) {
 // pipelineTopics lists every topic the roles of cfg read or write.
 func pipelineTopics(cfg *Config, topics route.Topics) []string {
 	var ts []string
-	if cfg.HasRole("gate") {
+	if cfg.HasRole(route.RoleGate) {
 		ts = append(ts, cfg.SourceTopics...)
 	}
 	ts = append(ts, cfg.DownstreamTopic, cfg.DLQTopic)
@@ -247,7 +247,7 @@ func pipelineTopics(cfg *Config, topics route.Topics) []string {
 // topics: a missing one is a configuration error, named in the one line it
 // returns. While Kafka cannot be reached it waits and tries again (readiness
 // stays false), so that a fleet started before its brokers does not crash-loop.
-func waitForTopics(ctx context.Context, p pipeline, topics []string) error {
+func waitForTopics(ctx context.Context, p Pipeline, topics []string) error {
 	client := &kafka.Client{Addr: kafka.TCP(p.Config.KafkaBrokers...), Timeout: p.Config.KafkaTimeout, Transport: p.Transport}
 	wait := 250 * time.Millisecond
 	for {

@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"context"
@@ -32,10 +32,10 @@ var secretKeys = map[string]bool{
 	"authorization":  true,
 }
 
-// newLogger returns a logger writing to w at level (a LOG_LEVEL value):
+// NewLogger returns a logger writing to w at level (a LOG_LEVEL value):
 // JSON lines, or text when w is a terminal. Attribute keys are snake_case
 // constants; values of secretKeys are replaced by "****".
-func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+func NewLogger(w io.Writer, level string) (*slog.Logger, error) {
 	lvl, ok := logLevels[level]
 	if !ok {
 		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
@@ -49,14 +49,14 @@ func newLogger(w io.Writer, level string) (*slog.Logger, error) {
 			return a
 		},
 	}
-	if isTerminal(w) {
+	if IsTerminal(w) {
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
 	return slog.New(slog.NewJSONHandler(w, opts)), nil
 }
 
-// isTerminal reports whether w is a terminal.
-func isTerminal(w io.Writer) bool {
+// IsTerminal reports whether w is a terminal.
+func IsTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
 }
@@ -70,5 +70,5 @@ func (l redisLogger) Printf(ctx context.Context, format string, args ...any) {
 	if !l.log.Enabled(ctx, slog.LevelWarn) {
 		return
 	}
-	l.log.LogAttrs(ctx, slog.LevelWarn, oneLine(fmt.Sprintf(format, args...)), slog.String("component", "redis"))
+	l.log.LogAttrs(ctx, slog.LevelWarn, OneLine(fmt.Sprintf(format, args...)), slog.String("component", "redis"))
 }

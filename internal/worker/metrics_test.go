@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/gatekeeper-dev/gatekeeper/deploy"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // recordingRegisterer registers with a real registry (so that conflicts
@@ -65,17 +66,17 @@ func (r *recordingRegisterer) families(t *testing.T) map[string]bool {
 	return names
 }
 
-// servedMetrics registers what serve registers over a process's life, the
-// way serve does it: the process collectors and build info, the limits file
+// servedMetrics registers what Serve registers over a process's life, the
+// way Serve does it: the process collectors and build info, the limits file
 // watcher, the readiness checks, the limiter (against miniredis) and the
 // pipeline. It returns every metric family they describe.
 func servedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	reg := &recordingRegisterer{Registry: prometheus.NewRegistry()}
-	if err := registerProcessMetrics(reg); err != nil {
+	if err := registerProcessMetrics(reg, "test"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewWatcher(filepath.Join(t.TempDir(), "limits.yaml"), func(*limit.Rules) error { return nil }, discardLogger(), reg); err != nil {
+	if _, err := NewWatcher(filepath.Join(t.TempDir(), "limits.yaml"), func(*limit.Rules) error { return nil }, testenv.DiscardLogger(), reg); err != nil {
 		t.Fatal(err)
 	}
 	if err := reg.Register(newReadyCollector([]readyCheck{passingCheck("redis")}, 0)); err != nil {
@@ -87,7 +88,7 @@ func servedMetrics(t *testing.T) map[string]bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lim, err := startLimiter(context.Background(), discardLogger(), rdb, rules, limit.Options{Registerer: reg}); lim == nil || err != nil {
+	if lim, err := startLimiter(context.Background(), testenv.DiscardLogger(), rdb, rules, limit.Options{Registerer: reg}); lim == nil || err != nil {
 		t.Fatalf("startLimiter: got %v, %v; want a limiter", lim, err)
 	}
 	if _, err := newPipelineMetrics(reg); err != nil {

@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"context"
@@ -94,7 +94,7 @@ func lowerHint(tr route.Tier) string {
 
 // verifyTopicLimits reads the output topics' settings and checks them. A
 // broker that refuses DescribeConfigs (ACLs) is logged and not checked.
-func verifyTopicLimits(ctx context.Context, p pipeline, topics route.Topics) error {
+func verifyTopicLimits(ctx context.Context, p Pipeline, topics route.Topics) error {
 	client := &kafka.Client{Addr: kafka.TCP(p.Config.KafkaBrokers...), Timeout: p.Config.KafkaTimeout, Transport: p.Transport}
 	outputs := []string{topics.Downstream, topics.DLQ}
 	names := append([]string(nil), outputs...)

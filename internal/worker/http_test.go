@@ -1,4 +1,4 @@
-package main
+package worker
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // fakeUsage records the tenants asked for and answers with rules or err.
@@ -50,7 +51,7 @@ func newTestServer(t *testing.T, c httpConfig) *httptest.Server {
 		c.Gatherer = prometheus.NewRegistry()
 	}
 	if c.Log == nil {
-		c.Log = discardLogger()
+		c.Log = testenv.DiscardLogger()
 	}
 	srv := httptest.NewServer(newHandler(c))
 	t.Cleanup(srv.Close)
@@ -315,7 +316,7 @@ func TestServeHTTPGraceful(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	served := make(chan error, 1)
-	go func() { served <- serveHTTP(stop, newHTTPServer(mux, discardLogger()), ln, 5*time.Second) }()
+	go func() { served <- serveHTTP(stop, newHTTPServer(mux, testenv.DiscardLogger()), ln, 5*time.Second) }()
 
 	got := make(chan string, 1)
 	go func() {
@@ -344,7 +345,7 @@ func TestServeHTTPGraceful(t *testing.T) {
 }
 
 func TestNewHTTPServerTimeouts(t *testing.T) {
-	s := newHTTPServer(http.NotFoundHandler(), discardLogger())
+	s := newHTTPServer(http.NotFoundHandler(), testenv.DiscardLogger())
 	if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout <= 0 || s.IdleTimeout <= 0 || s.MaxHeaderBytes <= 0 {
 		t.Errorf("got %+v, want every timeout and the header limit set", s)
 	}

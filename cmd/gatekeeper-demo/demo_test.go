@@ -167,13 +167,15 @@ func TestDemoFlags(t *testing.T) {
 		code    int
 		wantErr string
 	}{
-		{[]string{"demo", "-duration", "0s"}, 2, "-duration must be positive"},
-		{[]string{"demo", "extra"}, 2, `unexpected argument "extra"`},
-		{[]string{"demo", "-bogus"}, 2, "flag provided but not defined"},
-		{[]string{"demo", "-h"}, 0, "-plain"},
+		{[]string{"-duration", "0s"}, 2, "-duration must be positive"},
+		{[]string{"extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"-bogus"}, 2, "flag provided but not defined"},
+		{[]string{"-h"}, 0, "-plain"},
 	}
 	for _, tt := range tests {
-		code, _, errOut := runMain(t, tt.args...)
+		var stdout, stderr bytes.Buffer
+		code := demoCmd(context.Background(), tt.args, &stdout, &stderr)
+		errOut := stderr.String()
 		if code != tt.code || !strings.Contains(errOut, tt.wantErr) {
 			t.Errorf("%v: got %d, stderr %q; want %d, stderr with %q", tt.args, code, errOut, tt.code, tt.wantErr)
 		}

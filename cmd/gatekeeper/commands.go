@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/route"
+	"github.com/gatekeeper-dev/gatekeeper/internal/worker"
+)
+
+// checkConfigCmd prints the effective configuration, masked, as
+// GATEKEEPER_X=value lines.
+func checkConfigCmd(stdout, stderr io.Writer) int {
+	cfg, err := worker.LoadConfig()
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	lines, err := cfg.Masked().Environ()
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if unknown, _ := worker.UnknownVars(os.Environ()); len(unknown) > 0 {
+		fmt.Fprintf(stderr, "warning: not Gatekeeper variables (typos?): %s\n", strings.Join(unknown, ", "))
+	}
+	for _, l := range lines {
+		fmt.Fprintln(stdout, l)
+	}
+	return 0
+}
+
+// usageCmd prints a tenant's usage, read from Redis, as the usage API would.
+func usageCmd(ctx context.Context, tenant string, stdout, stderr io.Writer) int {
+	cfg, err := worker.LoadConfig()
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if tenant == "" || len(tenant) > route.MaxTenantBytes {
+		fmt.Fprintf(stderr, "gatekeeper usage: tenant must be 1 to %d bytes\n", route.MaxTenantBytes)
+		return 2
+	}
+	rules, err := cfg.Rules()
+	if err != nil {
+		fmt.Fprintln(stderr, worker.OneLine(err.Error()))
+		return 1
+	}
+	rdb := worker.NewRedis(cfg)
+	defer rdb.Close()
+	opts, err := worker.LimiterOptions(cfg, nil)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	lim, err := limit.New(ctx, rdb, rules, opts)
+	if err != nil {
+		fmt.Fprintf(stderr, "gatekeeper usage: start limiter: %s\n", worker.OneLine(err.Error()))
+		return 1
+	}
+	usage, err := lim.Usage(ctx, tenant)
+	if err != nil {
+		fmt.Fprintf(stderr, "gatekeeper usage: %s\n", worker.OneLine(err.Error()))
+		return 1
+	}
+	if usage == nil {
+		usage = []limit.Usage{}
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(worker.UsageResponse{Tenant: tenant, Rules: usage}); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// runCmd runs the worker until ctx is done (SIGINT, SIGTERM) or it fails.
+// A bad configuration is one line on stderr and status 1.
+func runCmd(ctx context.Context, stderr io.Writer) int {
+	cfg, err := worker.LoadConfig()
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	log, err := worker.NewLogger(stderr, cfg.LogLevel)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	done := make(chan error, 1)
+	go func() { done <- worker.Serve(ctx, cfg, log, version) }()
+	var serr error
+	select {
+	case serr = <-done:
+	case <-ctx.Done():
+		log.Info("stopping", slog.String("grace", cfg.ShutdownGrace.String()))
+		select {
+		case serr = <-done:
+		case <-time.After(cfg.ShutdownGrace):
+			log.Error("shutdown grace exceeded, exiting with work unfinished", slog.String("grace", cfg.ShutdownGrace.String()))
+			return 1
+		}
+	}
+	if serr != nil {
+		log.Error("gatekeeper stopped", slog.String("error", worker.OneLine(serr.Error())))
+		return 1
+	}
+	log.Info("stopped")
+	return 0
+}

@@ -1,0 +1,117 @@
+// Package testenv holds what the tests of several packages share: the Kafka
+// broker and Redis named by GATEKEEPER_TEST_*, a Redis key prefix of a test's
+// own, configuration variables set for one test, and a logger that discards.
+// Only tests import it.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Kafka returns the broker address of GATEKEEPER_TEST_KAFKA (host:port), and
+// skips the test when it is not set.
+func Kafka(t testing.TB) string {
+	t.Helper()
+	addr := os.Getenv("GATEKEEPER_TEST_KAFKA")
+	if addr == "" {
+		t.Skip("GATEKEEPER_TEST_KAFKA is not set: skipping the test against a real Kafka broker " +
+			"(start one with deploy/local/kafka.sh start, or set it to host:port, e.g. via deploy/local/test-env.sh)")
+	}
+	return addr
+}
+
+// Redis returns a client of GATEKEEPER_TEST_REDIS (required to work when
+// set) or of 127.0.0.1:6379 (test skipped if nothing answers there), and its
+// address. The client is closed when the test ends.
+func Redis(t testing.TB) (*redis.Client, string) {
+	t.Helper()
+	addr := os.Getenv("GATEKEEPER_TEST_REDIS")
+	required := addr != ""
+	if !required {
+		addr = "127.0.0.1:6379"
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		rdb.Close()
+		if required {
+			t.Fatalf("GATEKEEPER_TEST_REDIS=%s: %v", addr, err)
+		}
+		t.Skipf("no Redis at %s (set GATEKEEPER_TEST_REDIS): %v", addr, err)
+	}
+	t.Cleanup(func() { rdb.Close() })
+	return rdb, addr
+}
+
+// Prefix returns a key prefix of the test's own and deletes its keys when
+// the test ends.
+func Prefix(t testing.TB, rdb *redis.Client) string {
+	t.Helper()
+	b := make([]byte, 6)
+	rand.Read(b)
+	prefix := "gktest-" + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := rdb.Scan(ctx, 0, prefix+":*", 100).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+	})
+	return prefix
+}
+
+// SetEnv unsets every variable of keys for the test, then sets each
+// KEY=value of vars as PREFIX_KEY. The old values come back when the test
+// ends.
+func SetEnv(t *testing.T, prefix string, keys []string, vars map[string]string) {
+	t.Helper()
+	for _, k := range keys {
+		if old, ok := os.LookupEnv(k); ok {
+			t.Cleanup(func() { os.Setenv(k, old) })
+			os.Unsetenv(k)
+		}
+	}
+	for k, v := range vars {
+		t.Setenv(prefix+"_"+k, v)
+	}
+}
+
+// With returns a copy of base with the pairs of kv (key, value, key,
+// value...) set; the value "<unset>" removes the key.
+func With(base map[string]string, kv ...string) map[string]string {
+	out := map[string]string{}
+	for k, v := range base {
+		out[k] = v
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i+1] == "<unset>" {
+			delete(out, kv[i])
+			continue
+		}
+		out[kv[i]] = kv[i+1]
+	}
+	return out
+}
+
+// DiscardLogger returns a logger that writes nothing.
+func DiscardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// MinimalConfig is the least Gatekeeper configuration that validates:
+// variable names without the GATEKEEPER_ prefix, and their values.
+func MinimalConfig() map[string]string {
+	return map[string]string{
+		"SOURCE_TOPICS":    "events",
+		"DOWNSTREAM_TOPIC": "events.out",
+		"LIMITS":           "*=100/1m",
+	}
+}

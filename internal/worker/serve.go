@@ -1,0 +1,369 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/route"
+)
+
+// LimiterOptions turns the configuration into limiter options.
+func LimiterOptions(cfg *Config, reg prometheus.Registerer) (limit.Options, error) {
+	loc, err := cfg.Location()
+	if err != nil {
+		return limit.Options{}, err
+	}
+	return limit.Options{
+		Prefix:     cfg.RedisKeyPrefix,
+		Window:     limit.WindowKind(cfg.Window),
+		Location:   loc,
+		Horizon:    cfg.DeferHorizon,
+		Retention:  cfg.Retention,
+		Timeout:    cfg.RedisTimeout,
+		Registerer: reg,
+	}, nil
+}
+
+// state is what readiness reports besides Kafka and Redis reachability.
+// Safe for concurrent use.
+type state struct {
+	limiter  atomic.Pointer[limit.Limiter]
+	paused   atomic.Bool // consumption paused (Redis trouble, ON_REDIS_ERROR=pause)
+	draining atomic.Bool // shutting down
+	joined   atomic.Pointer[[]func() bool]
+	router   atomic.Pointer[route.Router]
+}
+
+// worker is what Serve builds before anything runs: the configuration, the
+// logger, the metrics registry, the clients and the readiness state.
+type worker struct {
+	cfg       *Config
+	log       *slog.Logger
+	reg       *prometheus.Registry
+	rdb       redis.UniversalClient
+	dialer    *kafka.Dialer
+	transport *kafka.Transport
+	st        state
+}
+
+// Serve builds everything in dependency order and runs the HTTP server, the
+// limits file watcher and the pipeline until ctx is done or one fails.
+// version is the build's version, logged and exported as
+// gatekeeper_build_info.
+func Serve(ctx context.Context, cfg *Config, log *slog.Logger, version string) error {
+	logStart(log, cfg, version)
+	w := &worker{cfg: cfg, log: log, reg: prometheus.NewRegistry()}
+	if err := registerProcessMetrics(w.reg, version); err != nil {
+		return err
+	}
+
+	redis.SetLogger(redisLogger{log: log})
+	w.rdb = NewRedis(cfg)
+	defer w.rdb.Close()
+
+	var err error
+	if w.dialer, err = NewKafkaDialer(cfg); err != nil {
+		return err
+	}
+	if w.transport, err = NewKafkaTransport(cfg); err != nil {
+		return err
+	}
+	defer w.transport.CloseIdleConnections()
+
+	context.AfterFunc(ctx, func() { w.st.draining.Store(true) })
+
+	watcher, rules, err := w.loadRules()
+	if err != nil {
+		return err
+	}
+	opts, err := LimiterOptions(cfg, w.reg)
+	if err != nil {
+		return err
+	}
+	srv, ln, err := w.listenHTTP(ctx)
+	if err != nil {
+		return err
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	httpStop := make(chan struct{})
+	g.Go(func() error { return serveHTTP(httpStop, srv, ln, 5*time.Second) })
+	g.Go(func() error {
+		// HTTP (metrics, readiness) stays up until the pipeline has drained.
+		defer close(httpStop)
+		return w.run(gctx, watcher, rules, opts)
+	})
+	return g.Wait()
+}
+
+// logStart logs the start-up line and warns of what the configuration
+// leaves open.
+func logStart(log *slog.Logger, cfg *Config, version string) {
+	log.Info("starting", slog.String("version", version),
+		slog.String("roles", strings.Join(cfg.Roles, ",")),
+		slog.String("source_topics", strings.Join(cfg.SourceTopics, ",")),
+		slog.String("downstream_topic", cfg.DownstreamTopic),
+		slog.String("window", cfg.Window), slog.Bool("shadow", cfg.Shadow))
+	if unknown, _ := UnknownVars(os.Environ()); len(unknown) > 0 {
+		log.Warn("environment holds GATEKEEPER_ variables that configure nothing (typos?)", slog.String("variables", strings.Join(unknown, ",")))
+	}
+	if cfg.AdminToken == "" {
+		log.Warn("GATEKEEPER_ADMIN_TOKEN is not set: the usage API is open to anyone who reaches " + cfg.HTTPAddr)
+	}
+}
+
+// loadRules returns the rules to start with: from LIMITS_FILE, with the
+// watcher that applies its changes to the running limiter, or from LIMITS
+// (and a nil watcher).
+func (w *worker) loadRules() (*Watcher, *limit.Rules, error) {
+	if w.cfg.LimitsFile == "" {
+		rules, err := w.cfg.Rules()
+		if err != nil {
+			return nil, nil, fmt.Errorf("rules: %w", err)
+		}
+		return nil, rules, nil
+	}
+	watcher, err := NewWatcher(w.cfg.LimitsFile, func(r *limit.Rules) error {
+		lim := w.st.limiter.Load()
+		if lim == nil {
+			return errors.New("limiter not started")
+		}
+		return lim.SetRules(r)
+	}, w.log, w.reg)
+	if err != nil {
+		return nil, nil, err
+	}
+	rules, err := watcher.Load()
+	if err != nil {
+		return nil, nil, fmt.Errorf("rules: %w", err)
+	}
+	return watcher, rules, nil
+}
+
+// readyChecks are the checks of /readyz and gatekeeper_ready: Redis and
+// Kafka reachable, and the state st reports.
+func (st *state) readyChecks(rdb redis.UniversalClient, dialer *kafka.Dialer, brokers []string) []readyCheck {
+	return []readyCheck{
+		{Name: "redis", Check: redisCheck(rdb)},
+		{Name: "kafka", Check: kafkaCheck(dialer, brokers)},
+		{Name: "limiter", Check: func(context.Context) error {
+			if st.limiter.Load() == nil {
+				return errors.New("not started")
+			}
+			return nil
+		}},
+		{Name: "groups", Check: func(context.Context) error {
+			js := st.joined.Load()
+			if js == nil {
+				return errors.New("not started")
+			}
+			for _, ready := range *js {
+				if !ready() {
+					return errors.New("not joined")
+				}
+			}
+			return nil
+		}},
+		{Name: "consumption", Check: func(context.Context) error {
+			if st.paused.Load() {
+				return errors.New("paused")
+			}
+			return nil
+		}},
+		{Name: "writes", Check: func(context.Context) error {
+			if r := st.router.Load(); r != nil && r.WritesFailing() > 0 {
+				return fmt.Errorf("%d batches' Kafka writes keep failing (their partitions wait; see the log)", r.WritesFailing())
+			}
+			return nil
+		}},
+		{Name: "shutdown", Check: func(context.Context) error {
+			if st.draining.Load() {
+				return errors.New("shutting down")
+			}
+			return nil
+		}},
+	}
+}
+
+// listenHTTP registers the readiness metric and listens on HTTP_ADDR with
+// the handler of metrics, health and the usage API; serveHTTP serves it.
+func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, error) {
+	cfg := w.cfg
+	checks := w.st.readyChecks(w.rdb, w.dialer, cfg.KafkaBrokers)
+	checkTimeout := min(cfg.RedisTimeout, cfg.KafkaTimeout)
+	if err := w.reg.Register(newReadyCollector(checks, checkTimeout)); err != nil {
+		return nil, nil, fmt.Errorf("readiness metrics: %w", err)
+	}
+	handler := newHandler(httpConfig{
+		Gatherer:   w.reg,
+		Registerer: w.reg,
+		Checks:     checks,
+		Usage: func(ctx context.Context, tenant string) ([]limit.Usage, error) {
+			lim := w.st.limiter.Load()
+			if lim == nil {
+				return nil, errors.New("limiter not started")
+			}
+			return lim.Usage(ctx, tenant)
+		},
+		AdminToken:   cfg.AdminToken,
+		Log:          w.log,
+		CheckTimeout: checkTimeout,
+	})
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", cfg.HTTPAddr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("http listen: %w", err)
+	}
+	w.log.Info("http listening", slog.String("addr", ln.Addr().String()))
+	return newHTTPServer(handler, w.log), ln, nil
+}
+
+// run starts the limiter (waiting for Redis), then runs the limits file
+// watcher, if any, and the pipeline until ctx is done or one fails.
+func (w *worker) run(ctx context.Context, watcher *Watcher, rules *limit.Rules, opts limit.Options) error {
+	lim, err := startLimiter(ctx, w.log, w.rdb, rules, opts)
+	if err != nil {
+		return err
+	}
+	if lim == nil { // ctx done while waiting for Redis
+		return nil
+	}
+	w.st.limiter.Store(lim)
+	if warn, err := limit.CheckEviction(ctx, w.rdb); err != nil {
+		w.log.Debug("cannot read redis maxmemory-policy", slog.String("error", OneLine(err.Error())))
+	} else if warn != "" {
+		w.log.Warn(warn)
+	}
+
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pg, pctx := errgroup.WithContext(pctx)
+	if watcher != nil {
+		pg.Go(func() error { return watcher.Run(pctx) })
+	}
+	pg.Go(func() error {
+		defer cancel()
+		return StartPipeline(pctx, Pipeline{
+			Config:     w.cfg,
+			Log:        w.log,
+			Registerer: w.reg,
+			Limiter:    lim,
+			Dialer:     w.dialer,
+			Transport:  w.transport,
+			Paused:     &w.st.paused,
+			Joined:     &w.st.joined,
+			Router:     &w.st.router,
+		})
+	})
+	return pg.Wait()
+}
+
+// registerProcessMetrics registers with reg the collectors that exist from
+// start-up on: the Go runtime (go_*), the process (process_*) and
+// gatekeeper_build_info.
+func registerProcessMetrics(reg prometheus.Registerer, version string) error {
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "gatekeeper_build_info",
+		Help: "Always 1; the labels give the version.",
+	}, []string{"version", "goversion"})
+	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	for _, c := range []prometheus.Collector{
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo,
+	} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("process metrics: %w", err)
+		}
+	}
+	return nil
+}
+
+// startLimiter creates the limiter, which loads the scripts into Redis.
+// While Redis cannot be reached it waits and tries again (readiness stays
+// false): a replica started during a Redis outage must not crash-loop. It
+// returns nil, nil if ctx ends first, and an error for any other failure
+// (e.g. wrong password, a broken script).
+func startLimiter(ctx context.Context, log *slog.Logger, rdb redis.UniversalClient, rules *limit.Rules, opts limit.Options) (*limit.Limiter, error) {
+	wait := 250 * time.Millisecond
+	for {
+		// limit.New registers its metrics only once it has succeeded, so a
+		// failed attempt can simply be tried again.
+		lim, err := limit.New(ctx, rdb, rules, opts)
+		if err == nil {
+			return lim, nil
+		}
+		if ctx.Err() != nil {
+			return nil, nil
+		}
+		if !transientRedisError(err) {
+			return nil, fmt.Errorf("start limiter: %w", err)
+		}
+		log.Error("redis unavailable, waiting to start the limiter", slog.String("error", OneLine(err.Error())), slog.String("retry_in", wait.String()))
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 10*time.Second)
+	}
+}
+
+// transientRedisError reports whether err is Redis being unreachable or
+// temporarily unable to serve, as opposed to a refusal that waiting does
+// not cure.
+func transientRedisError(err error) bool {
+	var ne net.Error
+	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, redis.ErrPoolTimeout) {
+		return true
+	}
+	for _, p := range []string{"LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "READONLY"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Pipeline is everything StartPipeline wires together: the consumer
+// groups of the source and retry topics, the gate, the retrier and the
+// writers.
+type Pipeline struct {
+	Config     *Config
+	Log        *slog.Logger
+	Registerer prometheus.Registerer
+	Limiter    *limit.Limiter
+	// Dialer is for consumer groups and readers; Transport for writers.
+	// Both carry TLS, SASL and KAFKA_TIMEOUT.
+	Dialer    *kafka.Dialer
+	Transport *kafka.Transport
+	// Paused must be true while consumption is paused (Redis trouble with
+	// ON_REDIS_ERROR=pause); /readyz reports it.
+	Paused *atomic.Bool
+	// Joined, if set, receives the consumer groups' "joined" checks, for
+	// /readyz.
+	Joined *atomic.Pointer[[]func() bool]
+	// Router, if set, receives the router, whose failing writes /readyz
+	// reports.
+	Router *atomic.Pointer[route.Router]
+}
