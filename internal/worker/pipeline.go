@@ -26,12 +26,10 @@ const rebalanceTimeout = 30 * time.Second
 // It returns nil after a clean drain.
 func StartPipeline(ctx context.Context, p Pipeline) error {
 	cfg := p.Config
-	clock := time.Now
 	m, err := newPipelineMetrics(p.Registerer)
 	if err != nil {
 		return err
 	}
-
 	topics := route.Topics{Downstream: cfg.DownstreamTopic, Retry: cfg.RetryTopic, DLQ: cfg.DLQTopic}
 	if err := waitForTopics(ctx, p, pipelineTopics(cfg, topics)); err != nil || ctx.Err() != nil {
 		return err
@@ -54,7 +52,7 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 	router := &route.Router{
 		Writer:  writer,
 		Topics:  topics,
-		Clock:   clock,
+		Clock:   time.Now,
 		Logger:  p.Log,
 		Metrics: m.route,
 		Signer:  signer,
@@ -64,14 +62,51 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 	if p.Router != nil {
 		p.Router.Store(router)
 	}
-	setReady := func(ready bool) { p.Paused.Store(!ready) }
-	// A shadow deployment must never stop traffic: it forwards everything.
-	onRedisError := cfg.OnRedisError
-	if cfg.Shadow {
-		onRedisError = route.RedisForward
-	}
 
-	group := consume.Config{
+	g, gctx := errgroup.WithContext(ctx)
+	var joined []func() bool // one per consumer group: has it joined?
+	for _, start := range []func(*pipelineMetrics, *route.Router) (consumerGroup, error){p.gateGroup, p.retryGroup} {
+		grp, err := start(m, router)
+		if err != nil {
+			return err
+		}
+		if grp != nil {
+			joined = append(joined, grp.Ready)
+			g.Go(func() error { return grp.Run(gctx) })
+		}
+	}
+	if p.Joined != nil {
+		p.Joined.Store(&joined)
+	}
+	p.Log.Info("pipeline started", slog.Any("roles", cfg.Roles), slog.Any("source_topics", cfg.SourceTopics),
+		slog.String("downstream_topic", cfg.DownstreamTopic), slog.Bool("retry_signed", signer != nil))
+	return g.Wait()
+}
+
+// consumerGroup is a consumer group of the pipeline: consume.Group or
+// consume.Delayed.
+type consumerGroup interface {
+	Run(ctx context.Context) error
+	Ready() bool
+}
+
+// onRedisError is the Redis error policy of the gate and the retrier: a
+// shadow deployment must never stop traffic, so it forwards everything.
+func (p Pipeline) onRedisError() string {
+	if p.Config.Shadow {
+		return route.RedisForward
+	}
+	return p.Config.OnRedisError
+}
+
+// setReady reports to readiness whether consumption runs (false: paused).
+func (p Pipeline) setReady(ready bool) { p.Paused.Store(!ready) }
+
+// groupConfig is the consumer-group configuration both roles share; the
+// caller sets the topics (and the retry role its group).
+func (p Pipeline) groupConfig(m *pipelineMetrics) consume.Config {
+	cfg := p.Config
+	return consume.Config{
 		Brokers:          cfg.KafkaBrokers,
 		GroupID:          cfg.GroupID,
 		BatchSize:        cfg.BatchSize,
@@ -91,82 +126,85 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 			m.lag.WithLabelValues(topic, fmt.Sprint(partition)).Set(float64(n))
 		},
 	}
+}
 
-	g, gctx := errgroup.WithContext(ctx)
-	var joined []func() bool // one per consumer group: has it joined?
-	if cfg.HasRole(route.RoleGate) {
-		extractor, err := route.ParseTenantFrom(cfg.TenantFrom)
-		if err != nil {
-			return fmt.Errorf("GATEKEEPER_TENANT_FROM: %w", err)
-		}
-		gate := &route.Gate{
-			Extractor:    extractor,
-			Admitter:     p.Limiter,
-			Router:       router,
-			OnRedisError: onRedisError,
-			Shadow:       cfg.Shadow,
-			Clock:        clock,
-			Logger:       p.Log,
-			Metrics:      m.route,
-			SetReady:     setReady,
-		}
-		if err := gate.Validate(); err != nil {
-			return fmt.Errorf("gate: %w", err)
-		}
-		gc := group
-		gc.Topics = cfg.SourceTopics
-		src, err := consume.NewGroup(gc, gate)
-		if err != nil {
-			return fmt.Errorf("source consumer: %w", err)
-		}
-		joined = append(joined, src.Ready)
-		g.Go(func() error { return src.Run(gctx) })
+// gateGroup returns the consumer group of the source topics with the gate
+// as its handler, or nil when this process does not run the gate role.
+func (p Pipeline) gateGroup(m *pipelineMetrics, router *route.Router) (consumerGroup, error) {
+	cfg := p.Config
+	if !cfg.HasRole(route.RoleGate) {
+		return nil, nil
 	}
-	if cfg.HasRole(route.RoleRetry) {
-		retrier := &route.Retrier{
-			Admitter:     p.Limiter,
-			Router:       router,
-			MaxAttempts:  cfg.MaxAttempts,
-			OnRedisError: onRedisError,
-			Clock:        clock,
-			Logger:       p.Log,
-			Metrics:      m.route,
-			SetReady:     setReady,
-		}
-		if err := retrier.Validate(); err != nil {
-			return fmt.Errorf("retrier: %w", err)
-		}
-		dc := consume.DelayedConfig{
-			Config:         group,
-			LookAhead:      cfg.RetryLookahead,
-			LookAheadBytes: cfg.RetryLookaheadBytes,
-			ReleaseAt:      router.ReleaseAt,
-			OnWaiting:      func(topic string, delta int) { m.waiting.WithLabelValues(topic).Add(float64(delta)) },
-			OnLateness: func(topic string, late time.Duration) {
-				m.lateness.WithLabelValues(topic).Observe(late.Seconds())
-			},
-			OnSkipped:   func(topic string, n int) { m.skipped.WithLabelValues(topic).Add(float64(n)) },
-			OnTruncated: func(topic string, _ int64) { m.truncated.WithLabelValues(topic).Inc() },
-		}
-		// The retry tiers have a group of their own, so that their
-		// rebalances never disturb the source group.
-		dc.GroupID = cfg.GroupID + ".retry"
-		for _, t := range router.Topics.Tiers() {
-			dc.Topics = append(dc.Topics, t.Topic)
-		}
-		retry, err := consume.NewDelayed(dc, retrier)
-		if err != nil {
-			return fmt.Errorf("retry consumer: %w", err)
-		}
-		joined = append(joined, retry.Ready)
-		g.Go(func() error { return retry.Run(gctx) })
+	extractor, err := route.ParseTenantFrom(cfg.TenantFrom)
+	if err != nil {
+		return nil, fmt.Errorf("GATEKEEPER_TENANT_FROM: %w", err)
 	}
-	if p.Joined != nil {
-		p.Joined.Store(&joined)
+	gate := &route.Gate{
+		Extractor:    extractor,
+		Admitter:     p.Limiter,
+		Router:       router,
+		OnRedisError: p.onRedisError(),
+		Shadow:       cfg.Shadow,
+		Clock:        time.Now,
+		Logger:       p.Log,
+		Metrics:      m.route,
+		SetReady:     p.setReady,
 	}
-	p.Log.Info("pipeline started", slog.Any("roles", cfg.Roles), slog.Any("source_topics", cfg.SourceTopics),
-		slog.String("downstream_topic", cfg.DownstreamTopic), slog.Bool("retry_signed", signer != nil))
-	return g.Wait()
+	if err := gate.Validate(); err != nil {
+		return nil, fmt.Errorf("gate: %w", err)
+	}
+	gc := p.groupConfig(m)
+	gc.Topics = cfg.SourceTopics
+	src, err := consume.NewGroup(gc, gate)
+	if err != nil {
+		return nil, fmt.Errorf("source consumer: %w", err)
+	}
+	return src, nil
+}
+
+// retryGroup returns the consumer group of the retry tiers with the retrier
+// as its handler, or nil when this process does not run the retry role.
+func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumerGroup, error) {
+	cfg := p.Config
+	if !cfg.HasRole(route.RoleRetry) {
+		return nil, nil
+	}
+	retrier := &route.Retrier{
+		Admitter:     p.Limiter,
+		Router:       router,
+		MaxAttempts:  cfg.MaxAttempts,
+		OnRedisError: p.onRedisError(),
+		Clock:        time.Now,
+		Logger:       p.Log,
+		Metrics:      m.route,
+		SetReady:     p.setReady,
+	}
+	if err := retrier.Validate(); err != nil {
+		return nil, fmt.Errorf("retrier: %w", err)
+	}
+	dc := consume.DelayedConfig{
+		Config:         p.groupConfig(m),
+		LookAhead:      cfg.RetryLookahead,
+		LookAheadBytes: cfg.RetryLookaheadBytes,
+		ReleaseAt:      router.ReleaseAt,
+		OnWaiting:      func(topic string, delta int) { m.waiting.WithLabelValues(topic).Add(float64(delta)) },
+		OnLateness: func(topic string, late time.Duration) {
+			m.lateness.WithLabelValues(topic).Observe(late.Seconds())
+		},
+		OnSkipped:   func(topic string, n int) { m.skipped.WithLabelValues(topic).Add(float64(n)) },
+		OnTruncated: func(topic string, _ int64) { m.truncated.WithLabelValues(topic).Inc() },
+	}
+	// The retry tiers have a group of their own, so that their rebalances
+	// never disturb the source group.
+	dc.GroupID = cfg.GroupID + ".retry"
+	for _, t := range router.Topics.Tiers() {
+		dc.Topics = append(dc.Topics, t.Topic)
+	}
+	retry, err := consume.NewDelayed(dc, retrier)
+	if err != nil {
+		return nil, fmt.Errorf("retry consumer: %w", err)
+	}
+	return retry, nil
 }
 
 // pipelineMetrics are the collectors of the pipeline: the route package's
