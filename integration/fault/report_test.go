@@ -1,0 +1,137 @@
+//go:build fault
+
+package fault
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The report of a scenario (its figures, then one summary line) and the
+// assertions on them.
+
+// outcome is everything a scenario's report and checks need.
+type outcome struct {
+	sc           scenario
+	flow         flow
+	kafkaVersion string
+	fig          figures
+	recs         []recovery
+	bound        int // dupBound
+	res          loadResult
+	out          []outEvent // downstream and dead letter
+	took         time.Duration
+}
+
+// report prints the figures: in detail, then as one summary line.
+func report(t *testing.T, o outcome) {
+	t.Helper()
+	f := o.fig
+	p50, p99, worst := latencyQuantiles(f.Latency)
+	t.Logf("figures: produced %d (extra source copies from retried producer writes: %d), downstream %d (%d through the retry path, %d of them after their slot), dead letter %d %v, foreign records %d",
+		f.Produced, f.SourceDups, f.Downstream, f.Deferred, f.Late, f.DLQ, f.Reasons, f.Foreign)
+	t.Logf("figures: lost %d, duplicated %d (bound %d), early %d, max_window %d/%d (%s)",
+		f.Lost, f.Duplicated, o.bound, f.Early, f.MaxWindow, limitPerWindow, f.MaxAt)
+	t.Logf("figures: Redis window counts sum to %d; the events read back account for %d counts (first copy of each: one per direct admission, one per deferral, one per admission after the slot); difference %+d (G9: 0)",
+		f.RedisCounted, f.Counts, f.RedisCounted-f.Counts)
+	t.Logf("figures: latency of directly admitted events: p50 %v, p99 %v, max %v (%d events); by produce time: %s",
+		p50.Round(time.Millisecond), p99.Round(time.Millisecond), worst.Round(time.Millisecond), len(f.Latency),
+		latencyTimeline(f.Latency, o.res.Start, 4*time.Second))
+	if len(f.NormalDeferred) > 0 {
+		t.Logf("figures: events of normal tenants deferred, by produce time: %v", f.NormalDeferred)
+	}
+	recover := "none"
+	worstRec, allOK := time.Duration(0), len(o.recs) > 0
+	for _, r := range o.recs {
+		if r.ok {
+			t.Logf("recover: %s: healthy again after %v", r.fault, r.took.Round(100*time.Millisecond))
+			worstRec = max(worstRec, r.took)
+		} else {
+			t.Logf("recover: %s: NOT healthy again before the next phase: %s", r.fault, r.note)
+			allOK = false
+		}
+	}
+	if allOK {
+		recover = fmt.Sprintf("%.1fs", worstRec.Seconds())
+	}
+	if f.MaxWindow > limitPerWindow {
+		t.Logf("max_window: %s: %s; Redis counted %s in that window", f.MaxAt,
+			windowDetail(o.out, o.res, o.flow.Downstream, f.MaxTenant, f.MaxIdx, window),
+			redisWindowCount(o.flow.Prefix, f.MaxTenant, f.MaxIdx))
+	}
+	for _, id := range f.DupIDs[:min(len(f.DupIDs), 5)] {
+		t.Logf("duplicated id %d: %s", id, strings.Join(copiesOf(o.out, id), " | "))
+	}
+	dup := strconv.Itoa(f.Duplicated)
+	if o.bound > 0 {
+		dup += fmt.Sprintf(" (bound %d)", o.bound)
+	}
+	t.Logf("fault %s kafka=%s: produced=%d downstream=%d dlq=%d lost=%d duplicated=%s early=%d max_window=%d/%d recover=%s took=%v",
+		o.sc.name, o.kafkaVersion, f.Produced, f.Downstream, f.DLQ, f.Lost, dup, f.Early, f.MaxWindow, limitPerWindow,
+		recover, o.took.Round(time.Second))
+}
+
+// redisWindowCount reads what Redis counted for tenant in window idx (key
+// <prefix>:{<tenant>}:5s:<start ms>, internal/limit/keys.go), for a report.
+func redisWindowCount(prefix, tenant string, idx int64) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer rdb.Close()
+	key := fmt.Sprintf("%s:{%s}:5s:%d", prefix, tenant, idx*window.Milliseconds())
+	n, err := rdb.HGet(ctx, key, "count").Result()
+	if err != nil {
+		return fmt.Sprintf("? (%s: %v)", key, err)
+	}
+	return n
+}
+
+// redisCounted sums the counts of every window key under prefix
+// (<prefix>:{<tenant>}:5s:<start ms>; frontier and anchor keys left out).
+func redisCounted(ctx context.Context, prefix string) (int, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ReadTimeout: 10 * time.Second})
+	defer rdb.Close()
+	sum := 0
+	iter := rdb.Scan(ctx, 0, prefix+":{*}:5s:*", 1000).Iterator()
+	for iter.Next(ctx) {
+		n, err := rdb.HGet(ctx, iter.Val(), "count").Int()
+		if err != nil {
+			return sum, fmt.Errorf("hget %s count: %w", iter.Val(), err)
+		}
+		sum += n
+	}
+	return sum, iter.Err()
+}
+
+// check asserts the guarantees of the scenario on the figures.
+func check(t *testing.T, o outcome) {
+	t.Helper()
+	f := o.fig
+	if f.Lost > 0 {
+		var ex []string
+		for _, id := range f.LostIDs[:min(len(f.LostIDs), 10)] {
+			s := o.res.Events[id]
+			ex = append(ex, fmt.Sprintf("%d (%s, produced %s)", id, o.res.Tenants[s.tenant].name, s.produced.UTC().Format("15:04:05.000")))
+		}
+		t.Errorf("lost: got %d, want 0 (G1): %s", f.Lost, strings.Join(ex, ", "))
+	}
+	if f.Early > 0 {
+		t.Errorf("early: got %d downstream events appended before their gk-due, want 0 (G3)", f.Early)
+	}
+	if o.sc.exact {
+		if f.Duplicated > 0 {
+			t.Errorf("duplicated: got %d, want 0 (G8: a graceful handover duplicates nothing)", f.Duplicated)
+		}
+		if f.MaxWindow > limitPerWindow {
+			t.Errorf("max_window: got %d events of %s, want at most %d (G2)", f.MaxWindow, f.MaxAt, limitPerWindow)
+		}
+	} else if f.Duplicated > o.bound {
+		t.Errorf("duplicated: got %d, want at most %d (dupBound)", f.Duplicated, o.bound)
+	}
+}
