@@ -8,11 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
 var t0 = time.Date(2025, 3, 4, 10, 0, 0, 0, time.UTC)

@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
 // Admitter decides a batch of events by tenant; *limit.Limiter implements it.
@@ -65,7 +67,7 @@ type Gate struct {
 	// RedisPause and with true when it works again.
 	SetReady func(ready bool)
 	// Backoff paces the Admit retries under RedisPause.
-	Backoff Backoff
+	Backoff consume.Backoff
 }
 
 // Validate reports a missing part or a bad OnRedisError.
@@ -240,7 +242,7 @@ func validPolicy(p string) error {
 type admission struct {
 	admitter Admitter
 	policy   string
-	backoff  Backoff
+	backoff  consume.Backoff
 	setReady func(bool)
 	logger   *slog.Logger
 }
@@ -279,7 +281,7 @@ func (a admission) admit(ctx context.Context, tenants []string, first kafka.Mess
 			failing = true
 			a.ready(false)
 		}
-		wait := a.backoff.delay(attempt)
+		wait := a.backoff.Delay(attempt)
 		if attempt%10 == 0 {
 			a.logger.Warn("admit failed, pausing",
 				"topic", first.Topic, "partition", first.Partition, "offset", first.Offset,

@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/google/go-cmp/cmp"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
 var errRedis = errors.New("redis: connection refused")
@@ -72,7 +74,7 @@ func newGate(t *testing.T, decide func(int, []string) ([]limit.Decision, error))
 		metrics:  newTestMetrics(t),
 		ready:    &readyLog{},
 	}
-	fast := Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
+	fast := consume.Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
 	f.gate = &Gate{
 		Extractor: ex,
 		Admitter:  f.admitter,

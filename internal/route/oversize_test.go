@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 )
 
 // An event that would be larger than MaxMessageBytes where it is going goes
@@ -81,7 +83,7 @@ func TestRouterBrokerRefusesTooLarge(t *testing.T) {
 		}
 		return errs
 	}}
-	r := &Router{Writer: w, Topics: testTopics, Clock: fixedClock(t0), Logger: discardLogger(), Backoff: Backoff{Min: time.Millisecond, Max: time.Millisecond}}
+	r := &Router{Writer: w, Topics: testTopics, Clock: fixedClock(t0), Logger: discardLogger(), Backoff: consume.Backoff{Min: time.Millisecond, Max: time.Millisecond}}
 	big := withOrigin(kafka.Message{Topic: "events", Offset: 1, Value: bytes.Repeat([]byte("v"), 200)}, "a")
 	small := withOrigin(kafka.Message{Topic: "events", Offset: 2, Value: []byte("ok")}, "a")
 	if err := r.Route(context.Background(), []Item{{Msg: big, Outcome: Forward}, {Msg: small, Outcome: Forward}}); err != nil {
@@ -112,7 +114,7 @@ func TestRouterWritesFailing(t *testing.T) {
 		<-release
 		return nil
 	}}
-	r := &Router{Writer: w, Topics: testTopics, Logger: discardLogger(), Metrics: met, Backoff: Backoff{Min: time.Millisecond, Max: time.Millisecond}}
+	r := &Router{Writer: w, Topics: testTopics, Logger: discardLogger(), Metrics: met, Backoff: consume.Backoff{Min: time.Millisecond, Max: time.Millisecond}}
 	done := make(chan error, 1)
 	go func() {
 		done <- r.Route(context.Background(), []Item{{Msg: kafka.Message{Value: []byte("x")}, Outcome: Forward}})

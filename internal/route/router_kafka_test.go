@@ -13,6 +13,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 )
 
 // These tests run against the Kafka broker at GATEKEEPER_TEST_KAFKA
@@ -193,7 +195,7 @@ func TestRouterKafkaMissingTopic(t *testing.T) {
 	addr := testKafka(t)
 	tp := uniqueTopics(t)
 	r := &Router{Writer: newTestWriter(t, addr), Topics: tp, Logger: discardLogger(),
-		Backoff: Backoff{Min: 50 * time.Millisecond, Max: 500 * time.Millisecond}}
+		Backoff: consume.Backoff{Min: 50 * time.Millisecond, Max: 500 * time.Millisecond}}
 	item := Item{Msg: kafka.Message{Key: []byte("k"), Value: []byte("v"), Time: t0}, Outcome: Forward}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
