@@ -2,8 +2,6 @@ package route
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -19,8 +17,6 @@ import (
 var t0 = time.Date(2025, 3, 4, 10, 0, 0, 0, time.UTC)
 
 func fixedClock(t time.Time) func() time.Time { return func() time.Time { return t } }
-
-func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // fakeWriter records every WriteMessages call. fail, if set, decides the
 // result of call n (0-based) from the messages it was given.

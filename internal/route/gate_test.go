@@ -14,6 +14,7 @@ import (
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 var errRedis = errors.New("redis: connection refused")
@@ -79,9 +80,9 @@ func newGate(t *testing.T, decide func(int, []string) ([]limit.Decision, error))
 		Extractor: ex,
 		Admitter:  f.admitter,
 		Router: &Router{Writer: f.writer, Topics: testTopics, Clock: fixedClock(t0), Backoff: fast,
-			Logger: discardLogger(), Metrics: f.metrics},
+			Logger: testenv.DiscardLogger(), Metrics: f.metrics},
 		Clock:    fixedClock(t0),
-		Logger:   discardLogger(),
+		Logger:   testenv.DiscardLogger(),
 		Metrics:  f.metrics,
 		SetReady: f.ready.set,
 		Backoff:  fast,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // deferral returns the deferral of an event of tenant first deferred an hour before t0.
@@ -56,10 +57,10 @@ func newRetrier(t *testing.T, decide func(int, []string) ([]limit.Decision, erro
 	f.retrier = &Retrier{
 		Admitter: f.admitter,
 		Router: &Router{Writer: f.writer, Topics: testTopics, Clock: fixedClock(t0), Backoff: fast,
-			Logger: discardLogger(), Metrics: f.metrics},
+			Logger: testenv.DiscardLogger(), Metrics: f.metrics},
 		MaxAttempts: 3,
 		Clock:       fixedClock(t0),
-		Logger:      discardLogger(),
+		Logger:      testenv.DiscardLogger(),
 		Metrics:     f.metrics,
 		SetReady:    f.ready.set,
 		Backoff:     fast,

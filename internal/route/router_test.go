@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 func TestRetryTier(t *testing.T) {
@@ -275,7 +276,7 @@ func TestRouterRoute(t *testing.T) {
 			w := &fakeWriter{fail: tt.fail}
 			met := newTestMetrics(t)
 			r := &Router{Writer: w, Topics: testTopics, Backoff: consume.Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond},
-				Logger: discardLogger(), Metrics: met}
+				Logger: testenv.DiscardLogger(), Metrics: met}
 			if err := r.Route(context.Background(), items); err != nil {
 				t.Fatalf("Route: %v", err)
 			}
@@ -303,7 +304,7 @@ func TestRouterRouteGivesUpOnlyWithContext(t *testing.T) {
 	}}
 	met := newTestMetrics(t)
 	r := &Router{Writer: w, Topics: testTopics, Backoff: consume.Backoff{Min: time.Millisecond, Max: time.Millisecond},
-		Logger: discardLogger(), Metrics: met}
+		Logger: testenv.DiscardLogger(), Metrics: met}
 	err := r.Route(ctx, []Item{{Msg: kafka.Message{Key: []byte("a")}, Outcome: Forward}})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("got error %v, want context.Canceled", err)
