@@ -251,6 +251,93 @@ func demoConfig(conn demoConn, brokers, redisAddrs []string, n demoNames) *worke
 // traffic for opts.Duration while showing the live view, then drains, stops
 // the pipeline, reads every output topic to its end and prints the summary.
 func runDemo(ctx context.Context, opts demoOptions) (*demoSummary, error) {
+	opts = opts.withDefaults()
+	say := func(format string, args ...any) { fmt.Fprintf(opts.Out, "gatekeeper-demo: "+format+"\n", args...) }
+
+	srv, err := startDemoServers(opts.Conn)
+	defer srv.close()
+	if err != nil {
+		return nil, err
+	}
+	env, err := newDemoEnv(opts, srv)
+	if err != nil {
+		return nil, err
+	}
+	say("%s", strings.Join(srv.where, "; "))
+	if err := env.connect(opts.Log, srv.brokers); err != nil {
+		return nil, err
+	}
+	cfg, names, admin := env.cfg, env.names, env.admin
+	defer env.transport.CloseIdleConnections()
+
+	if err := createDemoTopics(ctx, admin, names); err != nil {
+		return nil, err
+	}
+	if env.realKafka {
+		// The shutdown steps run on their own context: Ctrl-C ends the
+		// traffic, not the drain, the summary and the clean-up.
+		defer deleteDemoTopics(context.Background(), admin, names, env.log)
+	}
+
+	reg := prometheus.NewRegistry()
+	lim, closeRedis, err := env.startLimiter(ctx, reg)
+	defer closeRedis()
+	if err != nil {
+		return nil, err
+	}
+
+	tl := newTally(env.rules, time.UTC)
+	stopReaders := env.startReaders(srv.brokers, tl)
+	defer stopReaders()
+
+	pipe := startDemoPipeline(env, reg, lim)
+	defer pipe.cancel()
+
+	say("waiting for the consumer groups to join")
+	if err := waitGroupsJoined(ctx, admin, []string{cfg.GroupID, cfg.GroupID + ".retry"}, pipe.done); err != nil {
+		perr := pipe.stop(cfg.ShutdownGrace)
+		return nil, errors.Join(err, perr)
+	}
+
+	view := newDemoView(opts, names, srv.short)
+	defer view.close()
+	say("%s of traffic; limits %s, deferral horizon %v", opts.Duration, cfg.Limits, demoHorizon)
+
+	// Traffic, with the view refreshed until it ends.
+	start := time.Now()
+	tick := time.NewTicker(opts.redrawEvery())
+	defer tick.Stop()
+	prod := newDemoProducer(srv.brokers, env.transport, names.Source, tl)
+	defer prod.Close()
+	trafficErr, err := runDemoTraffic(ctx, prod, opts.Duration, tl, view, tick, pipe.done, start)
+	if err != nil {
+		return nil, err
+	}
+	trafficTime := time.Since(start)
+	interrupted := ctx.Err() != nil
+
+	if err := drainDemo(opts.Drain, interrupted, tl, view, tick, pipe.done, start); err != nil {
+		return nil, err
+	}
+	view.draw(tl.snapshot(time.Now()), "stopping", time.Since(start))
+	perr := pipe.stop(cfg.ShutdownGrace)
+	sum := env.collect(tl, stopReaders)
+	sum.Traffic = trafficTime
+	sum.Interrupted = interrupted
+	sum.Where = strings.Join(srv.where, "; ")
+	view.finish(sum)
+	if trafficErr != nil {
+		return sum, fmt.Errorf("producer: %w", trafficErr)
+	}
+	if perr != nil {
+		return sum, fmt.Errorf("pipeline: %w", perr)
+	}
+	return sum, nil
+}
+
+// withDefaults returns opts with a refresh of 1s, a plain line every 5s and
+// a discarding log where they are not set.
+func (opts demoOptions) withDefaults() demoOptions {
 	if opts.Refresh <= 0 {
 		opts.Refresh = time.Second
 	}
@@ -260,45 +347,88 @@ func runDemo(ctx context.Context, opts demoOptions) (*demoSummary, error) {
 	if opts.Log == nil {
 		opts.Log = io.Discard
 	}
-	out := opts.Out
-	say := func(format string, args ...any) { fmt.Fprintf(out, "gatekeeper-demo: "+format+"\n", args...) }
-	// The shutdown steps run on their own context: Ctrl-C ends the traffic,
-	// not the drain and the summary.
-	bg := context.Background()
+	return opts
+}
 
-	brokers, redisAddrs := opts.Conn.KafkaBrokers, opts.Conn.RedisAddrs
-	var where, short []string // where the servers are, in full and for the live view
-	if len(brokers) == 0 {
+// redrawEvery is how often the view is drawn: every Refresh when it is
+// live, every PlainEvery otherwise.
+func (opts demoOptions) redrawEvery() time.Duration {
+	if opts.Live {
+		return opts.Refresh
+	}
+	return opts.PlainEvery
+}
+
+// demoServers are the Kafka and Redis of a run: real ones named by the
+// demoConn, or embedded ones started for the run.
+type demoServers struct {
+	brokers, redisAddrs []string
+	// where says where the servers are, in full; short, for the live view.
+	where, short []string
+	closers      []func()
+}
+
+// startDemoServers starts an embedded Kafka-protocol broker and an embedded
+// Redis where conn names none. Call close even when it fails: it stops what
+// was started.
+func startDemoServers(conn demoConn) (*demoServers, error) {
+	s := &demoServers{brokers: conn.KafkaBrokers, redisAddrs: conn.RedisAddrs}
+	if len(s.brokers) == 0 {
 		kc, err := kfake.NewCluster(kfake.NumBrokers(1))
 		if err != nil {
-			return nil, fmt.Errorf("start embedded kafka (kfake): %w", err)
+			return s, fmt.Errorf("start embedded kafka (kfake): %w", err)
 		}
-		defer kc.Close()
-		brokers = kc.ListenAddrs()
-		where = append(where, "embedded Kafka-protocol broker (kfake) at "+strings.Join(brokers, ","))
-		short = append(short, "kfake "+strings.Join(brokers, ","))
+		s.closers = append(s.closers, kc.Close)
+		s.brokers = kc.ListenAddrs()
+		s.where = append(s.where, "embedded Kafka-protocol broker (kfake) at "+strings.Join(s.brokers, ","))
+		s.short = append(s.short, "kfake "+strings.Join(s.brokers, ","))
 	} else {
-		where = append(where, "Kafka at "+strings.Join(brokers, ","))
-		short = append(short, "Kafka "+strings.Join(brokers, ","))
+		s.where = append(s.where, "Kafka at "+strings.Join(s.brokers, ","))
+		s.short = append(s.short, "Kafka "+strings.Join(s.brokers, ","))
 	}
-	if len(redisAddrs) == 0 {
+	if len(s.redisAddrs) == 0 {
 		mr := miniredis.NewMiniRedis()
 		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
-			return nil, fmt.Errorf("start embedded redis (miniredis): %w", err)
+			return s, fmt.Errorf("start embedded redis (miniredis): %w", err)
 		}
-		defer mr.Close()
+		s.closers = append(s.closers, mr.Close)
 		// TTLs follow the wall clock, as on a real Redis.
 		mr.ClockTTL(true)
-		redisAddrs = []string{mr.Addr()}
-		where = append(where, "embedded Redis (miniredis) at "+mr.Addr())
-		short = append(short, "miniredis "+mr.Addr())
+		s.redisAddrs = []string{mr.Addr()}
+		s.where = append(s.where, "embedded Redis (miniredis) at "+mr.Addr())
+		s.short = append(s.short, "miniredis "+mr.Addr())
 	} else {
-		where = append(where, "Redis at "+strings.Join(redisAddrs, ","))
-		short = append(short, "Redis "+strings.Join(redisAddrs, ","))
+		s.where = append(s.where, "Redis at "+strings.Join(s.redisAddrs, ","))
+		s.short = append(s.short, "Redis "+strings.Join(s.redisAddrs, ","))
 	}
+	return s, nil
+}
+
+// close stops the embedded servers, the last started first.
+func (s *demoServers) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+}
+
+// demoEnv is the configuration of a run and the Kafka clients built from it.
+type demoEnv struct {
+	cfg       *worker.Config
+	rules     *limit.Rules
+	names     demoNames
+	realKafka bool
+	log       *slog.Logger
+	dialer    *kafka.Dialer
+	transport *kafka.Transport
+	admin     *kafka.Client
+}
+
+// newDemoEnv builds and validates the demo's configuration for the servers;
+// connect adds the clients.
+func newDemoEnv(opts demoOptions, srv *demoServers) (*demoEnv, error) {
 	realKafka := len(opts.Conn.KafkaBrokers) > 0
 	names := newDemoNames(realKafka || len(opts.Conn.RedisAddrs) > 0)
-	cfg := demoConfig(opts.Conn, brokers, redisAddrs, names)
+	cfg := demoConfig(opts.Conn, srv.brokers, srv.redisAddrs, names)
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("demo configuration: %w", err)
 	}
@@ -306,92 +436,120 @@ func runDemo(ctx context.Context, opts demoOptions) (*demoSummary, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rules: %w", err)
 	}
-	say("%s", strings.Join(where, "; "))
+	return &demoEnv{cfg: cfg, rules: rules, names: names, realKafka: realKafka}, nil
+}
 
-	log := slog.New(slog.NewTextHandler(opts.Log, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	dialer, err := worker.NewKafkaDialer(cfg)
+// connect sets the logger (warnings and errors to w) and the Kafka dialer,
+// transport and admin client of the run.
+func (e *demoEnv) connect(w io.Writer, brokers []string) error {
+	e.log = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	dialer, err := worker.NewKafkaDialer(e.cfg)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	transport, err := worker.NewKafkaTransport(cfg)
+	transport, err := worker.NewKafkaTransport(e.cfg)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	defer transport.CloseIdleConnections()
-	admin := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: cfg.KafkaTimeout, Transport: transport}
+	e.dialer, e.transport = dialer, transport
+	e.admin = &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: e.cfg.KafkaTimeout, Transport: transport}
+	return nil
+}
 
-	if err := createDemoTopics(ctx, admin, names); err != nil {
-		return nil, err
-	}
-	if realKafka {
-		defer deleteDemoTopics(bg, admin, names, log)
-	}
-
-	reg := prometheus.NewRegistry()
-	rdb := worker.NewRedis(cfg)
-	defer rdb.Close()
-	lopts, err := worker.LimiterOptions(cfg, reg)
+// startLimiter returns the limiter of the run, its metrics in reg, and a
+// function that closes its Redis client; call it even when startLimiter
+// fails.
+func (e *demoEnv) startLimiter(ctx context.Context, reg prometheus.Registerer) (*limit.Limiter, func(), error) {
+	rdb := worker.NewRedis(e.cfg)
+	closeRedis := func() { rdb.Close() }
+	lopts, err := worker.LimiterOptions(e.cfg, reg)
 	if err != nil {
-		return nil, err
+		return nil, closeRedis, err
 	}
-	lim, err := limit.New(ctx, rdb, rules, lopts)
+	lim, err := limit.New(ctx, rdb, e.rules, lopts)
 	if err != nil {
-		return nil, fmt.Errorf("start limiter: %w", err)
+		return nil, closeRedis, fmt.Errorf("start limiter: %w", err)
 	}
+	return lim, closeRedis, nil
+}
 
-	tl := newTally(rules, time.UTC)
-	rctx, stopReaders := context.WithCancel(bg)
+// collect reads every output topic to its end, so that the summary sees
+// every write the pipeline made, stops the readers and returns the summary.
+func (e *demoEnv) collect(tl *tally, stopReaders func()) *demoSummary {
+	if err := catchUp(context.Background(), e.admin, e.names, tl, 30*time.Second); err != nil {
+		e.log.Warn("output topics not read to their end", slog.String("error", err.Error()))
+	}
+	stopReaders()
+	return tl.summary(time.Now())
+}
+
+// startReaders reads every partition of every output topic into tl until
+// the returned function is called; that function waits for the readers to
+// end and may be called more than once.
+func (e *demoEnv) startReaders(brokers []string, tl *tally) (stop func()) {
+	rctx, cancel := context.WithCancel(context.Background())
 	var readers sync.WaitGroup
-	defer func() {
-		stopReaders()
-		readers.Wait()
-	}()
-	for _, topic := range names.outputs() {
+	for _, topic := range e.names.outputs() {
 		for p := 0; p < demoPartitions; p++ {
 			readers.Add(1)
 			go func() {
 				defer readers.Done()
-				readDemoTopic(rctx, brokers, dialer, topic, p, tl, names, log)
+				readDemoTopic(rctx, brokers, e.dialer, topic, p, tl, e.names, e.log)
 			}()
 		}
 	}
+	return func() {
+		cancel()
+		readers.Wait()
+	}
+}
 
+// demoPipeline is the worker's pipeline running for the demo.
+type demoPipeline struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startDemoPipeline starts worker.StartPipeline, the same wiring as
+// gatekeeper run, on a context of its own.
+func startDemoPipeline(env *demoEnv, reg *prometheus.Registry, lim *limit.Limiter) *demoPipeline {
+	pctx, cancel := context.WithCancel(context.Background())
+	p := &demoPipeline{cancel: cancel, done: make(chan error, 1)}
 	var paused atomic.Bool
-	pctx, stopPipeline := context.WithCancel(bg)
-	defer stopPipeline()
-	pipeDone := make(chan error, 1)
 	go func() {
-		pipeDone <- worker.StartPipeline(pctx, worker.Pipeline{
-			Config:     cfg,
-			Log:        log,
+		p.done <- worker.StartPipeline(pctx, worker.Pipeline{
+			Config:     env.cfg,
+			Log:        env.log,
 			Registerer: reg,
 			Limiter:    lim,
-			Dialer:     dialer,
-			Transport:  transport,
+			Dialer:     env.dialer,
+			Transport:  env.transport,
 			Paused:     &paused,
 		})
 	}()
-	pipelineErr := func() error {
-		stopPipeline()
-		select {
-		case err := <-pipeDone:
-			return err
-		case <-time.After(cfg.ShutdownGrace + 10*time.Second):
-			return errors.New("pipeline did not stop within the shutdown grace")
-		}
-	}
+	return p
+}
 
-	say("waiting for the consumer groups to join")
-	if err := waitGroupsJoined(ctx, admin, []string{cfg.GroupID, cfg.GroupID + ".retry"}, pipeDone); err != nil {
-		perr := pipelineErr()
-		return nil, errors.Join(err, perr)
+// stop stops the pipeline and returns its error, or an error if it has not
+// stopped within grace and 10s.
+func (p *demoPipeline) stop(grace time.Duration) error {
+	p.cancel()
+	select {
+	case err := <-p.done:
+		return err
+	case <-time.After(grace + 10*time.Second):
+		return errors.New("pipeline did not stop within the shutdown grace")
 	}
+}
 
+// newDemoView returns the view of a run, as wide as the terminal when Out is
+// one and the view is live.
+func newDemoView(opts demoOptions, names demoNames, short []string) *demoView {
 	view := &demoView{
-		out: out, live: opts.Live, tenants: demoTenants, where: strings.Join(short, ", "),
+		out: opts.Out, live: opts.Live, tenants: demoTenants, where: strings.Join(short, ", "),
 		names: names, horizon: demoHorizon, duration: opts.Duration,
 	}
-	if f, ok := out.(*os.File); ok && opts.Live {
+	if f, ok := opts.Out.(*os.File); ok && opts.Live {
 		if w, _, err := term.GetSize(int(f.Fd())); err == nil {
 			view.width = w
 		}
@@ -399,30 +557,24 @@ func runDemo(ctx context.Context, opts demoOptions) (*demoSummary, error) {
 	if lb, ok := opts.Log.(*logBuffer); ok {
 		view.logLines = func() int { lb.mu.Lock(); defer lb.mu.Unlock(); return lb.lines }
 	}
-	defer view.close()
-	say("%s of traffic; limits %s, deferral horizon %v", opts.Duration, cfg.Limits, demoHorizon)
+	return view
+}
 
-	// Traffic, with the view refreshed until it ends.
-	start := time.Now()
-	tctx, stopTraffic := context.WithTimeout(ctx, opts.Duration)
+// runDemoTraffic runs prod, the demo traffic, for duration (or until ctx is
+// done), redrawing the view at every tick. It returns the producer's error,
+// and an error if the pipeline stopped meanwhile.
+func runDemoTraffic(ctx context.Context, prod *demoProducer, duration time.Duration, tl *tally,
+	view *demoView, tick *time.Ticker, pipeDone <-chan error, start time.Time,
+) (trafficErr, err error) {
+	tctx, stopTraffic := context.WithTimeout(ctx, duration)
 	defer stopTraffic()
-	prod := newDemoProducer(brokers, transport, names.Source, tl)
-	defer prod.Close()
 	trafficDone := make(chan error, 1)
-	go func() { trafficDone <- prod.Run(tctx, bg, start, demoTenants) }()
-	every := opts.PlainEvery
-	if opts.Live {
-		every = opts.Refresh
-	}
-	tick := time.NewTicker(every)
-	defer tick.Stop()
+	go func() { trafficDone <- prod.Run(tctx, context.Background(), start, demoTenants) }()
 	view.draw(tl.snapshot(time.Now()), "traffic", time.Since(start))
-	var trafficErr error
-traffic:
 	for {
 		select {
 		case trafficErr = <-trafficDone:
-			break traffic
+			return trafficErr, nil
 		case err := <-pipeDone:
 			stopTraffic()
 			<-trafficDone
@@ -434,53 +586,32 @@ traffic:
 			view.draw(tl.snapshot(time.Now()), "traffic", time.Since(start))
 		}
 	}
-	trafficTime := time.Since(start)
-	interrupted := ctx.Err() != nil
+}
 
-	// Drain: wait until the gate has routed every offered event and the
-	// retrier has released every deferred event due by the end of the
-	// traffic (not long after Ctrl-C).
+// drainDemo waits until the gate has routed every offered event and the
+// retrier has released every deferred event due by the end of the traffic,
+// for at most drain (5s after Ctrl-C), redrawing the view at every tick.
+func drainDemo(drain time.Duration, interrupted bool, tl *tally, view *demoView, tick *time.Ticker,
+	pipeDone <-chan error, start time.Time,
+) error {
 	trafficEnd := time.Now()
-	drain := opts.Drain
 	if interrupted {
 		drain = min(drain, 5*time.Second)
 	}
 	drainEnd := trafficEnd.Add(drain)
 	for time.Now().Before(drainEnd) {
 		if unrouted, overdue := tl.pending(trafficEnd); unrouted+overdue == 0 {
-			break
+			return nil
 		}
 		select {
 		case err := <-pipeDone:
-			return nil, fmt.Errorf("pipeline stopped while draining: %v", err)
+			return fmt.Errorf("pipeline stopped while draining: %v", err)
 		case <-tick.C:
 			view.draw(tl.snapshot(time.Now()), "draining", time.Since(start))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	view.draw(tl.snapshot(time.Now()), "stopping", time.Since(start))
-	perr := pipelineErr()
-
-	// Read every output topic to its end, so that the summary sees every
-	// write the pipeline made.
-	if err := catchUp(bg, admin, names, tl, 30*time.Second); err != nil {
-		log.Warn("output topics not read to their end", slog.String("error", err.Error()))
-	}
-	stopReaders()
-	readers.Wait()
-
-	sum := tl.summary(time.Now())
-	sum.Traffic = trafficTime
-	sum.Interrupted = interrupted
-	sum.Where = strings.Join(where, "; ")
-	view.finish(sum)
-	if trafficErr != nil {
-		return sum, fmt.Errorf("producer: %w", trafficErr)
-	}
-	if perr != nil {
-		return sum, fmt.Errorf("pipeline: %w", perr)
-	}
-	return sum, nil
+	return nil
 }
 
 // createDemoTopics creates the source and output topics and waits until

@@ -75,128 +75,167 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 	// room bounds the messages fetched and not yet handled, by count and
 	// bytes: the fetch goroutine waits for room before each fetch; room is
 	// given back when a message has been handled.
-	room := newBudget(c.LookAhead, c.LookAheadBytes)
+	r := &delayedRun{p: p, c: c, room: newBudget(c.LookAhead, c.LookAheadBytes), clock: p.cfg.Clock}
 	in := make(chan kafka.Message, min(c.LookAhead, p.cfg.BatchSize))
 	fctx, fcancel := context.WithCancel(stop)
 	fetched := make(chan struct{})
 	go func() {
 		defer close(fetched)
-		p.fetchAhead(fctx, room, in)
+		p.fetchAhead(fctx, r.room, in)
 	}()
 	defer func() {
 		fcancel()
 		<-fetched
 	}()
-
-	var (
-		h       releaseHeap
-		tr      offsetTracker
-		clock   = p.cfg.Clock
-		timerAt time.Time
-		timerC  <-chan time.Time
-	)
-	waitingDelta := func(n int) {
-		if c.OnWaiting != nil && n != 0 {
-			c.OnWaiting(p.topic, n)
-		}
-	}
-	defer func() { waitingDelta(-h.Len()) }()
-	tr.inherit(p.inherited)
+	defer func() { r.waitingDelta(-r.h.Len()) }()
+	r.tr.inherit(p.inherited)
 	p.inherited = nil
-	push := func(m kafka.Message) {
-		p.hwm = m.HighWaterMark
-		if !tr.add(m.Offset) {
-			// The previous owner handled it: it is done.
-			room.give(1, messageBytes(m))
-			if c.OnSkipped != nil {
-				c.OnSkipped(p.topic, 1)
-			}
-			return
-		}
-		h.push(m, c.ReleaseAt(m))
-		waitingDelta(1)
-	}
-	truncated := false // the last commit's done set did not fit
 
 	for {
 		if stop.Err() != nil {
 			return
 		}
-		// Take in everything fetched so far, so that a batch gathers all
-		// that is due.
-		for more := true; more; {
-			select {
-			case m := <-in:
-				push(m)
-			default:
-				more = false
-			}
-		}
-
-		now := clock.Now()
-		if due := h.popDue(now, p.cfg.BatchSize); len(due) > 0 {
-			waitingDelta(-len(due))
-			msgs := make([]kafka.Message, len(due))
-			offsets := make([]int64, len(due))
-			for i, w := range due {
-				msgs[i], offsets[i] = w.msg, w.msg.Offset
-			}
-			if !p.handle(stop, hctx, msgs) {
+		r.takeFetched(in)
+		now := r.clock.Now()
+		if due := r.h.popDue(now, p.cfg.BatchSize); len(due) > 0 {
+			if !r.release(stop, hctx, due) {
 				return
-			}
-			// Lateness runs to the Handler's success (its writes are
-			// acknowledged), not to the hand-over: it covers the write and
-			// any retries of a failing batch.
-			if c.OnLateness != nil {
-				handled := clock.Now()
-				for _, w := range due {
-					if !w.at.IsZero() {
-						c.OnLateness(p.topic, handled.Sub(w.at))
-					}
-				}
-			}
-			tr.done(offsets...)
-			size := 0
-			for _, m := range msgs {
-				size += messageBytes(m)
-			}
-			room.give(len(msgs), size)
-			if next, ok := tr.commitPoint(); ok {
-				meta, left := encodeDone(next, tr.doneBeyond(), c.MetadataMax)
-				if left > 0 {
-					if !truncated {
-						p.log.Warn("done offsets beyond the commit do not fit in the offset metadata; a new owner would handle them again",
-							"offset", next, "left_out", left, "metadata_max", c.MetadataMax)
-					}
-					if c.OnTruncated != nil {
-						c.OnTruncated(p.topic, left)
-					}
-				}
-				truncated = left > 0
-				p.commitNext(offsetCommit{next: next, meta: meta})
 			}
 			continue
 		}
-
-		// Nothing is due: sleep until the earliest release time or the next
-		// fetched message. The timer is only replaced when the earliest
-		// release time changes.
-		if h.Len() > 0 {
-			if at := h.next(); timerC == nil || !at.Equal(timerAt) {
-				timerAt, timerC = at, clock.After(at.Sub(now))
-			}
-		} else {
-			timerC = nil
-		}
-		select {
-		case <-stop.Done():
+		if !r.wait(stop, in, now) {
 			return
-		case m := <-in:
-			push(m)
-		case <-timerC:
-			timerC = nil
 		}
 	}
+}
+
+// delayedRun is the state of one partition's runDelayed: the messages
+// waiting for their release time, the offsets done and the room to fetch
+// ahead. Only the partition's goroutine uses it.
+type delayedRun struct {
+	p     *partition
+	c     *DelayedConfig
+	room  *budget
+	clock Clock
+	h     releaseHeap
+	tr    offsetTracker
+	// truncated: the last commit's done set did not fit.
+	truncated bool
+	// timerC fires at timerAt, the earliest release time when it was set.
+	timerAt time.Time
+	timerC  <-chan time.Time
+}
+
+// waitingDelta reports a change of n in the messages waiting.
+func (r *delayedRun) waitingDelta(n int) {
+	if r.c.OnWaiting != nil && n != 0 {
+		r.c.OnWaiting(r.p.topic, n)
+	}
+}
+
+// push takes in a fetched message: it waits for its release time, or is
+// done already when the previous owner handled it.
+func (r *delayedRun) push(m kafka.Message) {
+	r.p.hwm = m.HighWaterMark
+	if !r.tr.add(m.Offset) {
+		// The previous owner handled it: it is done.
+		r.room.give(1, messageBytes(m))
+		if r.c.OnSkipped != nil {
+			r.c.OnSkipped(r.p.topic, 1)
+		}
+		return
+	}
+	r.h.push(m, r.c.ReleaseAt(m))
+	r.waitingDelta(1)
+}
+
+// takeFetched takes in everything fetched so far, so that a batch gathers
+// all that is due.
+func (r *delayedRun) takeFetched(in <-chan kafka.Message) {
+	for {
+		select {
+		case m := <-in:
+			r.push(m)
+		default:
+			return
+		}
+	}
+}
+
+// release hands the due messages to the Handler, gives their room back and
+// commits what is done; it reports false if stop ended the handling.
+func (r *delayedRun) release(stop, hctx context.Context, due []waiting) bool {
+	r.waitingDelta(-len(due))
+	msgs := make([]kafka.Message, len(due))
+	offsets := make([]int64, len(due))
+	for i, w := range due {
+		msgs[i], offsets[i] = w.msg, w.msg.Offset
+	}
+	if !r.p.handle(stop, hctx, msgs) {
+		return false
+	}
+	// Lateness runs to the Handler's success (its writes are
+	// acknowledged), not to the hand-over: it covers the write and
+	// any retries of a failing batch.
+	if r.c.OnLateness != nil {
+		handled := r.clock.Now()
+		for _, w := range due {
+			if !w.at.IsZero() {
+				r.c.OnLateness(r.p.topic, handled.Sub(w.at))
+			}
+		}
+	}
+	r.tr.done(offsets...)
+	size := 0
+	for _, m := range msgs {
+		size += messageBytes(m)
+	}
+	r.room.give(len(msgs), size)
+	r.commit()
+	return true
+}
+
+// commit commits the contiguous done offsets, with the done set beyond
+// them in the metadata, when there is something new to commit.
+func (r *delayedRun) commit() {
+	next, ok := r.tr.commitPoint()
+	if !ok {
+		return
+	}
+	meta, left := encodeDone(next, r.tr.doneBeyond(), r.c.MetadataMax)
+	if left > 0 {
+		if !r.truncated {
+			r.p.log.Warn("done offsets beyond the commit do not fit in the offset metadata; a new owner would handle them again",
+				"offset", next, "left_out", left, "metadata_max", r.c.MetadataMax)
+		}
+		if r.c.OnTruncated != nil {
+			r.c.OnTruncated(r.p.topic, left)
+		}
+	}
+	r.truncated = left > 0
+	r.p.commitNext(offsetCommit{next: next, meta: meta})
+}
+
+// wait sleeps, when nothing is due, until the earliest release time or the
+// next fetched message; it reports false if stop is done. The timer is only
+// replaced when the earliest release time changes.
+func (r *delayedRun) wait(stop context.Context, in <-chan kafka.Message, now time.Time) bool {
+	if r.h.Len() > 0 {
+		if at := r.h.next(); r.timerC == nil || !at.Equal(r.timerAt) {
+			r.timerAt, r.timerC = at, r.clock.After(at.Sub(now))
+		}
+	} else {
+		r.timerC = nil
+	}
+	select {
+	case <-stop.Done():
+		return false
+	case m := <-in:
+		r.push(m)
+	case <-r.timerC:
+		r.timerC = nil
+	}
+	return true
 }
 
 // fetchAhead fetches messages into in, waiting for room before each fetch,

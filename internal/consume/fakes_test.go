@@ -2,14 +2,14 @@ package consume
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // fakeClock is a Clock that moves only when told. It remembers the deadline
@@ -159,7 +159,7 @@ func testPartition(f fetcher, h Handler, c *commits, mutate func(*Config)) *part
 	cfg := Config{
 		Brokers: []string{"unused:9092"}, GroupID: "g", Topics: []string{"t"},
 		BatchWait: 5 * time.Millisecond, BackoffMin: time.Millisecond, BackoffMax: 4 * time.Millisecond,
-		Logger: discardLogger(),
+		Logger: testenv.DiscardLogger(),
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -170,8 +170,6 @@ func testPartition(f fetcher, h Handler, c *commits, mutate func(*Config)) *part
 		cfg: &cfg, log: cfg.Logger, committed: -1, hwm: -1,
 	}
 }
-
-func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // eventually polls cond every few milliseconds until it holds or timeout.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {

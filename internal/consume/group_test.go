@@ -268,16 +268,28 @@ func TestDrainContext(t *testing.T) {
 type ctxKey struct{}
 
 func TestBackoff(t *testing.T) {
-	lo, hi := 100*time.Millisecond, 5*time.Second
-	for attempt, want := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond} {
-		if got := backoff(attempt, lo, hi); got < want/2 || got > want {
-			t.Errorf("backoff(%d) = %v, want in [%v, %v]", attempt, got, want/2, want)
+	b := Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	tests := []struct {
+		attempt int
+		ceiling time.Duration
+	}{
+		{0, 100 * time.Millisecond},
+		{1, 200 * time.Millisecond},
+		{2, 400 * time.Millisecond},
+		{3, 800 * time.Millisecond},
+		{6, 5 * time.Second},
+		{40, 5 * time.Second},
+		{1000, 5 * time.Second},
+	}
+	for _, tt := range tests {
+		for range 50 {
+			if got := b.Delay(tt.attempt); got < tt.ceiling/2 || got > tt.ceiling {
+				t.Fatalf("Delay(%d): got %v, want in [%v, %v]", tt.attempt, got, tt.ceiling/2, tt.ceiling)
+			}
 		}
 	}
-	for _, attempt := range []int{6, 40, 1000} {
-		if got := backoff(attempt, lo, hi); got < hi/2 || got > hi {
-			t.Errorf("backoff(%d) = %v, want in [%v, %v]", attempt, got, hi/2, hi)
-		}
+	if got := (Backoff{}).Delay(100); got > 5*time.Second || got < 2500*time.Millisecond {
+		t.Errorf("zero Backoff at attempt 100: got %v, want in [2.5s, 5s]", got)
 	}
 }
 

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -23,19 +22,11 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 const testPartitions = 3
-
-func testBroker(t *testing.T) string {
-	t.Helper()
-	addr := os.Getenv("GATEKEEPER_TEST_KAFKA")
-	if addr == "" {
-		t.Skip("GATEKEEPER_TEST_KAFKA is not set: skipping test against a real Kafka broker " +
-			"(start one with deploy/local/kafka.sh start, then set GATEKEEPER_TEST_KAFKA=127.0.0.1:9092)")
-	}
-	return addr
-}
 
 var unsafeName = regexp.MustCompile(`[^a-zA-Z0-9._-]+`)
 
@@ -320,7 +311,7 @@ func wantCommittedAtEnd(t *testing.T, broker, group, topic string) {
 }
 
 func TestKafkaGroupHandlesAndCommitsEverything(t *testing.T) {
-	broker := testBroker(t)
+	broker := testenv.Kafka(t)
 	topic, group := createTopic(t, broker), uniqueName(t, "group")
 	const n = 300
 	produce(t, broker, topic, values(n, "first"))
@@ -376,7 +367,7 @@ func TestKafkaGroupHandlesAndCommitsEverything(t *testing.T) {
 }
 
 func TestKafkaGroupsSplitPartitions(t *testing.T) {
-	broker := testBroker(t)
+	broker := testenv.Kafka(t)
 	topic, group := createTopic(t, broker), uniqueName(t, "group")
 
 	type assignment struct {
@@ -436,7 +427,7 @@ func TestKafkaGroupsSplitPartitions(t *testing.T) {
 }
 
 func TestKafkaHandlerFailuresLoseNothing(t *testing.T) {
-	broker := testBroker(t)
+	broker := testenv.Kafka(t)
 	topic, group := createTopic(t, broker), uniqueName(t, "group")
 	const n = 150
 	produce(t, broker, topic, values(n, "retry"))
@@ -483,7 +474,7 @@ func TestKafkaHandlerFailuresLoseNothing(t *testing.T) {
 // On shutdown the in-flight batch finishes with a context that shutdown did
 // not cancel, and its offsets are committed before the group is left.
 func TestKafkaGroupShutdownFinishesInFlightBatch(t *testing.T) {
-	broker := testBroker(t)
+	broker := testenv.Kafka(t)
 	topic, group := createTopic(t, broker), uniqueName(t, "group")
 	produce(t, broker, topic, values(30, "drain"))
 
@@ -529,7 +520,7 @@ func TestKafkaGroupShutdownFinishesInFlightBatch(t *testing.T) {
 }
 
 func TestKafkaDelayedReleasesOnTimeAndCommits(t *testing.T) {
-	broker := testBroker(t)
+	broker := testenv.Kafka(t)
 	topic, group := createTopic(t, broker), uniqueName(t, "group")
 	const n = 60
 	now := time.Now()
@@ -599,7 +590,7 @@ func TestKafkaDelayedReleasesOnTimeAndCommits(t *testing.T) {
 // which the coordinator accepts while it prepares the rebalance, so the
 // partitions' next owners start exactly after them.
 func TestKafkaRebalanceDuringBatchHandsOverExactly(t *testing.T) {
-	broker := testBroker(t)
+	broker := testenv.Kafka(t)
 	topic, group := createTopic(t, broker), uniqueName(t, "group")
 	const n = 150
 	produce(t, broker, topic, values(n, "rebalance"))
@@ -682,7 +673,7 @@ func TestKafkaDelayedHandoverSkipsDone(t *testing.T) {
 	for _, how := range []string{"shutdown", "rebalance"} {
 		t.Run(how, func(t *testing.T) {
 			t.Parallel()
-			broker := testBroker(t)
+			broker := testenv.Kafka(t)
 			topic, group := createTopic(t, broker), uniqueName(t, "group")
 			const n = 300
 			holdUntil := time.Now().Add(12 * time.Second)

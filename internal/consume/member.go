@@ -254,7 +254,7 @@ func (m *member) fetchMetadata(ctx context.Context, gen *kafka.Generation) map[t
 			}
 			return metas
 		}
-		if ctx.Err() != nil || !sleep(ctx, backoff(attempt, m.cfg.BackoffMin, m.cfg.BackoffMax)) {
+		if ctx.Err() != nil || !sleep(ctx, m.cfg.backoff(attempt)) {
 			break
 		}
 	}

@@ -46,7 +46,7 @@ func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message) boo
 				"offset", msgs[0].Offset, "count", len(msgs), "err", err)
 			return false
 		}
-		d := backoff(attempt, p.cfg.BackoffMin, p.cfg.BackoffMax)
+		d := p.cfg.backoff(attempt)
 		p.log.Warn("handle batch failed; retrying",
 			"offset", msgs[0].Offset, "count", len(msgs), "attempt", attempt+1, "retry_in", d, "err", err)
 		if !sleep(stop, d) {
@@ -118,7 +118,7 @@ func (p *partition) finishCommit(pc *pendingCommit) {
 // fetchFailed logs a fetch error and waits before the next attempt; it
 // reports false if stop ended the wait.
 func (p *partition) fetchFailed(stop context.Context, attempt int, err error) bool {
-	d := backoff(attempt, p.cfg.BackoffMin, p.cfg.BackoffMax)
+	d := p.cfg.backoff(attempt)
 	p.log.Warn("fetch failed; retrying", "attempt", attempt+1, "retry_in", d, "err", err)
 	return sleep(stop, d)
 }

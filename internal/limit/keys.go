@@ -61,9 +61,16 @@ func (k keys) rule(tenant string, r Rule) string {
 	return s
 }
 
-// window returns the key of the window of r starting at start.
+// window returns the key of the window of r starting at start. admit.lua
+// builds the same key from the rule key it is given (wkey).
 func (k keys) window(tenant string, r Rule, start time.Time) string {
 	return k.rule(tenant, r) + ":" + strconv.FormatInt(start.UnixMilli(), 10)
+}
+
+// anchor returns the key of the ttl chain of r: <rule key>:anchor. admit.lua
+// builds the same key from the rule key it is given (anchor_key).
+func (k keys) anchor(tenant string, r Rule) string {
+	return k.rule(tenant, r) + ":anchor"
 }
 
 // frontier returns the key of the tenant's search frontier for a rule set.

@@ -585,7 +585,7 @@ func (l *Limiter) Usage(ctx context.Context, tenant string) (_ []Usage, err erro
 		anchors := make([]*redis.SliceCmd, len(rules))
 		if _, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, r := range rules {
-				anchors[i] = p.HMGet(ctx, l.keys.rule(tenant, r)+":anchor", "start", "until")
+				anchors[i] = p.HMGet(ctx, l.keys.anchor(tenant, r), "start", "until")
 			}
 			return nil
 		}); err != nil {
@@ -602,7 +602,7 @@ func (l *Limiter) Usage(ctx context.Context, tenant string) (_ []Usage, err erro
 			if a.Until > now.UnixMilli() {
 				step := r.Length().Milliseconds()
 				s := a.Start + (now.UnixMilli()-a.Start)/step*step
-				wkeys[i] = l.keys.rule(tenant, r) + ":" + fmt.Sprint(s)
+				wkeys[i] = l.keys.window(tenant, r, time.UnixMilli(s))
 			}
 		}
 	} else {

@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
 const brokenReason = "counter key gk:{broken}:1m:0 has the wrong type"

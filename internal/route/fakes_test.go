@@ -2,24 +2,21 @@ package route
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
 var t0 = time.Date(2025, 3, 4, 10, 0, 0, 0, time.UTC)
 
 func fixedClock(t time.Time) func() time.Time { return func() time.Time { return t } }
-
-func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // fakeWriter records every WriteMessages call. fail, if set, decides the
 // result of call n (0-based) from the messages it was given.

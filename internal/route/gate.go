@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
 // Admitter decides a batch of events by tenant; *limit.Limiter implements it.
@@ -65,7 +67,7 @@ type Gate struct {
 	// RedisPause and with true when it works again.
 	SetReady func(ready bool)
 	// Backoff paces the Admit retries under RedisPause.
-	Backoff Backoff
+	Backoff consume.Backoff
 }
 
 // Validate reports a missing part or a bad OnRedisError.
@@ -100,24 +102,8 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 
 	items := itemPool.get(len(msgs))
 	defer itemPool.put(items)
-	tenants := make([]string, 0, len(msgs))
-	valid := make([]int, 0, len(msgs)) // indexes of msgs with a tenant
 	counts := map[string]int{}
-	for i, m := range msgs {
-		tenant, err := g.Extractor.Tenant(m)
-		if err != nil {
-			counts[DecisionInvalid]++
-			log.Debug("invalid event", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "reason", err.Error())
-			if g.Shadow {
-				items[i] = Item{Msg: withOrigin(m, ""), Outcome: Forward}
-			} else {
-				items[i] = Item{Msg: withOrigin(m, ""), Outcome: DeadLetter, Reason: err.Error()}
-			}
-			continue
-		}
-		tenants = append(tenants, tenant)
-		valid = append(valid, i)
-	}
+	tenants, valid := g.extract(msgs, items, counts, log)
 
 	ds, unchecked, err := g.admission().admit(ctx, tenants, msgs[0])
 	if err != nil {
@@ -135,34 +121,7 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 			return fmt.Errorf("gate: decision %d for tenant %q is not valid", d.Kind, tenant)
 		}
 		counts[d.Kind.String()]++
-		if g.Shadow {
-			items[i] = Item{Msg: withOrigin(m, tenant), Outcome: Forward}
-			continue
-		}
-		switch d.Kind {
-		case limit.Admit:
-			items[i] = Item{Msg: withOrigin(m, tenant), Outcome: Forward}
-		case limit.Defer:
-			items[i] = Item{Msg: m, Outcome: Defer, Deferral: Deferral{
-				Attempt:         1,
-				Due:             d.Due,
-				Reserved:        d.Until,
-				FirstSeen:       now,
-				Tenant:          tenant,
-				OriginTopic:     m.Topic,
-				OriginPartition: m.Partition,
-				OriginOffset:    m.Offset,
-			}}
-			if debug {
-				log.Debug("event deferred", "tenant", tenant, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "due", d.Due)
-			}
-		case limit.Reject, limit.Fail:
-			items[i] = Item{Msg: withOrigin(m, tenant), Outcome: DeadLetter, Reason: rejectReason(d)}
-			if debug {
-				log.Debug("event dead-lettered", "tenant", tenant, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
-					"decision", d.Kind.String(), "reason", rejectReason(d))
-			}
-		}
+		items[i] = g.decided(m, tenant, d, now, log, debug)
 	}
 
 	if err := g.Router.Route(ctx, items); err != nil {
@@ -180,6 +139,63 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 		g.Metrics.unchecked(len(valid))
 	}
 	return nil
+}
+
+// extract works out the tenant of each of msgs. It returns the tenants found
+// and the indexes in msgs of their events; an event without a tenant gets its
+// item (dead-lettered, or forwarded in shadow mode) and is counted invalid.
+func (g *Gate) extract(msgs []kafka.Message, items []Item, counts map[string]int, log *slog.Logger) (tenants []string, valid []int) {
+	tenants = make([]string, 0, len(msgs))
+	valid = make([]int, 0, len(msgs)) // indexes of msgs with a tenant
+	for i, m := range msgs {
+		tenant, err := g.Extractor.Tenant(m)
+		if err != nil {
+			counts[DecisionInvalid]++
+			log.Debug("invalid event", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "reason", err.Error())
+			if g.Shadow {
+				items[i] = Item{Msg: withOrigin(m, ""), Outcome: Forward}
+			} else {
+				items[i] = Item{Msg: withOrigin(m, ""), Outcome: DeadLetter, Reason: err.Error()}
+			}
+			continue
+		}
+		tenants = append(tenants, tenant)
+		valid = append(valid, i)
+	}
+	return tenants, valid
+}
+
+// decided returns the item of event m of tenant after decision d (Admit,
+// Defer, Reject or Fail): forwarded, deferred or dead-lettered, and
+// forwarded whatever d in shadow mode.
+func (g *Gate) decided(m kafka.Message, tenant string, d limit.Decision, now time.Time, log *slog.Logger, debug bool) Item {
+	if g.Shadow {
+		return Item{Msg: withOrigin(m, tenant), Outcome: Forward}
+	}
+	switch d.Kind {
+	case limit.Defer:
+		if debug {
+			log.Debug("event deferred", "tenant", tenant, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "due", d.Due)
+		}
+		return Item{Msg: m, Outcome: Defer, Deferral: Deferral{
+			Attempt:         1,
+			Due:             d.Due,
+			Reserved:        d.Until,
+			FirstSeen:       now,
+			Tenant:          tenant,
+			OriginTopic:     m.Topic,
+			OriginPartition: m.Partition,
+			OriginOffset:    m.Offset,
+		}}
+	case limit.Reject, limit.Fail:
+		if debug {
+			log.Debug("event dead-lettered", "tenant", tenant, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
+				"decision", d.Kind.String(), "reason", rejectReason(d))
+		}
+		return Item{Msg: withOrigin(m, tenant), Outcome: DeadLetter, Reason: rejectReason(d)}
+	default: // limit.Admit
+		return Item{Msg: withOrigin(m, tenant), Outcome: Forward}
+	}
 }
 
 func (g *Gate) admission() admission {
@@ -240,7 +256,7 @@ func validPolicy(p string) error {
 type admission struct {
 	admitter Admitter
 	policy   string
-	backoff  Backoff
+	backoff  consume.Backoff
 	setReady func(bool)
 	logger   *slog.Logger
 }
@@ -279,7 +295,7 @@ func (a admission) admit(ctx context.Context, tenants []string, first kafka.Mess
 			failing = true
 			a.ready(false)
 		}
-		wait := a.backoff.delay(attempt)
+		wait := a.backoff.Delay(attempt)
 		if attempt%10 == 0 {
 			a.logger.Warn("admit failed, pausing",
 				"topic", first.Topic, "partition", first.Partition, "offset", first.Offset,

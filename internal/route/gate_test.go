@@ -9,9 +9,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/google/go-cmp/cmp"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 var errRedis = errors.New("redis: connection refused")
@@ -72,14 +75,14 @@ func newGate(t *testing.T, decide func(int, []string) ([]limit.Decision, error))
 		metrics:  newTestMetrics(t),
 		ready:    &readyLog{},
 	}
-	fast := Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
+	fast := consume.Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
 	f.gate = &Gate{
 		Extractor: ex,
 		Admitter:  f.admitter,
 		Router: &Router{Writer: f.writer, Topics: testTopics, Clock: fixedClock(t0), Backoff: fast,
-			Logger: discardLogger(), Metrics: f.metrics},
+			Logger: testenv.DiscardLogger(), Metrics: f.metrics},
 		Clock:    fixedClock(t0),
-		Logger:   discardLogger(),
+		Logger:   testenv.DiscardLogger(),
 		Metrics:  f.metrics,
 		SetReady: f.ready.set,
 		Backoff:  fast,

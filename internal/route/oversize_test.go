@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // An event that would be larger than MaxMessageBytes where it is going goes
@@ -39,7 +42,7 @@ func TestRouterOversized(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			met := newTestMetrics(t)
 			w := &fakeWriter{}
-			r := &Router{Writer: w, Topics: testTopics, Clock: fixedClock(t0), Logger: discardLogger(), Metrics: met, MaxMessageBytes: max}
+			r := &Router{Writer: w, Topics: testTopics, Clock: fixedClock(t0), Logger: testenv.DiscardLogger(), Metrics: met, MaxMessageBytes: max}
 			if err := r.Route(context.Background(), []Item{tt.item}); err != nil {
 				t.Fatalf("Route: %v", err)
 			}
@@ -81,7 +84,7 @@ func TestRouterBrokerRefusesTooLarge(t *testing.T) {
 		}
 		return errs
 	}}
-	r := &Router{Writer: w, Topics: testTopics, Clock: fixedClock(t0), Logger: discardLogger(), Backoff: Backoff{Min: time.Millisecond, Max: time.Millisecond}}
+	r := &Router{Writer: w, Topics: testTopics, Clock: fixedClock(t0), Logger: testenv.DiscardLogger(), Backoff: consume.Backoff{Min: time.Millisecond, Max: time.Millisecond}}
 	big := withOrigin(kafka.Message{Topic: "events", Offset: 1, Value: bytes.Repeat([]byte("v"), 200)}, "a")
 	small := withOrigin(kafka.Message{Topic: "events", Offset: 2, Value: []byte("ok")}, "a")
 	if err := r.Route(context.Background(), []Item{{Msg: big, Outcome: Forward}, {Msg: small, Outcome: Forward}}); err != nil {
@@ -112,7 +115,7 @@ func TestRouterWritesFailing(t *testing.T) {
 		<-release
 		return nil
 	}}
-	r := &Router{Writer: w, Topics: testTopics, Logger: discardLogger(), Metrics: met, Backoff: Backoff{Min: time.Millisecond, Max: time.Millisecond}}
+	r := &Router{Writer: w, Topics: testTopics, Logger: testenv.DiscardLogger(), Metrics: met, Backoff: consume.Backoff{Min: time.Millisecond, Max: time.Millisecond}}
 	done := make(chan error, 1)
 	go func() {
 		done <- r.Route(context.Background(), []Item{{Msg: kafka.Message{Value: []byte("x")}, Outcome: Forward}})

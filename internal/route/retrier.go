@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
 // DefaultMaxAttempts is the number of deferrals after which an event is
@@ -61,7 +63,7 @@ type Retrier struct {
 	Metrics *Metrics
 	// SetReady and Backoff are as for Gate.
 	SetReady func(ready bool)
-	Backoff  Backoff
+	Backoff  consume.Backoff
 }
 
 // Validate reports a missing part or a bad setting.

@@ -8,9 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/google/go-cmp/cmp"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // deferral returns the deferral of an event of tenant first deferred an hour before t0.
@@ -50,14 +53,14 @@ func newRetrier(t *testing.T, decide func(int, []string) ([]limit.Decision, erro
 		metrics:  newTestMetrics(t),
 		ready:    &readyLog{},
 	}
-	fast := Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
+	fast := consume.Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
 	f.retrier = &Retrier{
 		Admitter: f.admitter,
 		Router: &Router{Writer: f.writer, Topics: testTopics, Clock: fixedClock(t0), Backoff: fast,
-			Logger: discardLogger(), Metrics: f.metrics},
+			Logger: testenv.DiscardLogger(), Metrics: f.metrics},
 		MaxAttempts: 3,
 		Clock:       fixedClock(t0),
-		Logger:      discardLogger(),
+		Logger:      testenv.DiscardLogger(),
 		Metrics:     f.metrics,
 		SetReady:    f.ready.set,
 		Backoff:     fast,

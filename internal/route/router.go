@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 )
 
 // Writer writes messages to Kafka; *kafka.Writer implements it. WriteMessages
@@ -228,30 +229,6 @@ type Item struct {
 	Reason string
 }
 
-// Backoff is a capped exponential backoff with jitter. The zero value means
-// 100ms doubling up to 5s. It is a value type, safe for concurrent use.
-type Backoff struct {
-	Min, Max time.Duration
-}
-
-// delay returns the wait before retry number attempt (0-based): Min·2^attempt
-// capped at Max, less up to a half of it at random so that replicas spread out.
-func (b Backoff) delay(attempt int) time.Duration {
-	lo, hi := b.Min, b.Max
-	if lo <= 0 {
-		lo = 100 * time.Millisecond
-	}
-	if hi <= 0 {
-		hi = 5 * time.Second
-	}
-	d := lo
-	for i := 0; i < attempt && d < hi; i++ {
-		d *= 2
-	}
-	d = min(d, hi)
-	return d - rand.N(d/2+1)
-}
-
 // sleep waits for d or until ctx is done.
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
@@ -274,7 +251,7 @@ type Router struct {
 	// Clock gives the time used to pick retry tiers; nil means time.Now.
 	Clock func() time.Time
 	// Backoff paces the retries of a failed write.
-	Backoff Backoff
+	Backoff consume.Backoff
 	// Logger receives write failures; nil means slog.Default().
 	Logger *slog.Logger
 	// Metrics, if set, counts written events per topic.
@@ -464,7 +441,7 @@ func (r *Router) write(ctx context.Context, msgs []kafka.Message) error {
 		} else if len(pending) == 1 {
 			pending[0] = r.refused(pending[0], err)
 		}
-		wait := r.Backoff.delay(attempt)
+		wait := r.Backoff.Delay(attempt)
 		level := slog.LevelWarn
 		if tooLarge(err, werrs) {
 			// A record the broker refuses even in the dead-letter topic

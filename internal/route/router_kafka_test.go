@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"regexp"
 	"sort"
 	"strconv"
@@ -13,6 +12,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // These tests run against the Kafka broker at GATEKEEPER_TEST_KAFKA
@@ -20,16 +22,6 @@ import (
 // creates and deletes its own topics.
 
 const testPartitions = 3
-
-func testKafka(t *testing.T) string {
-	t.Helper()
-	addr := os.Getenv("GATEKEEPER_TEST_KAFKA")
-	if addr == "" {
-		t.Skip("GATEKEEPER_TEST_KAFKA is not set: skipping the test against a real Kafka " +
-			"(set it to host:port, e.g. via deploy/local/test-env.sh; CI always sets it)")
-	}
-	return addr
-}
 
 var unsafeTopicChars = regexp.MustCompile(`[^a-zA-Z0-9._-]+`)
 
@@ -110,7 +102,7 @@ func readAll(t *testing.T, addr, topic string) []kafka.Message {
 func newTestWriter(t *testing.T, addr string) *kafka.Writer {
 	t.Helper()
 	transport := &kafka.Transport{DialTimeout: 5 * time.Second, MetadataTTL: time.Second}
-	w := NewKafkaWriter([]string{addr}, WriterOptions{Transport: transport, Logger: discardLogger()})
+	w := NewKafkaWriter([]string{addr}, WriterOptions{Transport: transport, Logger: testenv.DiscardLogger()})
 	t.Cleanup(func() {
 		w.Close()
 		transport.CloseIdleConnections()
@@ -122,11 +114,11 @@ func newTestWriter(t *testing.T, addr string) *kafka.Writer {
 // reads it back: key, value, headers and timestamp kept, partition chosen by
 // Murmur2 on the key, order kept within a key.
 func TestRouterKafka(t *testing.T) {
-	addr := testKafka(t)
+	addr := testenv.Kafka(t)
 	tp := uniqueTopics(t)
 	createTopics(t, addr, allTopics(tp)...)
 
-	r := &Router{Writer: newTestWriter(t, addr), Topics: tp, Clock: fixedClock(t0), Logger: discardLogger()}
+	r := &Router{Writer: newTestWriter(t, addr), Topics: tp, Clock: fixedClock(t0), Logger: testenv.DiscardLogger()}
 	src := func(off int, key string) kafka.Message {
 		return kafka.Message{Topic: "events", Partition: 2, Offset: int64(off), Key: []byte(key),
 			Value: []byte("value-" + strconv.Itoa(off)), Headers: hdr("trace", strconv.Itoa(off), "dup", "a", "dup", "b"),
@@ -190,10 +182,10 @@ func TestRouterKafka(t *testing.T) {
 // exist is neither reported done nor creates the topic, and that it goes
 // through once the topic is there.
 func TestRouterKafkaMissingTopic(t *testing.T) {
-	addr := testKafka(t)
+	addr := testenv.Kafka(t)
 	tp := uniqueTopics(t)
-	r := &Router{Writer: newTestWriter(t, addr), Topics: tp, Logger: discardLogger(),
-		Backoff: Backoff{Min: 50 * time.Millisecond, Max: 500 * time.Millisecond}}
+	r := &Router{Writer: newTestWriter(t, addr), Topics: tp, Logger: testenv.DiscardLogger(),
+		Backoff: consume.Backoff{Min: 50 * time.Millisecond, Max: 500 * time.Millisecond}}
 	item := Item{Msg: kafka.Message{Key: []byte("k"), Value: []byte("v"), Time: t0}, Outcome: Forward}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

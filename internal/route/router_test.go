@@ -8,6 +8,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 func TestRetryTier(t *testing.T) {
@@ -272,8 +275,8 @@ func TestRouterRoute(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			w := &fakeWriter{fail: tt.fail}
 			met := newTestMetrics(t)
-			r := &Router{Writer: w, Topics: testTopics, Backoff: Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond},
-				Logger: discardLogger(), Metrics: met}
+			r := &Router{Writer: w, Topics: testTopics, Backoff: consume.Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond},
+				Logger: testenv.DiscardLogger(), Metrics: met}
 			if err := r.Route(context.Background(), items); err != nil {
 				t.Fatalf("Route: %v", err)
 			}
@@ -300,8 +303,8 @@ func TestRouterRouteGivesUpOnlyWithContext(t *testing.T) {
 		return kafka.MessageTooLargeError{}
 	}}
 	met := newTestMetrics(t)
-	r := &Router{Writer: w, Topics: testTopics, Backoff: Backoff{Min: time.Millisecond, Max: time.Millisecond},
-		Logger: discardLogger(), Metrics: met}
+	r := &Router{Writer: w, Topics: testTopics, Backoff: consume.Backoff{Min: time.Millisecond, Max: time.Millisecond},
+		Logger: testenv.DiscardLogger(), Metrics: met}
 	err := r.Route(ctx, []Item{{Msg: kafka.Message{Key: []byte("a")}, Outcome: Forward}})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("got error %v, want context.Canceled", err)
@@ -322,31 +325,6 @@ func TestRouterRouteEmpty(t *testing.T) {
 	}
 	if got := len(w.Calls()); got != 0 {
 		t.Errorf("got %d calls, want 0", got)
-	}
-}
-
-func TestBackoffDelay(t *testing.T) {
-	b := Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
-	tests := []struct {
-		attempt int
-		ceiling time.Duration
-	}{
-		{0, 100 * time.Millisecond},
-		{1, 200 * time.Millisecond},
-		{3, 800 * time.Millisecond},
-		{6, 5 * time.Second},
-		{1000, 5 * time.Second},
-	}
-	for _, tt := range tests {
-		for range 50 {
-			got := b.delay(tt.attempt)
-			if got < tt.ceiling/2 || got > tt.ceiling {
-				t.Fatalf("attempt %d: got %v, want in [%v, %v]", tt.attempt, got, tt.ceiling/2, tt.ceiling)
-			}
-		}
-	}
-	if got := (Backoff{}).delay(100); got > 5*time.Second || got < 2500*time.Millisecond {
-		t.Errorf("zero Backoff at attempt 100: got %v, want in [2.5s, 5s]", got)
 	}
 }
 

@@ -215,7 +215,19 @@ func (c *Config) setDefaults() {
 // naming the variable, e.g. `GATEKEEPER_WINDOW: "hourly" is not aligned or ttl`.
 // It reads LIMITS_FILE when set.
 func (c *Config) Validate() error {
-	checks := []func() error{
+	for _, checks := range [][]func() error{c.serverChecks(), c.routingChecks(), c.sizeAndTimeChecks()} {
+		for _, check := range checks {
+			if err := check(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// serverChecks check the Kafka brokers, the group, the topics and Redis.
+func (c *Config) serverChecks() []func() error {
+	return []func() error{
 		func() error { return checkAddrs("KAFKA_BROKERS", c.KafkaBrokers) },
 		func() error {
 			if strings.TrimSpace(c.GroupID) == "" {
@@ -236,6 +248,13 @@ func (c *Config) Validate() error {
 			}
 			return nil
 		},
+	}
+}
+
+// routingChecks check how events are routed and counted, the HTTP server,
+// the secrets, the log level and the roles.
+func (c *Config) routingChecks() []func() error {
+	return []func() error{
 		func() error {
 			if _, err := route.ParseTenantFrom(c.TenantFrom); err != nil {
 				return bad("TENANT_FROM", "%v", err)
@@ -292,6 +311,13 @@ func (c *Config) Validate() error {
 			return nil
 		},
 		c.checkRoles,
+	}
+}
+
+// sizeAndTimeChecks check the batch and look-ahead sizes, the timeouts and
+// the SASL settings.
+func (c *Config) sizeAndTimeChecks() []func() error {
+	return []func() error{
 		func() error {
 			if c.BatchSize < 1 || c.BatchSize > 100000 {
 				return bad("BATCH_SIZE", "%d is not from 1 to 100000", c.BatchSize)
@@ -320,12 +346,6 @@ func (c *Config) Validate() error {
 		func() error { return positive("RETENTION", c.Retention) },
 		c.checkSASL,
 	}
-	for _, check := range checks {
-		if err := check(); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func positive(variable string, d time.Duration) error {
