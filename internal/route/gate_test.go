@@ -78,14 +78,16 @@ func newGate(t *testing.T, decide func(int, []string) ([]limit.Decision, error))
 	fast := consume.Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
 	f.gate = &Gate{
 		Extractor: ex,
-		Admitter:  f.admitter,
-		Router: &Router{Writer: f.writer, Topics: testTopics, Clock: fixedClock(t0), Backoff: fast,
-			Logger: testenv.DiscardLogger(), Metrics: f.metrics},
-		Clock:    fixedClock(t0),
-		Logger:   testenv.DiscardLogger(),
-		Metrics:  f.metrics,
-		SetReady: f.ready.set,
-		Backoff:  fast,
+		Admission: Admission{
+			Admitter: f.admitter,
+			Router: &Router{Writer: f.writer, Topics: testTopics, Clock: fixedClock(t0), Backoff: fast,
+				Logger: testenv.DiscardLogger(), Metrics: f.metrics},
+			Clock:    fixedClock(t0),
+			Logger:   testenv.DiscardLogger(),
+			Metrics:  f.metrics,
+			SetReady: f.ready.set,
+			Backoff:  fast,
+		},
 	}
 	return f
 }
@@ -357,12 +359,12 @@ func TestGateValidate(t *testing.T) {
 		gate Gate
 		ok   bool
 	}{
-		{name: "complete", gate: Gate{Extractor: ex, Admitter: a, Router: r}, ok: true},
-		{name: "forward", gate: Gate{Extractor: ex, Admitter: a, Router: r, OnRedisError: "forward"}, ok: true},
-		{name: "bad policy", gate: Gate{Extractor: ex, Admitter: a, Router: r, OnRedisError: "ignore"}},
-		{name: "no extractor", gate: Gate{Admitter: a, Router: r}},
-		{name: "no admitter", gate: Gate{Extractor: ex, Router: r}},
-		{name: "no writer", gate: Gate{Extractor: ex, Admitter: a, Router: &Router{}}},
+		{name: "complete", gate: Gate{Extractor: ex, Admission: Admission{Admitter: a, Router: r}}, ok: true},
+		{name: "forward", gate: Gate{Extractor: ex, Admission: Admission{Admitter: a, Router: r, OnRedisError: "forward"}}, ok: true},
+		{name: "bad policy", gate: Gate{Extractor: ex, Admission: Admission{Admitter: a, Router: r, OnRedisError: "ignore"}}},
+		{name: "no extractor", gate: Gate{Admission: Admission{Admitter: a, Router: r}}},
+		{name: "no admitter", gate: Gate{Extractor: ex, Admission: Admission{Router: r}}},
+		{name: "no writer", gate: Gate{Extractor: ex, Admission: Admission{Admitter: a, Router: &Router{}}}},
 	}
 	for _, tt := range tests {
 		err := tt.gate.Validate()
