@@ -46,6 +46,22 @@ type gateFixture struct {
 	ready    *readyLog
 }
 
+// testAdmission is the Admission of the Gate and Retrier fixtures: a Router
+// writing to w, the clock fixed at t0, fast backoff, readiness logged to ready.
+func testAdmission(w *fakeWriter, a *fakeAdmitter, m *Metrics, ready *readyLog) Admission {
+	fast := consume.Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
+	return Admission{
+		Admitter: a,
+		Router: &Router{Writer: w, Topics: testTopics, Clock: fixedClock(t0), Backoff: fast,
+			Logger: testenv.DiscardLogger(), Metrics: m},
+		Clock:    fixedClock(t0),
+		Logger:   testenv.DiscardLogger(),
+		Metrics:  m,
+		SetReady: ready.set,
+		Backoff:  fast,
+	}
+}
+
 type readyLog struct {
 	mu  sync.Mutex
 	got []bool
@@ -75,20 +91,7 @@ func newGate(t *testing.T, decide func(int, []string) ([]limit.Decision, error))
 		metrics:  newTestMetrics(t),
 		ready:    &readyLog{},
 	}
-	fast := consume.Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
-	f.gate = &Gate{
-		Extractor: ex,
-		Admission: Admission{
-			Admitter: f.admitter,
-			Router: &Router{Writer: f.writer, Topics: testTopics, Clock: fixedClock(t0), Backoff: fast,
-				Logger: testenv.DiscardLogger(), Metrics: f.metrics},
-			Clock:    fixedClock(t0),
-			Logger:   testenv.DiscardLogger(),
-			Metrics:  f.metrics,
-			SetReady: f.ready.set,
-			Backoff:  fast,
-		},
-	}
+	f.gate = &Gate{Extractor: ex, Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready)}
 	return f
 }
 

@@ -11,9 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
-	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // deferral returns the deferral of an event of tenant first deferred an hour before t0.
@@ -53,20 +51,7 @@ func newRetrier(t *testing.T, decide func(int, []string) ([]limit.Decision, erro
 		metrics:  newTestMetrics(t),
 		ready:    &readyLog{},
 	}
-	fast := consume.Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
-	f.retrier = &Retrier{
-		Admission: Admission{
-			Admitter: f.admitter,
-			Router: &Router{Writer: f.writer, Topics: testTopics, Clock: fixedClock(t0), Backoff: fast,
-				Logger: testenv.DiscardLogger(), Metrics: f.metrics},
-			Clock:    fixedClock(t0),
-			Logger:   testenv.DiscardLogger(),
-			Metrics:  f.metrics,
-			SetReady: f.ready.set,
-			Backoff:  fast,
-		},
-		MaxAttempts: 3,
-	}
+	f.retrier = &Retrier{Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready), MaxAttempts: 3}
 	return f
 }
 
