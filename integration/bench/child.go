@@ -132,8 +132,8 @@ func runChild(c childConfig) error {
 		return err
 	}
 	gate := func(a route.Admitter) consume.Handler {
-		return &route.Gate{Extractor: extractor, Admitter: a, Router: router, OnRedisError: route.RedisPause,
-			Clock: time.Now, Logger: log, Metrics: metrics}
+		return &route.Gate{Extractor: extractor, Admission: route.Admission{Admitter: a, Router: router,
+			OnRedisError: route.RedisPause, Clock: time.Now, Logger: log, Metrics: metrics}}
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
@@ -184,8 +184,8 @@ func runChild(c childConfig) error {
 			return err
 		}
 		h = gate(lim)
-		retrier := &route.Retrier{Admitter: lim, Router: router, OnRedisError: route.RedisPause, Clock: time.Now,
-			Logger: log, Metrics: metrics}
+		retrier := &route.Retrier{Admission: route.Admission{Admitter: lim, Router: router,
+			OnRedisError: route.RedisPause, Clock: time.Now, Logger: log, Metrics: metrics}}
 		dc := consume.DelayedConfig{Config: group, ReleaseAt: topics.ReleaseAt}
 		dc.GroupID = c.Group + ".retry"
 		dc.Topics = nil

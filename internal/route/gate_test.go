@@ -46,6 +46,22 @@ type gateFixture struct {
 	ready    *readyLog
 }
 
+// testAdmission is the Admission of the Gate and Retrier fixtures: a Router
+// writing to w, the clock fixed at t0, fast backoff, readiness logged to ready.
+func testAdmission(w *fakeWriter, a *fakeAdmitter, m *Metrics, ready *readyLog) Admission {
+	fast := consume.Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
+	return Admission{
+		Admitter: a,
+		Router: &Router{Writer: w, Topics: testTopics, Clock: fixedClock(t0), Backoff: fast,
+			Logger: testenv.DiscardLogger(), Metrics: m},
+		Clock:    fixedClock(t0),
+		Logger:   testenv.DiscardLogger(),
+		Metrics:  m,
+		SetReady: ready.set,
+		Backoff:  fast,
+	}
+}
+
 type readyLog struct {
 	mu  sync.Mutex
 	got []bool
@@ -75,18 +91,7 @@ func newGate(t *testing.T, decide func(int, []string) ([]limit.Decision, error))
 		metrics:  newTestMetrics(t),
 		ready:    &readyLog{},
 	}
-	fast := consume.Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
-	f.gate = &Gate{
-		Extractor: ex,
-		Admitter:  f.admitter,
-		Router: &Router{Writer: f.writer, Topics: testTopics, Clock: fixedClock(t0), Backoff: fast,
-			Logger: testenv.DiscardLogger(), Metrics: f.metrics},
-		Clock:    fixedClock(t0),
-		Logger:   testenv.DiscardLogger(),
-		Metrics:  f.metrics,
-		SetReady: f.ready.set,
-		Backoff:  fast,
-	}
+	f.gate = &Gate{Extractor: ex, Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready)}
 	return f
 }
 
@@ -357,12 +362,12 @@ func TestGateValidate(t *testing.T) {
 		gate Gate
 		ok   bool
 	}{
-		{name: "complete", gate: Gate{Extractor: ex, Admitter: a, Router: r}, ok: true},
-		{name: "forward", gate: Gate{Extractor: ex, Admitter: a, Router: r, OnRedisError: "forward"}, ok: true},
-		{name: "bad policy", gate: Gate{Extractor: ex, Admitter: a, Router: r, OnRedisError: "ignore"}},
-		{name: "no extractor", gate: Gate{Admitter: a, Router: r}},
-		{name: "no admitter", gate: Gate{Extractor: ex, Router: r}},
-		{name: "no writer", gate: Gate{Extractor: ex, Admitter: a, Router: &Router{}}},
+		{name: "complete", gate: Gate{Extractor: ex, Admission: Admission{Admitter: a, Router: r}}, ok: true},
+		{name: "forward", gate: Gate{Extractor: ex, Admission: Admission{Admitter: a, Router: r, OnRedisError: "forward"}}, ok: true},
+		{name: "bad policy", gate: Gate{Extractor: ex, Admission: Admission{Admitter: a, Router: r, OnRedisError: "ignore"}}},
+		{name: "no extractor", gate: Gate{Admission: Admission{Admitter: a, Router: r}}},
+		{name: "no admitter", gate: Gate{Extractor: ex, Admission: Admission{Router: r}}},
+		{name: "no writer", gate: Gate{Extractor: ex, Admission: Admission{Admitter: a, Router: &Router{}}}},
 	}
 	for _, tt := range tests {
 		err := tt.gate.Validate()

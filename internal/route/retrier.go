@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
@@ -47,36 +45,23 @@ var ErrEarly = errors.New("released before its time")
 // A Retrier is safe for concurrent use once configured; do not change its
 // fields while Handle may run.
 type Retrier struct {
-	Admitter Admitter
-	// Router writes the outcomes; its Topics name the tiers and destinations.
-	Router *Router
+	// Admission holds the Admitter, the Router and what else the Retrier
+	// shares with the Gate. Its Clock is also the one the caller releases
+	// messages by.
+	Admission
 	// MaxAttempts is the most deferrals of one event; zero means DefaultMaxAttempts.
 	MaxAttempts int
-	// OnRedisError is RedisPause (also when empty) or RedisForward, as for Gate.
-	OnRedisError string
-	// Clock: nil means time.Now. Use the Router's clock and the one the
-	// caller releases messages by.
-	Clock func() time.Time
-	// Logger: nil means slog.Default().
-	Logger *slog.Logger
-	// Metrics, if set, counts events and decisions of successful batches.
-	Metrics *Metrics
-	// SetReady and Backoff are as for Gate.
-	SetReady func(ready bool)
-	Backoff  consume.Backoff
 }
 
 // Validate reports a missing part or a bad setting.
 func (r *Retrier) Validate() error {
-	switch {
-	case r.Admitter == nil:
-		return errors.New("retrier: no Admitter")
-	case r.Router == nil || r.Router.Writer == nil:
-		return errors.New("retrier: no Router with a Writer")
-	case r.MaxAttempts < 0:
+	if err := r.Admission.Validate(); err != nil {
+		return fmt.Errorf("retrier: %w", err)
+	}
+	if r.MaxAttempts < 0 {
 		return fmt.Errorf("retrier: max attempts %d is negative", r.MaxAttempts)
 	}
-	return validPolicy(r.OnRedisError)
+	return nil
 }
 
 // Handle routes a batch of released messages of one retry tier partition and
@@ -99,7 +84,7 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 		}
 	}
 
-	ds, unchecked, err := r.admission().admit(ctx, b.tenants, msgs[0])
+	ds, unchecked, err := r.admit(ctx, b.tenants, msgs[0])
 	if err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
@@ -245,22 +230,4 @@ func (r *Retrier) deadLetter(m kafka.Message, reason string) Item {
 	r.logger().Debug("retried event dead-lettered", "tenant", tenant, "topic", m.Topic, "partition", m.Partition,
 		"offset", m.Offset, "reason", reason)
 	return Item{Msg: m, Outcome: DeadLetter, Reason: reason}
-}
-
-func (r *Retrier) admission() admission {
-	return admission{admitter: r.Admitter, policy: r.OnRedisError, backoff: r.Backoff, setReady: r.SetReady, logger: r.logger()}
-}
-
-func (r *Retrier) now() time.Time {
-	if r.Clock != nil {
-		return r.Clock()
-	}
-	return time.Now()
-}
-
-func (r *Retrier) logger() *slog.Logger {
-	if r.Logger != nil {
-		return r.Logger
-	}
-	return slog.Default()
 }

@@ -11,9 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
-	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // deferral returns the deferral of an event of tenant first deferred an hour before t0.
@@ -53,18 +51,7 @@ func newRetrier(t *testing.T, decide func(int, []string) ([]limit.Decision, erro
 		metrics:  newTestMetrics(t),
 		ready:    &readyLog{},
 	}
-	fast := consume.Backoff{Min: time.Millisecond, Max: 2 * time.Millisecond}
-	f.retrier = &Retrier{
-		Admitter: f.admitter,
-		Router: &Router{Writer: f.writer, Topics: testTopics, Clock: fixedClock(t0), Backoff: fast,
-			Logger: testenv.DiscardLogger(), Metrics: f.metrics},
-		MaxAttempts: 3,
-		Clock:       fixedClock(t0),
-		Logger:      testenv.DiscardLogger(),
-		Metrics:     f.metrics,
-		SetReady:    f.ready.set,
-		Backoff:     fast,
-	}
+	f.retrier = &Retrier{Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready), MaxAttempts: 3}
 	return f
 }
 
@@ -235,11 +222,11 @@ func TestRetrierValidate(t *testing.T) {
 		retrier Retrier
 		ok      bool
 	}{
-		{name: "complete", retrier: Retrier{Admitter: a, Router: r}, ok: true},
-		{name: "negative attempts", retrier: Retrier{Admitter: a, Router: r, MaxAttempts: -1}},
-		{name: "bad policy", retrier: Retrier{Admitter: a, Router: r, OnRedisError: "drop"}},
-		{name: "no admitter", retrier: Retrier{Router: r}},
-		{name: "no router", retrier: Retrier{Admitter: a}},
+		{name: "complete", retrier: Retrier{Admission: Admission{Admitter: a, Router: r}}, ok: true},
+		{name: "negative attempts", retrier: Retrier{Admission: Admission{Admitter: a, Router: r}, MaxAttempts: -1}},
+		{name: "bad policy", retrier: Retrier{Admission: Admission{Admitter: a, Router: r, OnRedisError: "drop"}}},
+		{name: "no admitter", retrier: Retrier{Admission: Admission{Router: r}}},
+		{name: "no router", retrier: Retrier{Admission: Admission{Admitter: a}}},
 	}
 	for _, tt := range tests {
 		err := tt.retrier.Validate()

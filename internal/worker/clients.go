@@ -22,21 +22,10 @@ func NewRedis(cfg *Config) redis.UniversalClient {
 		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
 	t := cfg.RedisTimeout
-	if len(cfg.RedisAddrs) > 1 {
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 cfg.RedisAddrs,
-			Username:              cfg.RedisUsername,
-			Password:              cfg.RedisPassword,
-			TLSConfig:             tlsConfig,
-			DialTimeout:           t,
-			ReadTimeout:           t,
-			WriteTimeout:          t,
-			PoolTimeout:           t,
-			ContextTimeoutEnabled: true,
-		})
-	}
-	return redis.NewClient(&redis.Options{
-		Addr:                  cfg.RedisAddrs[0],
+	// With MasterName unset, NewUniversalClient returns a cluster client for
+	// more than one address and a single-node client for one.
+	return redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs:                 cfg.RedisAddrs,
 		Username:              cfg.RedisUsername,
 		Password:              cfg.RedisPassword,
 		TLSConfig:             tlsConfig,

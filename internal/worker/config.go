@@ -127,6 +127,12 @@ type Config struct {
 	// RetrySecretPrevious is the retry secret being rotated out: gk-sig made
 	// with it still verifies, but nothing is signed with it. Secret.
 	RetrySecretPrevious string `split_words:"true" desc:"the RETRY_SECRET being rotated out: still accepted when checking gk-sig, never used to sign"`
+
+	// limits are the rules of LIMITS or LIMITS_FILE as Validate parsed them:
+	// Rules returns them, and the limits-file watcher starts from the
+	// content Validate read, so that the rules are parsed and the file read
+	// once on the way to the limiter. nil until Validate passes the rules.
+	limits *loadedLimits
 }
 
 // configError is a bad configuration value. Its text is one line that starts
@@ -213,7 +219,7 @@ func (c *Config) setDefaults() {
 
 // Validate checks every field and returns the first problem as one line
 // naming the variable, e.g. `GATEKEEPER_WINDOW: "hourly" is not aligned or ttl`.
-// It reads LIMITS_FILE when set.
+// It reads LIMITS_FILE when set and keeps the rules it parsed for Rules.
 func (c *Config) Validate() error {
 	for _, checks := range [][]func() error{c.serverChecks(), c.routingChecks(), c.sizeAndTimeChecks()} {
 		for _, check := range checks {
@@ -507,18 +513,22 @@ func (c *Config) RetrySigner() (*route.Signer, error) {
 	return s, nil
 }
 
+// checkLimits parses LIMITS or reads LIMITS_FILE, checks the rules against
+// WINDOW and keeps them in c.limits.
 func (c *Config) checkLimits() error {
+	c.limits = nil
 	switch {
 	case c.Limits != "" && c.LimitsFile != "":
 		return bad("LIMITS_FILE", "set either LIMITS or LIMITS_FILE, not both")
 	case c.LimitsFile != "":
-		rules, err := loadLimitsFile(c.LimitsFile)
+		l, err := loadLimitsFile(c.LimitsFile)
 		if err != nil {
 			return bad("LIMITS_FILE", "%v", err)
 		}
-		if err := limit.CheckRules(rules, limit.WindowKind(c.Window)); err != nil {
+		if err := limit.CheckRules(l.rules, limit.WindowKind(c.Window)); err != nil {
 			return bad("LIMITS_FILE", "%s: %v", c.LimitsFile, err)
 		}
+		c.limits = &l
 	case strings.TrimSpace(c.Limits) == "":
 		return bad("LIMITS", "required unless LIMITS_FILE is set (e.g. *=100/1m;acme=1000/1m)")
 	default:
@@ -529,16 +539,33 @@ func (c *Config) checkLimits() error {
 		if err := limit.CheckRules(rules, limit.WindowKind(c.Window)); err != nil {
 			return bad("LIMITS", "%v", err)
 		}
+		c.limits = &loadedLimits{rules: rules}
 	}
 	return nil
 }
 
-// Rules returns the rules of LIMITS, or of LIMITS_FILE as it is now.
+// Rules returns the rules of LIMITS or LIMITS_FILE that Validate parsed.
+// On a Config that has not passed Validate it parses LIMITS, or reads
+// LIMITS_FILE as it is now.
 func (c *Config) Rules() (*limit.Rules, error) {
+	if c.limits != nil {
+		return c.limits.rules, nil
+	}
 	if c.LimitsFile != "" {
-		return loadLimitsFile(c.LimitsFile)
+		l, err := loadLimitsFile(c.LimitsFile)
+		return l.rules, err
 	}
 	return limit.ParseRules(c.Limits)
+}
+
+// limitsFile returns LIMITS_FILE's rules and the digest of its content as
+// Validate read them, or reads the file now on a Config that has not passed
+// Validate.
+func (c *Config) limitsFile() (loadedLimits, error) {
+	if c.limits != nil {
+		return *c.limits, nil
+	}
+	return loadLimitsFile(c.LimitsFile)
 }
 
 // Location returns the TIMEZONE location.
@@ -616,13 +643,19 @@ func (c Config) Environ() ([]string, error) {
 		return nil, err
 	}
 	v := reflect.ValueOf(c)
-	if len(keys) != v.NumField() {
-		return nil, fmt.Errorf("config has %d fields, envconfig sees %d", v.NumField(), len(keys))
+	var fields []reflect.Value // the exported ones, which envconfig reads
+	for i := range v.NumField() {
+		if v.Type().Field(i).IsExported() {
+			fields = append(fields, v.Field(i))
+		}
+	}
+	if len(keys) != len(fields) {
+		return nil, fmt.Errorf("config has %d fields, envconfig sees %d", len(fields), len(keys))
 	}
 	out := make([]string, 0, len(keys))
 	for i, k := range keys {
 		var s string
-		switch f := v.Field(i).Interface().(type) {
+		switch f := fields[i].Interface().(type) {
 		case []string:
 			s = strings.Join(f, ",")
 		default:

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/route"
@@ -57,6 +58,9 @@ func TestConfigFieldsDocumented(t *testing.T) {
 	typ := reflect.TypeOf(Config{})
 	for i := 0; i < typ.NumField(); i++ {
 		f := typ.Field(i)
+		if !f.IsExported() {
+			continue // not a variable: envconfig does not read it
+		}
 		desc := f.Tag.Get("desc")
 		if desc == "" {
 			t.Errorf("%s: no desc tag", f.Name)
@@ -107,8 +111,33 @@ func TestConfigDefaults(t *testing.T) {
 		KafkaSessionTimeout: 30 * time.Second,
 		Retention:           168 * time.Hour,
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
+	// The rules Validate parsed are not a setting.
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(Config{})); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
+	}
+}
+
+// TestConfigRulesParsedOnce checks that Rules returns the rules Validate
+// parsed: LIMITS_FILE is read once, by Validate.
+func TestConfigRulesParsedOnce(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "limits.yaml")
+	if err := os.WriteFile(file, []byte("default: [100/1m]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	setEnv(t, with(minimal(), "LIMITS", "<unset>", "LIMITS_FILE", file))
+	cfg, err := LoadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	first, err := cfg.Rules()
+	if err != nil {
+		t.Fatalf("Rules after the file went: got %v, want the rules Validate read", err)
+	}
+	if again, _ := cfg.Rules(); again != first {
+		t.Errorf("Rules parsed again: got %p, then %p", first, again)
 	}
 }
 
@@ -399,7 +428,7 @@ func TestConfigEnvironRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(Config{})); diff != "" {
 		t.Errorf("config after Environ round trip (-want +got):\n%s", diff)
 	}
 }

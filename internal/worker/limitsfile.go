@@ -113,17 +113,24 @@ func readLimitsFile(path string) ([]byte, error) {
 	return data, nil
 }
 
+// loadedLimits are the rules of LIMITS or LIMITS_FILE, parsed; for
+// LIMITS_FILE, with the digest of the content they were parsed from.
+type loadedLimits struct {
+	rules *limit.Rules
+	sum   [sha256.Size]byte
+}
+
 // loadLimitsFile reads and parses LIMITS_FILE. Errors name the file.
-func loadLimitsFile(path string) (*limit.Rules, error) {
+func loadLimitsFile(path string) (loadedLimits, error) {
 	data, err := readLimitsFile(path)
 	if err != nil {
-		return nil, err
+		return loadedLimits{}, err
 	}
 	rules, err := parseLimitsFile(data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return loadedLimits{}, fmt.Errorf("%s: %w", path, err)
 	}
-	return rules, nil
+	return loadedLimits{rules: rules, sum: sha256.Sum256(data)}, nil
 }
 
 // Watcher reloads LIMITS_FILE when it changes and hands the new rules to
@@ -134,8 +141,9 @@ func loadLimitsFile(path string) (*limit.Rules, error) {
 // changed. A periodic reread covers file systems without notifications.
 // An invalid file keeps the rules in force: the error is logged and counted.
 //
-// Load, then Run once. A Watcher is not meant to be used from several
-// goroutines except that apply is called from Run's goroutine only.
+// Load (or, in Serve, start from the content Config.Validate read), then
+// Run once. A Watcher is not meant to be used from several goroutines
+// except that apply is called from Run's goroutine only.
 type Watcher struct {
 	path     string
 	apply    func(*limit.Rules) error
@@ -180,18 +188,20 @@ func NewWatcher(path string, apply func(*limit.Rules) error, log *slog.Logger, r
 // Load reads the rules now in the file, for start-up, and remembers its
 // content so that Run reacts only to later changes.
 func (w *Watcher) Load() (*limit.Rules, error) {
-	data, err := readLimitsFile(w.path)
+	l, err := loadLimitsFile(w.path)
 	if err != nil {
 		return nil, err
 	}
-	rules, err := parseLimitsFile(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", w.path, err)
-	}
+	w.loaded(l)
+	return l.rules, nil
+}
+
+// loaded remembers the content l was read from, the rules in force, in
+// place of Load when the file has been read already.
+func (w *Watcher) loaded(l loadedLimits) {
 	w.mu.Lock()
-	w.last, w.seen = sha256.Sum256(data), true
+	w.last, w.seen = l.sum, true
 	w.mu.Unlock()
-	return rules, nil
 }
 
 // Run watches until ctx is done, then returns nil. It returns an error only

@@ -99,6 +99,20 @@ func (p Pipeline) onRedisError() string {
 	return p.Config.OnRedisError
 }
 
+// admission is what the gate and the retrier share: the limiter, the router,
+// the Redis error policy, the clock, logger, metrics and readiness.
+func (p Pipeline) admission(m *pipelineMetrics, router *route.Router) route.Admission {
+	return route.Admission{
+		Admitter:     p.Limiter,
+		Router:       router,
+		OnRedisError: p.onRedisError(),
+		Clock:        time.Now,
+		Logger:       p.Log,
+		Metrics:      m.route,
+		SetReady:     p.setReady,
+	}
+}
+
 // setReady reports to readiness whether consumption runs (false: paused).
 func (p Pipeline) setReady(ready bool) { p.Paused.Store(!ready) }
 
@@ -139,17 +153,7 @@ func (p Pipeline) gateGroup(m *pipelineMetrics, router *route.Router) (consumerG
 	if err != nil {
 		return nil, fmt.Errorf("GATEKEEPER_TENANT_FROM: %w", err)
 	}
-	gate := &route.Gate{
-		Extractor:    extractor,
-		Admitter:     p.Limiter,
-		Router:       router,
-		OnRedisError: p.onRedisError(),
-		Shadow:       cfg.Shadow,
-		Clock:        time.Now,
-		Logger:       p.Log,
-		Metrics:      m.route,
-		SetReady:     p.setReady,
-	}
+	gate := &route.Gate{Admission: p.admission(m, router), Extractor: extractor, Shadow: cfg.Shadow}
 	if err := gate.Validate(); err != nil {
 		return nil, fmt.Errorf("gate: %w", err)
 	}
@@ -169,16 +173,7 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 	if !cfg.HasRole(route.RoleRetry) {
 		return nil, nil
 	}
-	retrier := &route.Retrier{
-		Admitter:     p.Limiter,
-		Router:       router,
-		MaxAttempts:  cfg.MaxAttempts,
-		OnRedisError: p.onRedisError(),
-		Clock:        time.Now,
-		Logger:       p.Log,
-		Metrics:      m.route,
-		SetReady:     p.setReady,
-	}
+	retrier := &route.Retrier{Admission: p.admission(m, router), MaxAttempts: cfg.MaxAttempts}
 	if err := retrier.Validate(); err != nil {
 		return nil, fmt.Errorf("retrier: %w", err)
 	}

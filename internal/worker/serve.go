@@ -130,9 +130,10 @@ func logStart(log *slog.Logger, cfg *Config, version string) {
 	}
 }
 
-// loadRules returns the rules to start with: from LIMITS_FILE, with the
-// watcher that applies its changes to the running limiter, or from LIMITS
-// (and a nil watcher).
+// loadRules returns the rules to start with, as Validate parsed them: from
+// LIMITS_FILE, with the watcher that applies its changes to the running
+// limiter (it starts from the content Validate read), or from LIMITS (and a
+// nil watcher).
 func (w *worker) loadRules() (*Watcher, *limit.Rules, error) {
 	if w.cfg.LimitsFile == "" {
 		rules, err := w.cfg.Rules()
@@ -151,11 +152,12 @@ func (w *worker) loadRules() (*Watcher, *limit.Rules, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	rules, err := watcher.Load()
+	l, err := w.cfg.limitsFile()
 	if err != nil {
 		return nil, nil, fmt.Errorf("rules: %w", err)
 	}
-	return watcher, rules, nil
+	watcher.loaded(l)
+	return watcher, l.rules, nil
 }
 
 // readyChecks are the checks of /readyz and gatekeeper_ready: Redis and

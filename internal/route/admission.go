@@ -1,0 +1,149 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+)
+
+// Admitter decides a batch of events by tenant; *limit.Limiter implements it.
+// The result is index-aligned with tenants, one tenant's events decided in
+// slice order. A non-nil error means Redis trouble and nothing was decided:
+// the batch is tried again. A limit.Fail decision (a broken counter key of
+// the event's tenant, which trying again does not mend) sends the event to
+// the dead-letter topic with the decision's reason.
+// Implementations must be safe for concurrent use.
+type Admitter interface {
+	Admit(ctx context.Context, tenants []string) ([]limit.Decision, error)
+}
+
+// Values of OnRedisError (GATEKEEPER_ON_REDIS_ERROR).
+const (
+	// RedisPause retries Admit with backoff, readiness false, until Redis
+	// answers or the context ends; nothing is forwarded unchecked.
+	RedisPause = "pause"
+	// RedisForward forwards the batch's valid events downstream unchecked and
+	// counts them in gatekeeper_redis_unchecked_total.
+	RedisForward = "forward"
+)
+
+// Admission is what Gate and Retrier share to admit a batch and route its
+// events: the Admitter asked under the Redis error policy, the Router that
+// writes the outcomes, and the clock, logger, metrics and readiness hook
+// both use. Gate and Retrier embed it.
+//
+// An Admission is safe for concurrent use once configured; do not change its
+// fields while a Handle that uses it may run.
+type Admission struct {
+	Admitter Admitter
+	// Router writes the outcomes; its Topics name the retry tiers and the
+	// destinations.
+	Router *Router
+	// OnRedisError is RedisPause (also when empty) or RedisForward.
+	OnRedisError string
+	// Clock: nil means time.Now. Use the Router's clock (for the Retrier,
+	// also the one the caller releases messages by).
+	Clock func() time.Time
+	// Logger: nil means slog.Default().
+	Logger *slog.Logger
+	// Metrics, if set, counts events and decisions of successful batches.
+	Metrics *Metrics
+	// SetReady, if set, is called with false when Admit starts failing under
+	// RedisPause and with true when it works again.
+	SetReady func(ready bool)
+	// Backoff paces the Admit retries under RedisPause.
+	Backoff consume.Backoff
+}
+
+// Validate reports a missing Admitter or Router, or a bad OnRedisError.
+func (a *Admission) Validate() error {
+	switch {
+	case a.Admitter == nil:
+		return errors.New("no Admitter")
+	case a.Router == nil || a.Router.Writer == nil:
+		return errors.New("no Router with a Writer")
+	}
+	return validPolicy(a.OnRedisError)
+}
+
+func validPolicy(p string) error {
+	switch p {
+	case "", RedisPause, RedisForward:
+		return nil
+	}
+	return fmt.Errorf("on redis error %q: want %s or %s", p, RedisPause, RedisForward)
+}
+
+// admit returns the decisions for tenants. Under RedisForward a failing Admit
+// yields unchecked=true and no decisions. Under RedisPause it retries with
+// backoff until Admit works or ctx ends, calling SetReady(false) once it
+// fails and SetReady(true) once it works again. first locates the batch in logs.
+func (a *Admission) admit(ctx context.Context, tenants []string, first kafka.Message) (ds []limit.Decision, unchecked bool, err error) {
+	if len(tenants) == 0 {
+		return nil, false, nil
+	}
+	log := a.logger()
+	failing := false
+	for attempt := 0; ; attempt++ {
+		ds, err := a.Admitter.Admit(ctx, tenants)
+		if err == nil {
+			if len(ds) != len(tenants) {
+				return nil, false, fmt.Errorf("admit: %d decisions for %d events", len(ds), len(tenants))
+			}
+			if failing {
+				log.Info("admit works again, resuming",
+					"topic", first.Topic, "partition", first.Partition, "offset", first.Offset, "attempts", attempt+1)
+				a.ready(true)
+			}
+			return ds, false, nil
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, false, fmt.Errorf("admit: %w (last error: %v)", cerr, err)
+		}
+		if a.OnRedisError == RedisForward {
+			log.Warn("admit failed, forwarding unchecked",
+				"topic", first.Topic, "partition", first.Partition, "offset", first.Offset, "events", len(tenants), "err", err)
+			return nil, true, nil
+		}
+		if !failing {
+			failing = true
+			a.ready(false)
+		}
+		wait := a.Backoff.Delay(attempt)
+		if attempt%10 == 0 {
+			log.Warn("admit failed, pausing",
+				"topic", first.Topic, "partition", first.Partition, "offset", first.Offset,
+				"attempt", attempt+1, "backoff", wait, "err", err)
+		}
+		if serr := sleep(ctx, wait); serr != nil {
+			return nil, false, fmt.Errorf("admit: %w (last error: %v)", serr, err)
+		}
+	}
+}
+
+func (a *Admission) ready(ok bool) {
+	if a.SetReady != nil {
+		a.SetReady(ok)
+	}
+}
+
+func (a *Admission) now() time.Time {
+	if a.Clock != nil {
+		return a.Clock()
+	}
+	return time.Now()
+}
+
+func (a *Admission) logger() *slog.Logger {
+	if a.Logger != nil {
+		return a.Logger
+	}
+	return slog.Default()
+}
