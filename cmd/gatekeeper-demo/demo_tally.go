@@ -346,8 +346,8 @@ func checkWindows(rule limit.Rule, spans [][2]time.Time, loc *time.Location) rul
 		if hi.Before(lo) {
 			lo = hi
 		}
-		f, _ := limit.Window(rule, lo, loc)
-		l, _ := limit.Window(rule, hi, loc)
+		f, _ := limit.WindowBounds(rule, lo, loc)
+		l, _ := limit.WindowBounds(rule, hi, loc)
 		items = append(items, item{f, l})
 		if f.Equal(l) {
 			definite[f.UnixNano()]++
@@ -376,7 +376,7 @@ func checkWindows(rule limit.Rule, spans [][2]time.Time, loc *time.Location) rul
 			ck.Held = false
 		}
 		ck.Worst = max(ck.Worst, took)
-		_, cur = limit.Window(rule, cur, loc)
+		_, cur = limit.WindowBounds(rule, cur, loc)
 	}
 	if ck.Held {
 		ck.Worst = 0

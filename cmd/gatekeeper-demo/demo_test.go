@@ -235,7 +235,7 @@ func TestDemoRedisScripts(t *testing.T) {
 	}
 	clock := func() time.Time { return now.Add(3 * time.Second) }
 	for _, w := range []limit.WindowKind{limit.Aligned, limit.TTL} {
-		lim, err := limit.New(ctx, rdb, rules, limit.Options{Prefix: "demo-" + string(w), Window: w, Clock: clock})
+		lim, err := limit.New(ctx, rdb, rules, limit.Options{Prefix: "demo-" + string(w), WindowKind: w, Clock: clock})
 		if err != nil {
 			t.Fatalf("%s limiter: %v", w, err)
 		}

@@ -178,7 +178,7 @@ func runChild(c childConfig) error {
 		if err != nil {
 			return err
 		}
-		lim, err := limit.New(ctx, rdb, rules, limit.Options{Prefix: c.Prefix, Window: limit.WindowKind(c.WindowKind),
+		lim, err := limit.New(ctx, rdb, rules, limit.Options{Prefix: c.Prefix, WindowKind: limit.WindowKind(c.WindowKind),
 			Timeout: redisTimeout, Registerer: reg})
 		if err != nil {
 			return err

@@ -198,7 +198,7 @@ func testAlignedWindowResets(t *testing.T, rdb redis.UniversalClient) {
 
 func testTTLWindow(t *testing.T, rdb redis.UniversalClient) {
 	clk := newFakeClock(t0.Add(1234 * time.Millisecond))
-	l := newTestLimiter(t, rdb, "acme=2/10s", Options{Clock: clk.Now, Window: TTL, Horizon: 25 * time.Second})
+	l := newTestLimiter(t, rdb, "acme=2/10s", Options{Clock: clk.Now, WindowKind: TTL, Horizon: 25 * time.Second})
 	first := clk.Now()
 	ds := admit(t, l, repeat("acme", 5))
 	if got := kinds(ds); got != "aaddd" {

@@ -26,15 +26,15 @@ func testBrokenKeyIsolated(t *testing.T, rdb redis.UniversalClient) {
 	window := func(rule int, at time.Time) func(*Limiter) string {
 		return func(l *Limiter) string {
 			r := l.Rules().For("b")[rule]
-			if l.opts.Window == TTL {
+			if l.opts.WindowKind == TTL {
 				return l.keys.window("b", r, at)
 			}
-			s, _ := Window(r, at, time.UTC)
+			s, _ := WindowBounds(r, at, time.UTC)
 			return l.keys.window("b", r, s)
 		}
 	}
 	frontier := func(l *Limiter) string {
-		return l.keys.frontier("b", ruleSetID(l.opts.Window, l.Rules().For("b")))
+		return l.keys.frontier("b", ruleSetID(l.opts.WindowKind, l.Rules().For("b")))
 	}
 	anchor := func(l *Limiter) string { return l.keys.rule("b", l.Rules().For("b")[0]) + ":anchor" }
 	const wrongType, notInteger = "has the wrong type", "holds a count that is not an integer"
@@ -58,7 +58,7 @@ func testBrokenKeyIsolated(t *testing.T, rdb redis.UniversalClient) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			l := newTestLimiter(t, rdb, tc.spec, Options{Clock: func() time.Time { return now }, Window: tc.window, Horizon: time.Hour})
+			l := newTestLimiter(t, rdb, tc.spec, Options{Clock: func() time.Time { return now }, WindowKind: tc.window, Horizon: time.Hour})
 			broken := tc.key(l)
 			if err := tc.breaks(broken); err != nil {
 				t.Fatal(err)
@@ -91,10 +91,10 @@ func checkUntouched(t *testing.T, rdb redis.UniversalClient, l *Limiter, broken 
 	t.Helper()
 	now := l.opts.Clock()
 	rules := l.Rules().For("b")
-	keys := []string{l.keys.frontier("b", ruleSetID(l.opts.Window, rules))}
+	keys := []string{l.keys.frontier("b", ruleSetID(l.opts.WindowKind, rules))}
 	for _, r := range rules {
 		keys = append(keys, l.keys.rule("b", r)+":anchor", l.keys.window("b", r, now))
-		s, e := Window(r, now, time.UTC)
+		s, e := WindowBounds(r, now, time.UTC)
 		for range 3 {
 			keys = append(keys, l.keys.window("b", r, s))
 			s, e = e, e.Add(r.Length())
@@ -121,13 +121,13 @@ func TestFailedCallCountsNothing(t *testing.T) {
 		t.Run(string(window), func(t *testing.T) {
 			ctx := context.Background()
 			now := t0.Add(10 * time.Second)
-			l := newTestLimiter(t, rdb, "*=10/1m;s=2/1m", Options{Clock: func() time.Time { return now }, Window: window})
+			l := newTestLimiter(t, rdb, "*=10/1m;s=2/1m", Options{Clock: func() time.Time { return now }, WindowKind: window})
 			admit(t, l, []string{"a"}) // a's ttl chain is now cached: its next events take the fast path
 			groups := []*group{{tenant: "a", idx: []int{0, 1, 2}}, {tenant: "s", idx: []int{3, 4, 5, 6}}, {tenant: "bad", idx: []int{7}}}
 			l.mu.Lock()
 			for _, g := range groups {
 				g.rules = l.Rules().For(g.tenant)
-				g.set = ruleSetID(l.opts.Window, g.rules)
+				g.set = ruleSetID(l.opts.WindowKind, g.rules)
 				g.st = l.stateLocked(g, now)
 				g.chain = g.st.chain
 			}

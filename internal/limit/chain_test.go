@@ -40,7 +40,7 @@ func anchorOf(t *testing.T, rdb redis.UniversalClient, l *Limiter, tenant string
 // would: "acme=2/10s" in ttl windows, a one-minute horizon.
 func twoReplicas(t *testing.T, rdb redis.UniversalClient) (*fakeClock, *Limiter, *Limiter) {
 	clk := newFakeClock(t0)
-	opts := Options{Clock: clk.Now, Window: TTL, Horizon: time.Minute, Prefix: testPrefix(t)}
+	opts := Options{Clock: clk.Now, WindowKind: TTL, Horizon: time.Minute, Prefix: testPrefix(t)}
 	return clk, newTestLimiter(t, rdb, "acme=2/10s", opts), newTestLimiter(t, rdb, "acme=2/10s", opts)
 }
 

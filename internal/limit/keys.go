@@ -54,7 +54,7 @@ func (k keys) tenant(tenant string) string {
 
 // rule returns the prefix of a rule's window keys: <prefix>:{<tenant>}:<window>.
 func (k keys) rule(tenant string, r Rule) string {
-	s := k.tenant(tenant) + ":" + r.Window()
+	s := k.tenant(tenant) + ":" + r.WindowName()
 	if k.kind == TTL {
 		s += "/ttl"
 	}

@@ -19,8 +19,8 @@ import (
 type Options struct {
 	// Prefix starts every counter key. Default "gk".
 	Prefix string
-	// Window is Aligned (default) or TTL.
-	Window WindowKind
+	// WindowKind is Aligned (default) or TTL.
+	WindowKind WindowKind
 	// Location places day, week and month boundaries. Default UTC.
 	Location *time.Location
 	// Horizon is the furthest a deferral may reach. Default 24h.
@@ -47,11 +47,11 @@ func (o *Options) defaults() error {
 	if o.Prefix == "" {
 		o.Prefix = "gk"
 	}
-	if o.Window == "" {
-		o.Window = Aligned
+	if o.WindowKind == "" {
+		o.WindowKind = Aligned
 	}
-	if o.Window != Aligned && o.Window != TTL {
-		return fmt.Errorf("window %q: want aligned or ttl", o.Window)
+	if o.WindowKind != Aligned && o.WindowKind != TTL {
+		return fmt.Errorf("window %q: want aligned or ttl", o.WindowKind)
 	}
 	if o.Location == nil {
 		o.Location = time.UTC
@@ -127,7 +127,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
-	if err := CheckRules(rules, opts.Window); err != nil {
+	if err := CheckRules(rules, opts.WindowKind); err != nil {
 		return nil, err
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
@@ -135,7 +135,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		rdb:       rdb,
 		cluster:   cluster,
 		opts:      opts,
-		keys:      keys{prefix: opts.Prefix, kind: opts.Window},
+		keys:      keys{prefix: opts.Prefix, kind: opts.WindowKind},
 		admit:     redis.NewScript(lua.Admit),
 		get:       redis.NewScript(lua.AlignedGet),
 		metrics:   newMetrics(),
@@ -190,7 +190,7 @@ func CheckRules(rules *Rules, kind WindowKind) error {
 // kept per rule, so a changed rule starts from its own (possibly empty)
 // windows; the local cache is keyed by rule set and never applies to new rules.
 func (l *Limiter) SetRules(r *Rules) error {
-	if err := CheckRules(r, l.opts.Window); err != nil {
+	if err := CheckRules(r, l.opts.WindowKind); err != nil {
 		return err
 	}
 	l.rules.Store(r)
@@ -236,7 +236,7 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 			if len(g.rules) > 0 && len(lastRules) == len(g.rules) && &lastRules[0] == &g.rules[0] {
 				g.set = lastSet
 			} else {
-				g.set = ruleSetID(l.opts.Window, g.rules)
+				g.set = ruleSetID(l.opts.WindowKind, g.rules)
 				lastRules, lastSet = g.rules, g.set
 			}
 			byTenant[t] = g
@@ -280,7 +280,7 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 			return nil, err
 		}
 	}
-	if l.opts.Window == TTL {
+	if l.opts.WindowKind == TTL {
 		l.cacheChains(calls, replies)
 	}
 	return out, nil
@@ -347,10 +347,10 @@ func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
 	}
 	ret := retention(r, l.opts.Retention).Milliseconds()
 	switch {
-	case l.opts.Window == TTL:
+	case l.opts.WindowKind == TTL:
 		d.args = append(d.args, r.Limit, "t", r.Length().Milliseconds(), 0, ret, 0)
 	case r.Unit == Second || r.Unit == Minute:
-		s, _ := Window(r, now, l.opts.Location)
+		s, _ := WindowBounds(r, now, l.opts.Location)
 		d.args = append(d.args, r.Limit, "a", r.Length().Milliseconds(), s.UnixMilli(), ret, 0)
 	default:
 		b := boundaries(r, now, hend, l.opts.Location)
@@ -461,7 +461,7 @@ type reply struct {
 // chainNumbers is how many numbers a tenant's reply ends with: the ttl chain
 // (start, end) of each of its rules when the window is ttl, else none.
 func (l *Limiter) chainNumbers(g *group) int {
-	if l.opts.Window == TTL {
+	if l.opts.WindowKind == TTL {
 		return 2 * len(g.rules)
 	}
 	return 0
@@ -581,7 +581,7 @@ func (l *Limiter) Usage(ctx context.Context, tenant string) (_ []Usage, err erro
 	rules := l.rules.Load().For(tenant)
 	out := make([]Usage, len(rules))
 	wkeys := make([]string, len(rules))
-	if l.opts.Window == TTL {
+	if l.opts.WindowKind == TTL {
 		anchors := make([]*redis.SliceCmd, len(rules))
 		if _, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, r := range rules {
@@ -607,7 +607,7 @@ func (l *Limiter) Usage(ctx context.Context, tenant string) (_ []Usage, err erro
 		}
 	} else {
 		for i, r := range rules {
-			s, _ := Window(r, now, l.opts.Location)
+			s, _ := WindowBounds(r, now, l.opts.Location)
 			wkeys[i] = l.keys.window(tenant, r, s)
 		}
 	}
@@ -624,8 +624,8 @@ func (l *Limiter) Usage(ctx context.Context, tenant string) (_ []Usage, err erro
 	}
 	for i, r := range rules {
 		u := Usage{Rule: r.String(), Limit: r.Limit, Reset: now}
-		if l.opts.Window == Aligned {
-			_, u.Reset = Window(r, now, l.opts.Location)
+		if l.opts.WindowKind == Aligned {
+			_, u.Reset = WindowBounds(r, now, l.opts.Location)
 		}
 		if cmds[i] != nil {
 			v, err := cmds[i].Int64Slice()

@@ -56,14 +56,14 @@ func testWindowKeysExpire(t *testing.T, rdb redis.UniversalClient) {
 	}
 	for _, tc := range tests {
 		t.Run(fmt.Sprintf("%s %s", tc.spec, tc.window), func(t *testing.T) {
-			l := newTestLimiter(t, rdb, "*="+tc.spec, Options{Clock: func() time.Time { return now }, Window: tc.window})
+			l := newTestLimiter(t, rdb, "*="+tc.spec, Options{Clock: func() time.Time { return now }, WindowKind: tc.window})
 			if got := kinds(admit(t, l, []string{"made-up"})); got != "a" {
 				t.Fatalf("got %s, want a", got)
 			}
 			r := l.Rules().For("made-up")[0]
 			start, end := now, now.Add(r.Length())
 			if tc.window == Aligned {
-				start, end = Window(r, now, time.UTC)
+				start, end = WindowBounds(r, now, time.UTC)
 			}
 			checkLife(t, rdb, l.keys.window("made-up", r, start), end.Sub(now), tc.want)
 		})

@@ -71,13 +71,13 @@ type Rule struct {
 
 // String returns the rule as written in LIMITS, e.g. "1000/1m".
 func (r Rule) String() string {
-	return strconv.FormatInt(r.Limit, 10) + "/" + r.Window()
+	return strconv.FormatInt(r.Limit, 10) + "/" + r.WindowName()
 }
 
-// Window returns the rule's window as written in LIMITS, e.g. "1m". It is the
+// WindowName returns the rule's window as written in LIMITS, e.g. "1m". It is the
 // rule's part of every counter key, without the limit, so that a changed
 // limit applies to the counts already in the window.
-func (r Rule) Window() string {
+func (r Rule) WindowName() string {
 	return strconv.FormatInt(int64(r.Count), 10) + r.Unit.String()
 }
 

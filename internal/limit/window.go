@@ -77,8 +77,8 @@ func alignedEnd(r Rule, s time.Time, loc *time.Location) time.Time {
 	panic("limit: unknown unit")
 }
 
-// Window returns the aligned window [start, end) of r that holds t in loc.
-func Window(r Rule, t time.Time, loc *time.Location) (start, end time.Time) {
+// WindowBounds returns the aligned window [start, end) of r that holds t in loc.
+func WindowBounds(r Rule, t time.Time, loc *time.Location) (start, end time.Time) {
 	s := alignedStart(r, t, loc)
 	return s, alignedEnd(r, s, loc)
 }
@@ -86,7 +86,7 @@ func Window(r Rule, t time.Time, loc *time.Location) (start, end time.Time) {
 // boundaries lists window starts of r from the window holding now up to and
 // including the first boundary after until.
 func boundaries(r Rule, now, until time.Time, loc *time.Location) []time.Time {
-	s, e := Window(r, now, loc)
+	s, e := WindowBounds(r, now, loc)
 	out := []time.Time{s, e}
 	for !e.After(until) {
 		e = alignedEnd(r, e, loc)

@@ -51,9 +51,9 @@ func TestWindowEdges(t *testing.T) {
 			at, _ := time.Parse(time.RFC3339Nano, tt.at)
 			ws, _ := time.Parse(time.RFC3339, tt.start)
 			we, _ := time.Parse(time.RFC3339, tt.end)
-			s, e := Window(tt.rule, at, tt.loc)
+			s, e := WindowBounds(tt.rule, at, tt.loc)
 			if !s.Equal(ws) || !e.Equal(we) {
-				t.Errorf("Window(%v, %v): got [%v, %v), want [%v, %v)", tt.rule, at, s, e, ws, we)
+				t.Errorf("WindowBounds(%v, %v): got [%v, %v), want [%v, %v)", tt.rule, at, s, e, ws, we)
 			}
 			if got := e.Sub(s); got != tt.length {
 				t.Errorf("length: got %v, want %v", got, tt.length)
@@ -76,11 +76,11 @@ func TestWindowsTile(t *testing.T) {
 				step = 7 * time.Second
 			}
 			for at := from; at.Before(from.Add(24 * 24 * time.Hour)); at = at.Add(step) {
-				s, e := Window(r, at, loc)
+				s, e := WindowBounds(r, at, loc)
 				if at.Before(s) || !at.Before(e) {
 					t.Fatalf("%s %v at %v: window [%v, %v) does not hold it", z, r, at, s, e)
 				}
-				if ns, _ := Window(r, e, loc); !ns.Equal(e) {
+				if ns, _ := WindowBounds(r, e, loc); !ns.Equal(e) {
 					t.Fatalf("%s %v at %v: next window starts %v, want %v", z, r, at, ns, e)
 				}
 				if r.Unit == Second && step > r.Length() {

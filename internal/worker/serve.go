@@ -33,7 +33,7 @@ func LimiterOptions(cfg *Config, reg prometheus.Registerer) (limit.Options, erro
 	}
 	return limit.Options{
 		Prefix:     cfg.RedisKeyPrefix,
-		Window:     limit.WindowKind(cfg.Window),
+		WindowKind: limit.WindowKind(cfg.Window),
 		Location:   loc,
 		Horizon:    cfg.DeferHorizon,
 		Retention:  cfg.Retention,
