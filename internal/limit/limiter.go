@@ -138,7 +138,6 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		keys:      keys{prefix: opts.Prefix, kind: opts.WindowKind},
 		admit:     redis.NewScript(lua.Admit),
 		get:       redis.NewScript(lua.AlignedGet),
-		metrics:   newMetrics(),
 		states:    map[stateKey]*tenantState{},
 		maxStates: maxCached,
 	}
@@ -152,11 +151,11 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 			return nil, fmt.Errorf("load script: %w", err)
 		}
 	}
-	if opts.Registerer != nil {
-		if err := l.metrics.register(opts.Registerer); err != nil {
-			return nil, fmt.Errorf("limiter metrics: %w", err)
-		}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
 	}
+	l.metrics = m
 	return l, nil
 }
 

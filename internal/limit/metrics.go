@@ -1,14 +1,21 @@
 package limit
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"fmt"
 
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the limiter's collectors. metrics is safe for concurrent use.
 type metrics struct {
 	redisSeconds *prometheus.HistogramVec
 	redisErrors  prometheus.Counter
 	cacheHits    prometheus.Counter
 }
 
-func newMetrics() *metrics {
+// newMetrics builds the limiter's collectors and registers them with reg; a
+// nil reg leaves them unregistered.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		redisSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "gatekeeper_redis_call_seconds",
@@ -24,14 +31,13 @@ func newMetrics() *metrics {
 			Help: "Events decided from the local cache of tenants full up to the horizon, without Redis.",
 		}),
 	}
-	return m
-}
-
-func (m *metrics) register(reg prometheus.Registerer) error {
+	if reg == nil {
+		return m, nil
+	}
 	for _, c := range []prometheus.Collector{m.redisSeconds, m.redisErrors, m.cacheHits} {
 		if err := reg.Register(c); err != nil {
-			return err
+			return nil, fmt.Errorf("limiter metrics: %w", err)
 		}
 	}
-	return nil
+	return m, nil
 }
