@@ -14,6 +14,7 @@ import (
 
 	"github.com/gatekeeper-dev/gatekeeper/deploy"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/route"
 	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
@@ -145,5 +146,58 @@ func TestMonitoringMetricsRegistered(t *testing.T) {
 	}
 	if len(registered) < 40 {
 		t.Errorf("got %d registered metric families, want gatekeeper's and the Go and process collectors'", len(registered))
+	}
+}
+
+// TestPipelineSeriesStartAtZero checks that the labelled counters of the
+// pipeline have their known series at 0 from the start, so that the first
+// event of a kind is an increase that increase() and the alert rules see.
+func TestPipelineSeriesStartAtZero(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := newPipelineMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topics := route.Topics{Downstream: "out", Retry: "out.retry", DLQ: "out.dlq"}
+	m.zeroKnownSeries([]string{"in"}, topics)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, mf := range mfs {
+		for _, s := range mf.GetMetric() {
+			if s.GetCounter() == nil || s.GetCounter().GetValue() != 0 {
+				continue
+			}
+			var labels []string
+			for _, l := range s.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			got[mf.GetName()+"{"+strings.Join(labels, ",")+"}"] = true
+		}
+	}
+	want := []string{
+		"gatekeeper_decisions_total{decision=admit}",
+		"gatekeeper_decisions_total{decision=defer}",
+		"gatekeeper_decisions_total{decision=reject}",
+		"gatekeeper_decisions_total{decision=fail}",
+		"gatekeeper_decisions_total{decision=invalid}",
+		"gatekeeper_decisions_total{decision=reserved}",
+		"gatekeeper_decisions_total{decision=max_attempts}",
+		"gatekeeper_retry_sig_failures_total{reason=missing}",
+		"gatekeeper_events_in_total{topic=in}",
+		"gatekeeper_events_in_total{topic=out.retry}",
+		"gatekeeper_events_out_total{topic=out}",
+		"gatekeeper_events_out_total{topic=out.dlq}",
+		"gatekeeper_events_out_total{topic=out.retry}",
+		"gatekeeper_oversized_total{topic=out}",
+		"gatekeeper_offsets_lost_total{topic=in}",
+		"gatekeeper_handover_skipped_total{topic=out.retry}",
+	}
+	for _, w := range want {
+		if !got[w] {
+			t.Errorf("series %s: missing or not 0 at start", w)
+		}
 	}
 }

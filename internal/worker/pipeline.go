@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/gatekeeper-dev/gatekeeper/internal/route"
 )
 
@@ -62,21 +63,28 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 	if p.Router != nil {
 		p.Router.Store(router)
 	}
+	m.zeroKnownSeries(cfg.SourceTopics, topics)
 
-	g, gctx := errgroup.WithContext(ctx)
+	// Build every group before running any, so that a group that fails to
+	// build leaves none running behind the returned error.
+	var groups []consumerGroup
 	var joined []func() bool // one per consumer group: has it joined?
-	for _, start := range []func(*pipelineMetrics, *route.Router) (consumerGroup, error){p.gateGroup, p.retryGroup} {
-		grp, err := start(m, router)
+	for _, build := range []func(*pipelineMetrics, *route.Router) (consumerGroup, error){p.gateGroup, p.retryGroup} {
+		grp, err := build(m, router)
 		if err != nil {
 			return err
 		}
 		if grp != nil {
+			groups = append(groups, grp)
 			joined = append(joined, grp.Ready)
-			g.Go(func() error { return grp.Run(gctx) })
 		}
 	}
 	if p.Joined != nil {
 		p.Joined.Store(&joined)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for _, grp := range groups {
+		g.Go(func() error { return grp.Run(gctx) })
 	}
 	p.Log.Info("pipeline started", slog.Any("roles", cfg.Roles), slog.Any("source_topics", cfg.SourceTopics),
 		slog.String("downstream_topic", cfg.DownstreamTopic), slog.Bool("retry_signed", signer != nil))
@@ -137,6 +145,10 @@ func (p Pipeline) groupConfig(m *pipelineMetrics) consume.Config {
 		Logger:            p.Log,
 		OnOffsetsLost:     func(topic string, _ int, n int64) { m.offsetsLost.WithLabelValues(topic).Add(float64(n)) },
 		OnLag: func(topic string, partition int, n int64) {
+			if n < 0 {
+				m.lag.DeleteLabelValues(topic, fmt.Sprint(partition))
+				return
+			}
 			m.lag.WithLabelValues(topic, fmt.Sprint(partition)).Set(float64(n))
 		},
 	}
@@ -155,7 +167,7 @@ func (p Pipeline) gateGroup(m *pipelineMetrics, router *route.Router) (consumerG
 	}
 	gate := &route.Gate{Admission: p.admission(m, router), Extractor: extractor, Shadow: cfg.Shadow}
 	if err := gate.Validate(); err != nil {
-		return nil, fmt.Errorf("gate: %w", err)
+		return nil, err // Validate's errors already start with "gate: "
 	}
 	gc := p.groupConfig(m)
 	gc.Topics = cfg.SourceTopics
@@ -175,7 +187,7 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 	}
 	retrier := &route.Retrier{Admission: p.admission(m, router), MaxAttempts: cfg.MaxAttempts}
 	if err := retrier.Validate(); err != nil {
-		return nil, fmt.Errorf("retrier: %w", err)
+		return nil, err // Validate's errors already start with "retrier: "
 	}
 	dc := consume.DelayedConfig{
 		Config:         p.groupConfig(m),
@@ -313,5 +325,37 @@ func waitForTopics(ctx context.Context, p Pipeline, topics []string) error {
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 10*time.Second)
+	}
+}
+
+// zeroKnownSeries creates at 0 the series of every label value known at
+// start: a series that first appears with the value 1 shows no increase to
+// increase() or rate(), so the first event of a kind would go unseen by the
+// alert rules and the dashboard.
+func (m *pipelineMetrics) zeroKnownSeries(sources []string, topics route.Topics) {
+	for _, k := range []limit.Kind{limit.Admit, limit.Defer, limit.Reject, limit.Fail} {
+		m.route.Decisions.WithLabelValues(k.String())
+	}
+	for _, d := range []string{route.DecisionInvalid, route.DecisionReserved, route.DecisionMaxAttempts} {
+		m.route.Decisions.WithLabelValues(d)
+	}
+	for _, r := range []string{"missing", "mismatch"} { // route.Retrier's gk-sig reasons
+		m.route.SigFailures.WithLabelValues(r)
+	}
+	var tiers []string
+	for _, t := range topics.Tiers() {
+		tiers = append(tiers, t.Topic)
+	}
+	for _, t := range append(append([]string{}, sources...), tiers...) {
+		m.route.EventsIn.WithLabelValues(t)
+		m.offsetsLost.WithLabelValues(t)
+	}
+	for _, t := range append([]string{topics.Downstream, topics.DLQ}, tiers...) {
+		m.route.EventsOut.WithLabelValues(t)
+		m.route.Oversized.WithLabelValues(t)
+	}
+	for _, t := range tiers {
+		m.skipped.WithLabelValues(t)
+		m.truncated.WithLabelValues(t)
 	}
 }
