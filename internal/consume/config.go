@@ -102,7 +102,9 @@ type Config struct {
 	OnOffsetsLost func(topic string, partition int, lost int64)
 
 	// OnLag, if set, is called after each commit with the number of messages
-	// of the partition beyond the committed offset, as of the last fetch.
+	// of the partition beyond the committed offset, as of the last fetch, and
+	// with -1 when the partition stops being consumed here (revoked, or the
+	// member stops): its last figure would otherwise stay reported forever.
 	// It is called from partition goroutines, concurrently.
 	OnLag func(topic string, partition int, lag int64)
 }

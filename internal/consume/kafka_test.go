@@ -318,7 +318,16 @@ func TestKafkaGroupHandlesAndCommitsEverything(t *testing.T) {
 	end := endOffsets(t, broker, topic)
 
 	s := newSeen(t)
-	g, err := NewGroup(testConfig(t, broker, group, topic), HandlerFunc(func(_ context.Context, msgs []kafka.Message) error {
+	// The last lag each partition reported: -1 once it stops being consumed.
+	var lagMu sync.Mutex
+	lastLag := map[int]int64{}
+	cfg := testConfig(t, broker, group, topic)
+	cfg.OnLag = func(_ string, p int, lag int64) {
+		lagMu.Lock()
+		defer lagMu.Unlock()
+		lastLag[p] = lag
+	}
+	g, err := NewGroup(cfg, HandlerFunc(func(_ context.Context, msgs []kafka.Message) error {
 		s.add(msgs)
 		return nil
 	}))
@@ -338,6 +347,13 @@ func TestKafkaGroupHandlesAndCommitsEverything(t *testing.T) {
 	if g.Ready() {
 		t.Error("Ready() = true after Run returned")
 	}
+	lagMu.Lock()
+	for p := range end {
+		if got := lastLag[p]; got != -1 {
+			t.Errorf("partition %d: last lag reported %d after Run returned, want -1 (series dropped)", p, got)
+		}
+	}
+	lagMu.Unlock()
 	wantCommittedAtEnd(t, broker, group, topic)
 
 	// A second member of the same group starts from the committed offsets:

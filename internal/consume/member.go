@@ -216,6 +216,9 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 		p.inherited = done
 	}
 	m.loop(p, stop, hctx)
+	if m.cfg.OnLag != nil {
+		m.cfg.OnLag(topic, pa.ID, -1) // no longer this member's to report
+	}
 	log.Debug("partition stopped", "generation", gen.ID)
 }
 
