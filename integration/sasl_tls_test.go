@@ -40,26 +40,30 @@ const (
 	saslScramUser, saslScramPassword = "gk-scram", "scram-secret-1"
 )
 
-// secureFiles are the CA, certificates and keys of the test, as files.
-type secureFiles struct {
-	dir                   string
-	ca                    string // the CA certificate
-	brokerKeystore        string // key and certificate chain, for ssl.keystore.type=PEM
-	server, serverKey     string // the same certificate and key, for redis-server
-	client, clientKey     string
-	caPool                *x509.CertPool
-	clientPair            tls.Certificate
-	brokerSecure, brokerM string // SASL_SSL addresses: SECURE and MTLS listeners
-	brokerPlain           string // the PLAINTEXT listener, for the test's set-up
-	redis                 string // the TLS port of redis-server
+// secureSetup is the test's CA, certificates and keys (as files) and the
+// addresses of its private servers.
+type secureSetup struct {
+	dir                      string
+	ca                       string // the CA certificate
+	brokerKeystore           string // key and certificate chain, for ssl.keystore.type=PEM
+	server, serverKey        string // the same certificate and key, for redis-server
+	client, clientKey        string
+	caPool                   *x509.CertPool
+	clientPair               tls.Certificate
+	brokerSecure, brokerMTLS string // SASL_SSL addresses: SECURE and MTLS listeners
+	brokerPlain              string // the PLAINTEXT listener, for the test's set-up
+	redis                    string // the TLS port of redis-server
 }
 
-func newSecureFiles(t *testing.T) *secureFiles {
+// newSecureSetup makes the CA, a server certificate for 127.0.0.1 and
+// localhost (the broker's and redis-server's) and a client certificate, and
+// writes them to a temporary directory.
+func newSecureSetup(t *testing.T) *secureSetup {
 	dir := t.TempDir()
 	ca := testenv.NewCA(t, "gatekeeper test CA")
 	server := ca.ServerCert(t)
 	client := ca.ClientCert(t, "gatekeeper")
-	f := &secureFiles{dir: dir, caPool: x509.NewCertPool()}
+	f := &secureSetup{dir: dir, caPool: x509.NewCertPool()}
 	f.caPool.AddCert(ca.Cert)
 	f.ca = testenv.WriteFile(t, dir, "ca.pem", ca.CertPEM)
 	chain := append(append([]byte{}, server.CertPEM...), ca.CertPEM...)
@@ -78,7 +82,7 @@ func newSecureFiles(t *testing.T) *secureFiles {
 
 // tlsConfig is a client configuration that trusts the test's CA, with the
 // client certificate when withCert.
-func (f *secureFiles) tlsConfig(withCert bool) *tls.Config {
+func (f *secureSetup) tlsConfig(withCert bool) *tls.Config {
 	c := &tls.Config{RootCAs: f.caPool, MinVersion: tls.VersionTLS12}
 	if withCert {
 		c.Certificates = []tls.Certificate{f.clientPair}
@@ -94,7 +98,7 @@ func (f *secureFiles) tlsConfig(withCert bool) *tls.Config {
 // settings were used.
 func TestSASLTLS(t *testing.T) {
 	t.Parallel()
-	f := newSecureFiles(t)
+	f := newSecureSetup(t)
 	startSecureBroker(t, f)
 	startTLSRedis(t, f)
 	t.Run("servers refuse", func(t *testing.T) { checkSecureRefusals(t, f) })
@@ -103,7 +107,7 @@ func TestSASLTLS(t *testing.T) {
 		clientCert                         bool
 	}{
 		{"PLAIN, CA file", "PLAIN", saslPlainUser, saslPlainPassword, f.brokerSecure, false},
-		{"SCRAM-SHA-512, CA file and client certificate", "SCRAM-SHA-512", saslScramUser, saslScramPassword, f.brokerM, true},
+		{"SCRAM-SHA-512, CA file and client certificate", "SCRAM-SHA-512", saslScramUser, saslScramPassword, f.brokerMTLS, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -133,8 +137,8 @@ func TestSASLTLS(t *testing.T) {
 // runSecurePipeline runs one gatekeeper with env over a flow of its own on
 // the private broker: 20 events of a tenant with room and 10 of a tenant
 // with room for 3 in its hour-long ttl window.
-func runSecurePipeline(t *testing.T, f *secureFiles, env map[string]string) {
-	fl := createSecureFlow(t, f.brokerPlain)
+func runSecurePipeline(t *testing.T, f *secureSetup, env map[string]string) {
+	fl := secCreateFlow(t, f.brokerPlain)
 	for k, v := range fl.env(t, "GATEKEEPER_WINDOW", "ttl", "GATEKEEPER_LIMITS", "*=1000/1h;capped=3/1h") {
 		env[k] = v
 	}
@@ -150,13 +154,13 @@ func runSecurePipeline(t *testing.T, f *secureFiles, env map[string]string) {
 		}
 		msgs = append(msgs, kafka.Message{Partition: i % 3, Key: []byte(tenant), Value: []byte(strconv.Itoa(i))})
 	}
-	produceTo(t, f.brokerPlain, fl.Source, msgs)
+	secProduce(t, f.brokerPlain, fl.Source, msgs)
 	var down, retry, dlq map[string]int
 	waitFor(t, 60*time.Second, "events routed and committed", func() (bool, string) {
-		down = countByKey(t, f.brokerPlain, fl.Downstream)
-		retry = countByKey(t, f.brokerPlain, fl.Retry, fl.Retry+".1h", fl.Retry+".long")
-		dlq = countByKey(t, f.brokerPlain, fl.DLQ)
-		done := sumOf(committedOn(t, f.brokerPlain, env["GATEKEEPER_GROUP_ID"], fl.Source, 3))
+		down = secCountByKey(t, f.brokerPlain, fl.Downstream)
+		retry = secCountByKey(t, f.brokerPlain, fl.Retry, fl.Retry+".1h", fl.Retry+".long")
+		dlq = secCountByKey(t, f.brokerPlain, fl.DLQ)
+		done := secSum(secCommitted(t, f.brokerPlain, env["GATEKEEPER_GROUP_ID"], fl.Source, 3))
 		return done == 30 && down["free"]+down["capped"]+retry["capped"] == 30,
 			fmt.Sprintf("downstream %v, retry %v, dlq %v, committed %d of 30", down, retry, dlq, done)
 	})
@@ -173,7 +177,7 @@ func runSecurePipeline(t *testing.T, f *secureFiles, env map[string]string) {
 // checkSecureRefusals checks that the MTLS listener refuses a client without
 // a certificate, that a wrong password or a connection without TLS is
 // refused, and that Redis refuses a client without a certificate.
-func checkSecureRefusals(t *testing.T, f *secureFiles) {
+func checkSecureRefusals(t *testing.T, f *secureSetup) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	scramMech := func(password string) sasl.Mechanism {
@@ -193,13 +197,13 @@ func checkSecureRefusals(t *testing.T, f *secureFiles) {
 		{"SECURE: PLAIN with the CA", f.brokerSecure, f.tlsConfig(false), plain.Mechanism{Username: saslPlainUser, Password: saslPlainPassword}, true},
 		{"SECURE: wrong PLAIN password", f.brokerSecure, f.tlsConfig(false), plain.Mechanism{Username: saslPlainUser, Password: "wrong"}, false},
 		{"SECURE: without TLS", f.brokerSecure, nil, plain.Mechanism{Username: saslPlainUser, Password: saslPlainPassword}, false},
-		{"MTLS: SCRAM with a client certificate", f.brokerM, f.tlsConfig(true), scramMech(saslScramPassword), true},
-		{"MTLS: SCRAM without a client certificate", f.brokerM, f.tlsConfig(false), scramMech(saslScramPassword), false},
-		{"MTLS: wrong SCRAM password", f.brokerM, f.tlsConfig(true), scramMech("wrong"), false},
+		{"MTLS: SCRAM with a client certificate", f.brokerMTLS, f.tlsConfig(true), scramMech(saslScramPassword), true},
+		{"MTLS: SCRAM without a client certificate", f.brokerMTLS, f.tlsConfig(false), scramMech(saslScramPassword), false},
+		{"MTLS: wrong SCRAM password", f.brokerMTLS, f.tlsConfig(true), scramMech("wrong"), false},
 	}
 	for _, tt := range tests {
 		d := &kafka.Dialer{Timeout: 5 * time.Second, TLS: tt.tls, SASLMechanism: tt.mech}
-		err := metadataVia(ctx, d, tt.addr)
+		err := secMetadata(ctx, d, tt.addr)
 		if (err == nil) != tt.wantOK {
 			t.Errorf("%s: got error %v, want success %v", tt.name, err, tt.wantOK)
 		}
@@ -214,8 +218,8 @@ func checkSecureRefusals(t *testing.T, f *secureFiles) {
 	}
 }
 
-// metadataVia asks addr for the cluster's brokers through d.
-func metadataVia(ctx context.Context, d *kafka.Dialer, addr string) error {
+// secMetadata asks addr for the cluster's brokers through d.
+func secMetadata(ctx context.Context, d *kafka.Dialer, addr string) error {
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return err
@@ -231,7 +235,7 @@ func metadataVia(ctx context.Context, d *kafka.Dialer, addr string) error {
 // SASL_SSL listeners added through KAFKA_EXTRA_CONFIG and the SCRAM user
 // created at format time through KAFKA_FORMAT_ARGS. It kills the broker when
 // the test ends.
-func startSecureBroker(t *testing.T, f *secureFiles) {
+func startSecureBroker(t *testing.T, f *secureSetup) {
 	root, err := repoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -241,17 +245,17 @@ func startSecureBroker(t *testing.T, f *secureFiles) {
 			t.Skipf("%s is not on PATH: the private SASL_SSL broker runs from the Maven jars (deploy/local/kafka.sh)", tool)
 		}
 	}
-	ports := freePorts(t, 4)
+	ports := secFreePorts(t, 4)
 	plainPort, securePort, mtlsPort, ctrlPort := ports[0], ports[1], ports[2], ports[3]
 	f.brokerPlain = "127.0.0.1:" + strconv.Itoa(plainPort)
 	f.brokerSecure = "127.0.0.1:" + strconv.Itoa(securePort)
-	f.brokerM = "127.0.0.1:" + strconv.Itoa(mtlsPort)
+	f.brokerMTLS = "127.0.0.1:" + strconv.Itoa(mtlsPort)
 	extra := testenv.WriteFile(t, f.dir, "secure.properties", []byte(secureBrokerConfig(f, plainPort, securePort, mtlsPort, ctrlPort)))
 	kdir := filepath.Join(f.dir, "kafka")
 	if err := os.MkdirAll(kdir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	reuseClasspath(root, kdir)
+	secReuseClasspath(root, kdir)
 	cmd := exec.Command(filepath.Join(root, "deploy", "local", "kafka.sh"), "start")
 	cmd.Env = append(os.Environ(), "KAFKA_PORT="+strconv.Itoa(plainPort), "KAFKA_CONTROLLER_PORT="+strconv.Itoa(ctrlPort),
 		"KAFKA_DIR="+kdir, "KAFKA_EXTRA_CONFIG="+extra,
@@ -261,7 +265,7 @@ func startSecureBroker(t *testing.T, f *secureFiles) {
 	}
 	cmd.WaitDelay = 5 * time.Second
 	t0 := time.Now()
-	t.Cleanup(func() { killPidFile(t, filepath.Join(kdir, "kafka.pid")) })
+	t.Cleanup(func() { secKillPidFile(t, filepath.Join(kdir, "kafka.pid")) })
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("private SASL_SSL broker: deploy/local/kafka.sh start: %v\n%s", err, out)
@@ -272,13 +276,13 @@ func startSecureBroker(t *testing.T, f *secureFiles) {
 	if err := warmUpGroupCoordinator(ctx, f.brokerPlain); err != nil {
 		t.Fatalf("private SASL_SSL broker: group coordinator: %v", err)
 	}
-	t.Logf("private SASL_SSL broker (%s) serving after %v", brokerVersion(kdir), time.Since(t0).Round(time.Millisecond))
+	t.Logf("private SASL_SSL broker (%s) serving after %v", secBrokerVersion(kdir), time.Since(t0).Round(time.Millisecond))
 }
 
 // secureBrokerConfig are the broker properties that replace kafka.sh's
 // listeners: PLAINTEXT for the test, SECURE and MTLS (SASL_SSL), and the
 // controller's.
-func secureBrokerConfig(f *secureFiles, plainPort, securePort, mtlsPort, ctrlPort int) string {
+func secureBrokerConfig(f *secureSetup, plainPort, securePort, mtlsPort, ctrlPort int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "listeners=PLAINTEXT://127.0.0.1:%d,SECURE://127.0.0.1:%d,MTLS://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d\n",
 		plainPort, securePort, mtlsPort, ctrlPort)
@@ -297,10 +301,10 @@ func secureBrokerConfig(f *secureFiles, plainPort, securePort, mtlsPort, ctrlPor
 	return b.String()
 }
 
-// reuseClasspath copies the classpath kafka.sh resolved for the shared
+// secReuseClasspath copies the classpath kafka.sh resolved for the shared
 // broker of the same release, when there is one, so that Maven is not run
 // again (kafka.sh checks that it names the release and its jars exist).
-func reuseClasspath(root, kdir string) {
+func secReuseClasspath(root, kdir string) {
 	version := os.Getenv("KAFKA_VERSION")
 	if version == "" {
 		version = os.Getenv("GATEKEEPER_TEST_KAFKA_VERSION")
@@ -317,8 +321,8 @@ func reuseClasspath(root, kdir string) {
 	}
 }
 
-// brokerVersion is the release the broker logged at start-up.
-func brokerVersion(kdir string) string {
+// secBrokerVersion is the release the broker logged at start-up.
+func secBrokerVersion(kdir string) string {
 	log, _ := os.ReadFile(filepath.Join(kdir, "kafka.log"))
 	if _, v, ok := strings.Cut(string(log), "Kafka version: "); ok {
 		return "Kafka " + strings.Fields(v)[0]
@@ -326,9 +330,9 @@ func brokerVersion(kdir string) string {
 	return "Kafka of unknown release"
 }
 
-// killPidFile kills the process named in a pid file (a private broker runs
+// secKillPidFile kills the process named in a pid file (a private broker runs
 // detached, so it is not a child of the test) and waits until it is gone.
-func killPidFile(t *testing.T, file string) {
+func secKillPidFile(t *testing.T, file string) {
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return
@@ -350,11 +354,11 @@ func killPidFile(t *testing.T, file string) {
 // startTLSRedis starts a redis-server that listens on a TLS port only and
 // demands client certificates signed by the test's CA, and kills it when
 // the test ends.
-func startTLSRedis(t *testing.T, f *secureFiles) {
+func startTLSRedis(t *testing.T, f *secureSetup) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server is not on PATH (deploy/local/redis.sh start installs it)")
 	}
-	port := strconv.Itoa(freePorts(t, 1)[0])
+	port := strconv.Itoa(secFreePorts(t, 1)[0])
 	f.redis = "127.0.0.1:" + port
 	cmd := exec.Command("redis-server", "--port", "0", "--tls-port", port, "--bind", "127.0.0.1",
 		"--tls-cert-file", f.server, "--tls-key-file", f.serverKey, "--tls-ca-cert-file", f.ca,
@@ -380,8 +384,8 @@ func startTLSRedis(t *testing.T, f *secureFiles) {
 	})
 }
 
-// freePorts returns n loopback ports that were free just now, all different.
-func freePorts(t *testing.T, n int) []int {
+// secFreePorts returns n loopback ports that were free just now, all different.
+func secFreePorts(t *testing.T, n int) []int {
 	var ports []int
 	for range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -394,9 +398,9 @@ func freePorts(t *testing.T, n int) []int {
 	return ports
 }
 
-// createSecureFlow creates a flow's topics on the broker at addr and waits
+// secCreateFlow creates a flow's topics on the broker at addr and waits
 // until every partition has an acting leader.
-func createSecureFlow(t *testing.T, addr string) flow {
+func secCreateFlow(t *testing.T, addr string) flow {
 	name := "gkt-" + uniqueName(t)
 	fl := flow{Source: name, Downstream: name + ".out"}
 	fl.Retry, fl.DLQ = fl.Downstream+".retry", fl.Downstream+".dlq"
@@ -423,7 +427,7 @@ func createSecureFlow(t *testing.T, addr string) flow {
 			res, err := c.ListOffsets(ctx, req)
 			if err == nil {
 				for _, p := range res.Topics[tc.Topic] {
-					err = cmpErr(err, p.Error)
+					err = errors.Join(err, p.Error)
 				}
 			}
 			return err == nil && len(res.Topics[tc.Topic]) == tc.NumPartitions, fmt.Sprint(err)
@@ -432,16 +436,9 @@ func createSecureFlow(t *testing.T, addr string) flow {
 	return fl
 }
 
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
-}
-
-// produceTo writes msgs to topic on the broker at addr, each to the
+// secProduce writes msgs to topic on the broker at addr, each to the
 // partition it names.
-func produceTo(t *testing.T, addr, topic string, msgs []kafka.Message) {
+func secProduce(t *testing.T, addr, topic string, msgs []kafka.Message) {
 	w := partitionWriter(topic)
 	w.Addr = kafka.TCP(addr)
 	defer w.Close()
@@ -452,8 +449,8 @@ func produceTo(t *testing.T, addr, topic string, msgs []kafka.Message) {
 	}
 }
 
-// countByKey counts the messages of topics on the broker at addr by key.
-func countByKey(t *testing.T, addr string, topics ...string) map[string]int {
+// secCountByKey counts the messages of topics on the broker at addr by key.
+func secCountByKey(t *testing.T, addr string, topics ...string) map[string]int {
 	out := map[string]int{}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -466,7 +463,7 @@ func countByKey(t *testing.T, addr string, topics ...string) map[string]int {
 			conn.SetDeadline(time.Now().Add(20 * time.Second))
 			first, last, err := conn.ReadOffsets()
 			if err == nil && last > first {
-				err = readKeys(conn, first, last, out)
+				err = secReadKeys(conn, first, last, out)
 			}
 			conn.Close()
 			if err != nil {
@@ -477,8 +474,8 @@ func countByKey(t *testing.T, addr string, topics ...string) map[string]int {
 	return out
 }
 
-// readKeys counts the keys of the messages from first to last (exclusive).
-func readKeys(conn *kafka.Conn, first, last int64, out map[string]int) error {
+// secReadKeys counts the keys of the messages from first to last (exclusive).
+func secReadKeys(conn *kafka.Conn, first, last int64, out map[string]int) error {
 	for off := first; off < last; {
 		if _, err := conn.Seek(off, kafka.SeekAbsolute); err != nil {
 			return err
@@ -500,9 +497,9 @@ func readKeys(conn *kafka.Conn, first, last int64, out map[string]int) error {
 	return nil
 }
 
-// committedOn returns group's committed offset per partition of topic on
+// secCommitted returns group's committed offset per partition of topic on
 // the broker at addr (-1 where none is committed).
-func committedOn(t *testing.T, addr, group, topic string, partitions int) map[int]int64 {
+func secCommitted(t *testing.T, addr, group, topic string, partitions int) map[int]int64 {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	req := &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{}}
@@ -521,7 +518,7 @@ func committedOn(t *testing.T, addr, group, topic string, partitions int) map[in
 	return out
 }
 
-func sumOf(m map[int]int64) int64 {
+func secSum(m map[int]int64) int64 {
 	var s int64
 	for _, v := range m {
 		s += max(v, 0)
