@@ -57,6 +57,9 @@ func demoLimits() string {
 type demoConn struct {
 	KafkaBrokers       []string `split_words:"true"`
 	KafkaTLS           bool     `split_words:"true"`
+	KafkaTLSCaFile     string   `split_words:"true"`
+	KafkaTLSCertFile   string   `split_words:"true"`
+	KafkaTLSKeyFile    string   `split_words:"true"`
 	KafkaSASLMechanism string   `split_words:"true"`
 	KafkaSASLUsername  string   `split_words:"true"`
 	KafkaSASLPassword  string   `split_words:"true"`
@@ -64,6 +67,9 @@ type demoConn struct {
 	RedisUsername      string   `split_words:"true"`
 	RedisPassword      string   `split_words:"true"`
 	RedisTLS           bool     `split_words:"true"`
+	RedisTLSCaFile     string   `split_words:"true"`
+	RedisTLSCertFile   string   `split_words:"true"`
+	RedisTLSKeyFile    string   `split_words:"true"`
 }
 
 // demoOptions configure runDemo. It is a plain value.
@@ -243,6 +249,12 @@ func demoConfig(conn demoConn, brokers, redisAddrs []string, n demoNames) *worke
 		KafkaSASLUsername:   conn.KafkaSASLUsername,
 		KafkaSASLPassword:   conn.KafkaSASLPassword,
 		KafkaTLS:            conn.KafkaTLS,
+		KafkaTLSCaFile:      conn.KafkaTLSCaFile,
+		KafkaTLSCertFile:    conn.KafkaTLSCertFile,
+		KafkaTLSKeyFile:     conn.KafkaTLSKeyFile,
+		RedisTLSCaFile:      conn.RedisTLSCaFile,
+		RedisTLSCertFile:    conn.RedisTLSCertFile,
+		RedisTLSKeyFile:     conn.RedisTLSKeyFile,
 	}
 }
 

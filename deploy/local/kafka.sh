@@ -9,6 +9,11 @@
 # "start" reuses a broker of the same release that already serves on the port, refuses one
 # of another release, and keeps the data of an earlier start in the same $KAFKA_DIR (stop
 # then start is a restart, not a fresh broker).
+# Two hooks for a private broker of a test (integration/sasl_tls_test.go): $KAFKA_EXTRA_CONFIG
+# names a file of broker properties appended to server.properties on every start (a later line
+# overrides an earlier one, so it may replace the listeners), and $KAFKA_FORMAT_ARGS holds more
+# arguments of the storage format of the first start, split on spaces (e.g. --add-scram
+# SCRAM-SHA-512=[name=u,password=p], users created before the broker starts).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
@@ -133,6 +138,9 @@ PROPS
     printf '%s\n' 'share.coordinator.state.topic.replication.factor=1' \
       'share.coordinator.state.topic.min.isr=1' >>"$DIR/server.properties"
   fi
+  if [[ -n ${KAFKA_EXTRA_CONFIG:-} ]]; then
+    { echo "# From KAFKA_EXTRA_CONFIG=$KAFKA_EXTRA_CONFIG"; cat "$KAFKA_EXTRA_CONFIG"; } >>"$DIR/server.properties"
+  fi
   write_logging
 }
 
@@ -176,9 +184,11 @@ start() {
   if ! pid_alive "$PIDFILE"; then
     if port_open 127.0.0.1 "$PORT"; then die "port $PORT is taken by something that is not a Kafka broker"; fi
     if [[ ! -f $DIR/data/meta.properties ]]; then # format the storage once
-      local id
+      local id format_args
+      read -r -a format_args <<<"${KAFKA_FORMAT_ARGS:-}"
       id=$(java "$TOOLS_LOG_OPT" -cp "$cp" kafka.tools.StorageTool random-uuid)
-      java "$TOOLS_LOG_OPT" -cp "$cp" kafka.tools.StorageTool format -t "$id" -c "$DIR/server.properties" >&2
+      java "$TOOLS_LOG_OPT" -cp "$cp" kafka.tools.StorageTool format -t "$id" -c "$DIR/server.properties" \
+        "${format_args[@]}" >&2
       echo "$VERSION" >"$DIR/kafka-version"
     fi
     log "starting Kafka $VERSION on $ADDR (log: $LOGFILE)"

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -17,10 +16,7 @@ import (
 // NewRedis returns a client of REDIS_ADDRS: a *redis.Client for one address,
 // a *redis.ClusterClient for more. Every call is bounded by REDIS_TIMEOUT.
 func NewRedis(cfg *Config) redis.UniversalClient {
-	var tlsConfig *tls.Config
-	if cfg.RedisTLS {
-		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
+	tlsConfig := cfg.redisTLSConfig()
 	t := cfg.RedisTimeout
 	// With MasterName unset, NewUniversalClient returns a cluster client for
 	// more than one address and a single-node client for one.
@@ -65,13 +61,6 @@ func kafkaSASL(cfg *Config) (sasl.Mechanism, error) {
 	return nil, fmt.Errorf("kafka sasl mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", cfg.KafkaSASLMechanism)
 }
 
-func kafkaTLS(cfg *Config) *tls.Config {
-	if !cfg.KafkaTLS {
-		return nil
-	}
-	return &tls.Config{MinVersion: tls.VersionTLS12}
-}
-
 // NewKafkaDialer returns the dialer for consumer groups and readers, with
 // the configured TLS, SASL and KAFKA_TIMEOUT.
 func NewKafkaDialer(cfg *Config) (*kafka.Dialer, error) {
@@ -79,11 +68,15 @@ func NewKafkaDialer(cfg *Config) (*kafka.Dialer, error) {
 	if err != nil {
 		return nil, err
 	}
+	tlsConfig, err := cfg.kafkaTLSConfig()
+	if err != nil {
+		return nil, err
+	}
 	return &kafka.Dialer{
 		ClientID:      "gatekeeper",
 		Timeout:       cfg.KafkaTimeout,
 		DualStack:     true,
-		TLS:           kafkaTLS(cfg),
+		TLS:           tlsConfig,
 		SASLMechanism: mech,
 	}, nil
 }
@@ -95,12 +88,16 @@ func NewKafkaTransport(cfg *Config) (*kafka.Transport, error) {
 	if err != nil {
 		return nil, err
 	}
+	tlsConfig, err := cfg.kafkaTLSConfig()
+	if err != nil {
+		return nil, err
+	}
 	return &kafka.Transport{
 		ClientID:    "gatekeeper",
 		DialTimeout: cfg.KafkaTimeout,
 		IdleTimeout: 30 * time.Second,
 		MetadataTTL: 15 * time.Second,
-		TLS:         kafkaTLS(cfg),
+		TLS:         tlsConfig,
 		SASL:        mech,
 	}, nil
 }

@@ -111,6 +111,14 @@ type Config struct {
 	RedisPassword string `split_words:"true" desc:"Redis password"`
 	// RedisTLS connects to Redis over TLS.
 	RedisTLS bool `split_words:"true" default:"false" desc:"connect to Redis over TLS"`
+	// RedisTLSCaFile is a PEM file of the CA certificates Redis servers'
+	// certificates must chain to; it replaces the system's CAs. (Ca, not
+	// CA: envconfig splits the words of the field name into REDIS_TLS_CA_FILE.)
+	RedisTLSCaFile string `split_words:"true" desc:"PEM file of the CAs that sign the Redis servers' certificates, trusted instead of the system's (needs REDIS_TLS)"`
+	// RedisTLSCertFile is the PEM client certificate (and chain) for mutual TLS.
+	RedisTLSCertFile string `split_words:"true" desc:"PEM file of the client certificate (and its chain) for mutual TLS with Redis (with REDIS_TLS_KEY_FILE)"`
+	// RedisTLSKeyFile is the unencrypted PEM key of RedisTLSCertFile.
+	RedisTLSKeyFile string `split_words:"true" desc:"PEM file of the unencrypted private key of REDIS_TLS_CERT_FILE"`
 	// KafkaSASLMechanism is none, PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
 	KafkaSASLMechanism string `split_words:"true" desc:"SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (none: no SASL)"`
 	// KafkaSASLUsername is the SASL user.
@@ -119,6 +127,13 @@ type Config struct {
 	KafkaSASLPassword string `split_words:"true" desc:"SASL password"`
 	// KafkaTLS connects to Kafka over TLS.
 	KafkaTLS bool `split_words:"true" default:"false" desc:"connect to Kafka over TLS"`
+	// KafkaTLSCaFile is a PEM file of the CA certificates brokers'
+	// certificates must chain to; it replaces the system's CAs.
+	KafkaTLSCaFile string `split_words:"true" desc:"PEM file of the CAs that sign the brokers' certificates, trusted instead of the system's (needs KAFKA_TLS)"`
+	// KafkaTLSCertFile is the PEM client certificate (and chain) for mutual TLS.
+	KafkaTLSCertFile string `split_words:"true" desc:"PEM file of the client certificate (and its chain) for mutual TLS with Kafka (with KAFKA_TLS_KEY_FILE)"`
+	// KafkaTLSKeyFile is the unencrypted PEM key of KafkaTLSCertFile.
+	KafkaTLSKeyFile string `split_words:"true" desc:"PEM file of the unencrypted private key of KAFKA_TLS_CERT_FILE"`
 	// RetrySecret, when set, is the HMAC-SHA256 key that signs the gk-
 	// headers of deferred events (gk-sig); events in the retry tiers whose
 	// signature is missing or does not match are dead-lettered. At least
@@ -133,6 +148,10 @@ type Config struct {
 	// content Validate read, so that the rules are parsed and the file read
 	// once on the way to the limiter. nil until Validate passes the rules.
 	limits *loadedLimits
+	// tls are the TLS configurations of Kafka and Redis, built by Validate
+	// from the TLS variables and files (tlsfiles.go). nil until Validate
+	// passes them.
+	tls *loadedTLS
 }
 
 // configError is a bad configuration value. Its text is one line that starts
@@ -351,6 +370,7 @@ func (c *Config) sizeAndTimeChecks() []func() error {
 		},
 		func() error { return positive("RETENTION", c.Retention) },
 		c.checkSASL,
+		c.checkTLS,
 	}
 }
 
