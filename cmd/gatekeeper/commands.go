@@ -53,7 +53,11 @@ func usageCmd(ctx context.Context, tenant string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, worker.OneLine(err.Error()))
 		return 1
 	}
-	rdb := worker.NewRedis(cfg)
+	rdb, err := worker.NewRedis(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "gatekeeper usage: %s\n", worker.OneLine(err.Error()))
+		return 1
+	}
 	defer rdb.Close()
 	opts, err := worker.LimiterOptions(cfg, nil)
 	if err != nil {

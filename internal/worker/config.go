@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"reflect"
 	"slices"
 	"strconv"
@@ -50,6 +51,10 @@ type Config struct {
 	DLQTopic string `split_words:"true" doc_default:"<DOWNSTREAM_TOPIC>.dlq" desc:"dead-letter topic for rejected and invalid events"`
 	// RedisAddrs are the Redis servers; more than one means Redis Cluster.
 	RedisAddrs []string `split_words:"true" default:"localhost:6379" desc:"comma-separated host:port; more than one means Redis Cluster"`
+	// RedisCluster says whether REDIS_ADDRS is a Redis Cluster: true,
+	// false, or auto (also when empty): more than one address is a
+	// cluster, and one address is asked with CLUSTER INFO at start.
+	RedisCluster string `split_words:"true" default:"auto" desc:"Redis Cluster: true, false, or auto (more than one address is a cluster; one address is asked with CLUSTER INFO at start)"`
 	// RedisKeyPrefix starts every counter key.
 	RedisKeyPrefix string `split_words:"true" default:"gk" desc:"prefix of every counter key"`
 	// TenantFrom says where an event's tenant is: key, header:<name> or json:<dot.path>.
@@ -242,7 +247,7 @@ func (c *Config) serverChecks() []func() error {
 			return nil
 		},
 		c.checkTopics,
-		func() error { return checkAddrs("REDIS_ADDRS", c.RedisAddrs) },
+		c.checkRedisAddrs,
 		func() error {
 			switch {
 			case c.RedisKeyPrefix == "":
@@ -406,6 +411,57 @@ func checkHostPort(addr string) error {
 		return fmt.Errorf("port %q is not a number from 0 to 65535", port)
 	}
 	return nil
+}
+
+// Values of REDIS_CLUSTER.
+const (
+	RedisClusterAuto  = "auto"
+	RedisClusterTrue  = "true"
+	RedisClusterFalse = "false"
+)
+
+// checkRedisAddrs checks REDIS_ADDRS, which must not name one server twice,
+// and REDIS_CLUSTER against it.
+func (c *Config) checkRedisAddrs() error {
+	if err := checkAddrs("REDIS_ADDRS", c.RedisAddrs); err != nil {
+		return err
+	}
+	seen := map[string]string{}
+	for _, a := range c.RedisAddrs {
+		n := normalAddr(a)
+		if first, ok := seen[n]; ok {
+			return bad("REDIS_ADDRS", "%q and %q are the same server (%s): list each once", first, a, n)
+		}
+		seen[n] = a
+	}
+	switch c.RedisCluster {
+	case "", RedisClusterAuto, RedisClusterTrue:
+	case RedisClusterFalse:
+		if len(c.RedisAddrs) > 1 {
+			return bad("REDIS_CLUSTER", "false, but %s_REDIS_ADDRS has %d addresses (one Redis has one address)", EnvPrefix, len(c.RedisAddrs))
+		}
+	default:
+		return bad("REDIS_CLUSTER", "%q is not true, false or auto", c.RedisCluster)
+	}
+	return nil
+}
+
+// normalAddr returns a host:port address in one spelling: the host in lower
+// case without a trailing dot, an IP address in its canonical form, the port
+// without leading zeros. Names are not resolved.
+func normalAddr(a string) string {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return a
+	}
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	if ip, err := netip.ParseAddr(host); err == nil {
+		host = ip.Unmap().String()
+	}
+	if n, err := strconv.Atoi(port); err == nil {
+		port = strconv.Itoa(n)
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // checkTopic checks a Kafka topic name: 1 to 249 of [a-zA-Z0-9._-].

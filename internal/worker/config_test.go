@@ -38,7 +38,7 @@ func TestConfigKeys(t *testing.T) {
 	want := []string{
 		// DESIGN.md's contract: these names are relied on by operators.
 		"KAFKA_BROKERS", "GROUP_ID", "SOURCE_TOPICS", "DOWNSTREAM_TOPIC", "RETRY_TOPIC", "DLQ_TOPIC",
-		"REDIS_ADDRS", "REDIS_KEY_PREFIX", "TENANT_FROM", "LIMITS", "LIMITS_FILE", "WINDOW", "TIMEZONE",
+		"REDIS_ADDRS", "REDIS_CLUSTER", "REDIS_KEY_PREFIX", "TENANT_FROM", "LIMITS", "LIMITS_FILE", "WINDOW", "TIMEZONE",
 		"DEFER_HORIZON", "ON_REDIS_ERROR", "MAX_ATTEMPTS", "SHADOW", "HTTP_ADDR", "ADMIN_TOKEN", "LOG_LEVEL",
 		// Operational additions.
 		"ROLES", "BATCH_SIZE", "RETRY_LOOKAHEAD", "BATCH_BYTES", "RETRY_LOOKAHEAD_BYTES", "MAX_MESSAGE_BYTES", "BATCH_WAIT", "SHUTDOWN_GRACE", "REDIS_TIMEOUT", "KAFKA_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "RETENTION",
@@ -88,6 +88,7 @@ func TestConfigDefaults(t *testing.T) {
 		RetryTopic:          "events.out.retry",
 		DLQTopic:            "events.out.dlq",
 		RedisAddrs:          []string{"localhost:6379"},
+		RedisCluster:        "auto",
 		RedisKeyPrefix:      "gk",
 		TenantFrom:          "key",
 		Limits:              "*=100/1m",
@@ -178,6 +179,10 @@ func TestConfigGoodValues(t *testing.T) {
 	}{
 		{"spaces in lists", with(minimal(), "SOURCE_TOPICS", "a, b", "KAFKA_BROKERS", "k1:9092, k2:9092")},
 		{"redis cluster", with(minimal(), "REDIS_ADDRS", "r1:7000,r2:7001,[::1]:7002")},
+		{"redis cluster, one port per host", with(minimal(), "REDIS_ADDRS", "r:7000,r:7001,r2:7000")},
+		{"redis cluster, one address", with(minimal(), "REDIS_ADDRS", "r:7000", "REDIS_CLUSTER", "true")},
+		{"redis cluster off", with(minimal(), "REDIS_ADDRS", "r:6379", "REDIS_CLUSTER", "false")},
+		{"redis cluster empty is auto", with(minimal(), "REDIS_CLUSTER", "")},
 		{"header tenant", with(minimal(), "TENANT_FROM", "header:x-tenant")},
 		{"json tenant", with(minimal(), "TENANT_FROM", "json:customer.id")},
 		{"ttl", with(minimal(), "WINDOW", "ttl", "LIMITS", "*=10/7m")},
@@ -236,6 +241,12 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "GROUP_ID", " "), "GROUP_ID"},
 		{with(minimal(), "REDIS_ADDRS", "a:1,"), "REDIS_ADDRS"},
 		{with(minimal(), "REDIS_ADDRS", "a:99999"), "REDIS_ADDRS"},
+		{with(minimal(), "REDIS_ADDRS", "redis:6379,redis:6379"), "REDIS_ADDRS"},
+		{with(minimal(), "REDIS_ADDRS", "Redis.:6379,redis:06379"), "REDIS_ADDRS"},
+		{with(minimal(), "REDIS_ADDRS", "[::1]:7000,[0:0::1]:7000"), "REDIS_ADDRS"},
+		{with(minimal(), "REDIS_ADDRS", "127.0.0.1:7000,[::ffff:127.0.0.1]:7000"), "REDIS_ADDRS"},
+		{with(minimal(), "REDIS_CLUSTER", "yes"), "REDIS_CLUSTER"},
+		{with(minimal(), "REDIS_CLUSTER", "false", "REDIS_ADDRS", "r1:7000,r2:7000"), "REDIS_CLUSTER"},
 		{with(minimal(), "REDIS_KEY_PREFIX", ""), "REDIS_KEY_PREFIX"},
 		{with(minimal(), "REDIS_KEY_PREFIX", "g{k}"), "REDIS_KEY_PREFIX"},
 		{with(minimal(), "TENANT_FROM", "value"), "TENANT_FROM"},
@@ -328,6 +339,7 @@ func TestConfigErrorText(t *testing.T) {
 		{with(minimal(), "BATCH_WAIT", "abc"), `GATEKEEPER_BATCH_WAIT: "abc" is not a duration (e.g. 50ms, 2s, 24h)`},
 		{with(minimal(), "SOURCE_TOPICS", "<unset>"), `GATEKEEPER_SOURCE_TOPICS: required, not set`},
 		{with(minimal(), "SHADOW", "maybe"), `GATEKEEPER_SHADOW: "maybe" is not true or false`},
+		{with(minimal(), "REDIS_ADDRS", "redis:6379,REDIS:6379"), `GATEKEEPER_REDIS_ADDRS: "redis:6379" and "REDIS:6379" are the same server (redis:6379): list each once`},
 		{with(minimal(), "RETRY_SECRET", "hunter2"), `GATEKEEPER_RETRY_SECRET: must be at least 32 bytes (e.g. openssl rand -base64 32)`},
 		{with(minimal(), "RETRY_SECRET_PREVIOUS", strings.Repeat("p", 32)), `GATEKEEPER_RETRY_SECRET_PREVIOUS: set without GATEKEEPER_RETRY_SECRET, which signs (the previous secret only verifies)`},
 	}
