@@ -218,15 +218,14 @@ func (st *state) readyChecks(dialer *kafka.Dialer, brokers []string) []readyChec
 // the handler of metrics, health and the usage API; serveHTTP serves it.
 func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, error) {
 	cfg := w.cfg
-	checks := w.st.readyChecks(w.dialer, cfg.KafkaBrokers)
-	checkTimeout := min(cfg.RedisTimeout, cfg.KafkaTimeout)
-	if err := w.reg.Register(newReadyCollector(checks, checkTimeout)); err != nil {
+	ready := newReadiness(w.st.readyChecks(w.dialer, cfg.KafkaBrokers), min(cfg.RedisTimeout, cfg.KafkaTimeout), readyMaxAge)
+	if err := w.reg.Register(newReadyCollector(ready)); err != nil {
 		return nil, nil, fmt.Errorf("readiness metrics: %w", err)
 	}
 	handler := newHandler(httpConfig{
 		Gatherer:   w.reg,
 		Registerer: w.reg,
-		Checks:     checks,
+		Ready:      ready,
 		Usage: func(ctx context.Context, tenant string) ([]limit.Usage, error) {
 			lim := w.st.limiter.Load()
 			if lim == nil {
@@ -234,9 +233,8 @@ func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, er
 			}
 			return lim.Usage(ctx, tenant)
 		},
-		AdminToken:   cfg.AdminToken,
-		Log:          w.log,
-		CheckTimeout: checkTimeout,
+		AdminToken: cfg.AdminToken,
+		Log:        w.log,
 	})
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", cfg.HTTPAddr)
