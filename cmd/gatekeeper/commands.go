@@ -16,7 +16,7 @@ import (
 )
 
 // checkConfigCmd prints the effective configuration, masked, as
-// GATEKEEPER_X=value lines.
+// GATEKEEPER_X=value lines, and the configuration's warnings on stderr.
 func checkConfigCmd(stdout, stderr io.Writer) int {
 	cfg, err := worker.LoadConfig()
 	if err != nil {
@@ -30,6 +30,9 @@ func checkConfigCmd(stdout, stderr io.Writer) int {
 	}
 	if unknown, _ := worker.UnknownVars(os.Environ()); len(unknown) > 0 {
 		fmt.Fprintf(stderr, "warning: not Gatekeeper variables (typos?): %s\n", strings.Join(unknown, ", "))
+	}
+	for _, w := range cfg.Warnings() {
+		fmt.Fprintf(stderr, "warning: %s\n", w)
 	}
 	for _, l := range lines {
 		fmt.Fprintln(stdout, l)

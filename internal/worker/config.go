@@ -307,13 +307,7 @@ func (c *Config) routingChecks() []func() error {
 			}
 			return nil
 		},
-		func() error {
-			if strings.ContainsFunc(c.AdminToken, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
-				// Not quoted: it is a secret.
-				return bad("ADMIN_TOKEN", "must not hold spaces or control characters")
-			}
-			return nil
-		},
+		c.checkAdminToken,
 		c.checkRetrySecret,
 		func() error {
 			if _, ok := logLevels[c.LogLevel]; !ok {
@@ -533,6 +527,29 @@ func (c *Config) retryTopics() []string {
 		out = append(out, c.RetryTopic+s)
 	}
 	return out
+}
+
+// MinAdminTokenBytes is the shortest ADMIN_TOKEN accepted.
+const MinAdminTokenBytes = 16
+
+// adminTokenPlaceholder starts the placeholder values of the secrets in
+// deploy/ (e.g. REPLACE-ME-admin-token), which must never be a token.
+const adminTokenPlaceholder = "REPLACE-ME"
+
+// checkAdminToken checks ADMIN_TOKEN, when set. The messages never show
+// the token, nor its length.
+func (c *Config) checkAdminToken() error {
+	switch {
+	case c.AdminToken == "":
+		return nil // the usage API is open; Warnings says so
+	case strings.ContainsFunc(c.AdminToken, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+		return bad("ADMIN_TOKEN", "must not hold spaces or control characters")
+	case strings.HasPrefix(strings.ToUpper(c.AdminToken), adminTokenPlaceholder):
+		return bad("ADMIN_TOKEN", "is a %s... placeholder: set a random token (e.g. openssl rand -base64 24)", adminTokenPlaceholder)
+	case len(c.AdminToken) < MinAdminTokenBytes:
+		return bad("ADMIN_TOKEN", "must be at least %d bytes (e.g. openssl rand -base64 24)", MinAdminTokenBytes)
+	}
+	return nil
 }
 
 // checkRetrySecret checks RETRY_SECRET and RETRY_SECRET_PREVIOUS. The

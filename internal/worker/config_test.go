@@ -194,6 +194,8 @@ func TestConfigGoodValues(t *testing.T) {
 		{"http any port", with(minimal(), "HTTP_ADDR", "127.0.0.1:0")},
 		{"forward", with(minimal(), "ON_REDIS_ERROR", "forward", "SHADOW", "1")},
 		{"retry secret", with(minimal(), "RETRY_SECRET", strings.Repeat("s", 32))},
+		{"admin token of 16 bytes", with(minimal(), "ADMIN_TOKEN", "sixteen-bytes-xx")},
+		{"admin token mentioning REPLACE-ME", with(minimal(), "ADMIN_TOKEN", "do-not-REPLACE-ME-token")},
 		{"retry secret rotated", with(minimal(), "RETRY_SECRET", strings.Repeat("s", 44), "RETRY_SECRET_PREVIOUS", strings.Repeat("p", 32))},
 	}
 	for _, tt := range tests {
@@ -275,6 +277,10 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "HTTP_ADDR", "8080"), "HTTP_ADDR"},
 		{with(minimal(), "HTTP_ADDR", ""), "HTTP_ADDR"},
 		{with(minimal(), "ADMIN_TOKEN", "two words"), "ADMIN_TOKEN"},
+		{with(minimal(), "ADMIN_TOKEN", "a"), "ADMIN_TOKEN"},
+		{with(minimal(), "ADMIN_TOKEN", "fifteen-bytes-x"), "ADMIN_TOKEN"},
+		{with(minimal(), "ADMIN_TOKEN", "REPLACE-ME-admin-token"), "ADMIN_TOKEN"},
+		{with(minimal(), "ADMIN_TOKEN", "replace-me-with-a-random-token"), "ADMIN_TOKEN"},
 		{with(minimal(), "LOG_LEVEL", "verbose"), "LOG_LEVEL"},
 		{with(minimal(), "LOG_LEVEL", "INFO"), "LOG_LEVEL"},
 		{with(minimal(), "ROLES", ""), "ROLES"},
@@ -341,6 +347,8 @@ func TestConfigErrorText(t *testing.T) {
 		{with(minimal(), "SHADOW", "maybe"), `GATEKEEPER_SHADOW: "maybe" is not true or false`},
 		{with(minimal(), "REDIS_ADDRS", "redis:6379,REDIS:6379"), `GATEKEEPER_REDIS_ADDRS: "redis:6379" and "REDIS:6379" are the same server (redis:6379): list each once`},
 		{with(minimal(), "RETRY_SECRET", "hunter2"), `GATEKEEPER_RETRY_SECRET: must be at least 32 bytes (e.g. openssl rand -base64 32)`},
+		{with(minimal(), "ADMIN_TOKEN", "hunter2"), `GATEKEEPER_ADMIN_TOKEN: must be at least 16 bytes (e.g. openssl rand -base64 24)`},
+		{with(minimal(), "ADMIN_TOKEN", "REPLACE-ME-admin-token"), `GATEKEEPER_ADMIN_TOKEN: is a REPLACE-ME... placeholder: set a random token (e.g. openssl rand -base64 24)`},
 		{with(minimal(), "RETRY_SECRET_PREVIOUS", strings.Repeat("p", 32)), `GATEKEEPER_RETRY_SECRET_PREVIOUS: set without GATEKEEPER_RETRY_SECRET, which signs (the previous secret only verifies)`},
 	}
 	for _, tt := range tests {
@@ -378,7 +386,8 @@ func TestConfigIgnoresUnprefixed(t *testing.T) {
 
 func TestConfigMasked(t *testing.T) {
 	retrySecret, previous := strings.Repeat("r", 32), strings.Repeat("q", 32)
-	setEnv(t, with(minimal(), "ADMIN_TOKEN", "tok", "REDIS_PASSWORD", "rpw",
+	const token = "tok-0123456789abcdef"
+	setEnv(t, with(minimal(), "ADMIN_TOKEN", token, "REDIS_PASSWORD", "rpw",
 		"KAFKA_SASL_MECHANISM", "PLAIN", "KAFKA_SASL_USERNAME", "user", "KAFKA_SASL_PASSWORD", "kpw",
 		"RETRY_SECRET", retrySecret, "RETRY_SECRET_PREVIOUS", previous))
 	cfg, err := LoadConfig()
@@ -392,7 +401,7 @@ func TestConfigMasked(t *testing.T) {
 	if m.KafkaSASLUsername != "user" {
 		t.Errorf("got user %q, want user", m.KafkaSASLUsername)
 	}
-	if cfg.AdminToken != "tok" {
+	if cfg.AdminToken != token {
 		t.Errorf("Masked changed the original: token %q", cfg.AdminToken)
 	}
 	lines, err := m.Environ()
@@ -400,7 +409,7 @@ func TestConfigMasked(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := strings.Join(lines, "\n")
-	for _, secret := range []string{"tok", "rpw", "kpw", retrySecret, previous} {
+	for _, secret := range []string{token, "rpw", "kpw", retrySecret, previous} {
 		if strings.Contains(all, "="+secret) {
 			t.Errorf("masked environ shows %q:\n%s", secret, all)
 		}

@@ -128,8 +128,8 @@ func logStart(log *slog.Logger, cfg *Config, version string) {
 	if unknown, _ := UnknownVars(os.Environ()); len(unknown) > 0 {
 		log.Warn("environment holds GATEKEEPER_ variables that configure nothing (typos?)", slog.String("variables", strings.Join(unknown, ",")))
 	}
-	if cfg.AdminToken == "" {
-		log.Warn("GATEKEEPER_ADMIN_TOKEN is not set: the usage API is open to anyone who reaches " + cfg.HTTPAddr)
+	for _, w := range cfg.Warnings() {
+		log.Warn(w)
 	}
 }
 
