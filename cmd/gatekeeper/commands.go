@@ -41,8 +41,9 @@ func checkConfigCmd(stdout, stderr io.Writer) int {
 }
 
 // usageCmd prints a tenant's usage, read from Redis, as the usage API would.
+// It reads only the Redis variables and the rules (worker.LoadUsageConfig).
 func usageCmd(ctx context.Context, tenant string, stdout, stderr io.Writer) int {
-	cfg, err := worker.LoadConfig()
+	cfg, err := worker.LoadUsageConfig()
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1

@@ -226,9 +226,17 @@ func (c *Config) setDefaults() {
 // naming the variable, e.g. `GATEKEEPER_WINDOW: "hourly" is not aligned or ttl`.
 // It reads LIMITS_FILE when set and keeps the rules it parsed for Rules.
 func (c *Config) Validate() error {
+	return c.validate(func(string) bool { return true })
+}
+
+// validate runs every check and returns the first problem of a variable
+// that keep accepts (its name without the prefix); problems of the other
+// variables are ignored.
+func (c *Config) validate(keep func(variable string) bool) error {
 	for _, checks := range [][]func() error{c.serverChecks(), c.routingChecks(), c.sizeAndTimeChecks()} {
 		for _, check := range checks {
-			if err := check(); err != nil {
+			var ce *configError
+			if err := check(); err != nil && (!errors.As(err, &ce) || keep(ce.Var)) {
 				return err
 			}
 		}
