@@ -50,7 +50,7 @@ type Config struct {
 	// DLQTopic receives rejected and invalid events. Default <DownstreamTopic>.dlq.
 	DLQTopic string `split_words:"true" doc_default:"<DOWNSTREAM_TOPIC>.dlq" desc:"dead-letter topic for rejected and invalid events"`
 	// RedisAddrs are the Redis servers; more than one means Redis Cluster.
-	RedisAddrs []string `split_words:"true" default:"localhost:6379" desc:"comma-separated host:port; more than one means Redis Cluster"`
+	RedisAddrs []string `split_words:"true" default:"localhost:6379" desc:"comma-separated host:port, each server once; more than one means Redis Cluster (see REDIS_CLUSTER)"`
 	// RedisCluster says whether REDIS_ADDRS is a Redis Cluster: true,
 	// false, or auto (also when empty): more than one address is a
 	// cluster, and one address is asked with CLUSTER INFO at start.
@@ -79,7 +79,7 @@ type Config struct {
 	// HTTPAddr is where metrics, health and the usage API listen.
 	HTTPAddr string `split_words:"true" default:":8080" desc:"listen address of metrics, health and the usage API"`
 	// AdminToken, when set, is the bearer token the usage API requires. Secret.
-	AdminToken string `split_words:"true" desc:"bearer token for the usage API (none: the API is open)"`
+	AdminToken string `split_words:"true" desc:"bearer token for the usage API, at least 16 bytes (none: the API is open, with a warning)"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `split_words:"true" default:"info" desc:"debug, info, warn or error"`
 	// Roles are the parts this process runs: gate (source topics), retry
