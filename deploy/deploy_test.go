@@ -119,6 +119,25 @@ func checkConfig(t *testing.T, env map[string]string) map[string]string {
 	return printed
 }
 
+// checkConfigFails runs `gatekeeper check-config` with exactly env and
+// returns its exit status and stderr, for a configuration it must refuse.
+func checkConfigFails(t *testing.T, env map[string]string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(gatekeeperBinary(t), "check-config")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) {
+		t.Fatalf("gatekeeper check-config: got %v, want a failed exit", err)
+	}
+	return exit.ExitCode(), stderr.String()
+}
+
 // ---- Kubernetes ----
 
 // manifests are the decoded objects of deploy/k8s.
@@ -508,6 +527,15 @@ func TestK8sConfigIsValid(t *testing.T) {
 	}
 	env := maps(w.env)
 	env["GATEKEEPER_LIMITS_FILE"] = local
+	// The Secret's placeholders stop the binary until they are replaced.
+	if code, stderr := checkConfigFails(t, env); code != 1 || !strings.HasPrefix(stderr, "GATEKEEPER_ADMIN_TOKEN: ") {
+		t.Errorf("check-config with the placeholders of Secret %s: got status %d, stderr %q; want 1 and a line naming GATEKEEPER_ADMIN_TOKEN", w.secret.Name, code, stderr)
+	}
+	for k, v := range env {
+		if strings.HasPrefix(v, "REPLACE-ME") {
+			env[k] = "replaced-" + strings.ToLower(k) + "-0123456789"
+		}
+	}
 	printed := checkConfig(t, env)
 
 	// Every secret the binary masks comes from the Secret, none from the ConfigMap.

@@ -213,7 +213,7 @@ func TestOpsUsageAndMetrics(t *testing.T) {
 	const (
 		tenant = "a/b c/ünï"
 		other  = "plain-tenant"
-		token  = "ops-test-token"
+		token  = "ops-test-token-0123"
 	)
 	f := newFlow(t, 3)
 	limits := filepath.Join(t.TempDir(), "limits.yaml")

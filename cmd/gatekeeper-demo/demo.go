@@ -472,7 +472,10 @@ func (e *demoEnv) connect(w io.Writer, brokers []string) error {
 // function that closes its Redis client; call it even when startLimiter
 // fails.
 func (e *demoEnv) startLimiter(ctx context.Context, reg prometheus.Registerer) (*limit.Limiter, func(), error) {
-	rdb := worker.NewRedis(e.cfg)
+	rdb, err := worker.NewRedis(ctx, e.cfg)
+	if err != nil {
+		return nil, func() {}, fmt.Errorf("redis: %w", err)
+	}
 	closeRedis := func() { rdb.Close() }
 	lopts, err := worker.LimiterOptions(e.cfg, reg)
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 )
 
 // checkConfigCmd prints the effective configuration, masked, as
-// GATEKEEPER_X=value lines.
+// GATEKEEPER_X=value lines, and the configuration's warnings on stderr.
 func checkConfigCmd(stdout, stderr io.Writer) int {
 	cfg, err := worker.LoadConfig()
 	if err != nil {
@@ -31,6 +31,9 @@ func checkConfigCmd(stdout, stderr io.Writer) int {
 	if unknown, _ := worker.UnknownVars(os.Environ()); len(unknown) > 0 {
 		fmt.Fprintf(stderr, "warning: not Gatekeeper variables (typos?): %s\n", strings.Join(unknown, ", "))
 	}
+	for _, w := range cfg.Warnings() {
+		fmt.Fprintf(stderr, "warning: %s\n", w)
+	}
 	for _, l := range lines {
 		fmt.Fprintln(stdout, l)
 	}
@@ -38,8 +41,9 @@ func checkConfigCmd(stdout, stderr io.Writer) int {
 }
 
 // usageCmd prints a tenant's usage, read from Redis, as the usage API would.
+// It reads only the Redis variables and the rules (worker.LoadUsageConfig).
 func usageCmd(ctx context.Context, tenant string, stdout, stderr io.Writer) int {
-	cfg, err := worker.LoadConfig()
+	cfg, err := worker.LoadUsageConfig()
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
@@ -53,7 +57,11 @@ func usageCmd(ctx context.Context, tenant string, stdout, stderr io.Writer) int 
 		fmt.Fprintln(stderr, worker.OneLine(err.Error()))
 		return 1
 	}
-	rdb := worker.NewRedis(cfg)
+	rdb, err := worker.NewRedis(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "gatekeeper usage: %s\n", worker.OneLine(err.Error()))
+		return 1
+	}
 	defer rdb.Close()
 	opts, err := worker.LimiterOptions(cfg, nil)
 	if err != nil {

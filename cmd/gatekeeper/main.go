@@ -46,7 +46,8 @@ const usageText = `gatekeeper throttles Kafka events per tenant, with counters i
 
 Usage:
   gatekeeper [run]          run the worker (the default)
-  gatekeeper usage TENANT   print a tenant's current usage as JSON (reads Redis)
+  gatekeeper usage TENANT   print a tenant's current usage as JSON (reads Redis;
+                            needs only GATEKEEPER_REDIS_* and the rules)
   gatekeeper check-config   print the effective configuration, secrets masked;
                             exit 1 with one line naming a bad variable
   gatekeeper version        print the version

@@ -79,7 +79,7 @@ func TestMainBadConfig(t *testing.T) {
 	// the variable, status 1, and nothing on stdout.
 	for _, args := range [][]string{{}, {"run"}, {"check-config"}, {"usage", "acme"}} {
 		t.Run(strings.Join(append([]string{"gatekeeper"}, args...), " "), func(t *testing.T) {
-			setEnv(t, with(minimal(), "WINDOW", "hourly", "ADMIN_TOKEN", "s3cret"))
+			setEnv(t, with(minimal(), "WINDOW", "hourly", "ADMIN_TOKEN", "s3cret-token-0123"))
 			code, out, errOut := runMain(t, args...)
 			if want := "GATEKEEPER_WINDOW: \"hourly\" is not aligned or ttl\n"; code != 1 || out != "" || errOut != want {
 				t.Errorf("got %d, stdout %q, stderr %q; want 1, nothing, %q", code, out, errOut, want)
@@ -89,7 +89,7 @@ func TestMainBadConfig(t *testing.T) {
 }
 
 func TestMainCheckConfig(t *testing.T) {
-	setEnv(t, with(minimal(), "ADMIN_TOKEN", "s3cret", "REDIS_PASSWORD", "pw"))
+	setEnv(t, with(minimal(), "ADMIN_TOKEN", "s3cret-token-0123", "REDIS_PASSWORD", "pw", "REDIS_TLS", "true"))
 	code, out, errOut := runMain(t, "check-config")
 	if code != 0 {
 		t.Fatalf("got %d, stderr %q; want 0", code, errOut)
@@ -108,6 +108,42 @@ func TestMainCheckConfig(t *testing.T) {
 	}
 	if strings.Contains(out, "s3cret") || strings.Contains(out, "=pw\n") {
 		t.Errorf("stdout shows a secret:\n%s", out)
+	}
+	if errOut != "" {
+		t.Errorf("stderr: got %q, want nothing (token set, Redis over TLS)", errOut)
+	}
+}
+
+// TestMainCheckConfigWarnings checks that check-config accepts, with a
+// warning line on stderr each, an open usage API and credentials without
+// TLS, and refuses a short or placeholder token.
+func TestMainCheckConfigWarnings(t *testing.T) {
+	const token = "a-token-of-16-bytes-or-more"
+	tests := []struct {
+		name     string
+		env      map[string]string
+		wantCode int
+		wantErr  string // stderr, exactly
+	}{
+		{"usage API open", minimal(), 0,
+			"warning: GATEKEEPER_ADMIN_TOKEN is not set: the usage API is open to anyone who reaches :8080\n"},
+		{"cleartext credentials", with(minimal(), "ADMIN_TOKEN", token, "REDIS_PASSWORD", "pw",
+			"KAFKA_SASL_MECHANISM", "PLAIN", "KAFKA_SASL_USERNAME", "u", "KAFKA_SASL_PASSWORD", "p"), 0,
+			"warning: GATEKEEPER_KAFKA_SASL_MECHANISM=PLAIN without GATEKEEPER_KAFKA_TLS: the SASL password and every event cross the network in cleartext\n" +
+				"warning: GATEKEEPER_REDIS_PASSWORD without GATEKEEPER_REDIS_TLS: the password crosses the network in cleartext\n"},
+		{"short token", with(minimal(), "ADMIN_TOKEN", "a"), 1,
+			"GATEKEEPER_ADMIN_TOKEN: must be at least 16 bytes (e.g. openssl rand -base64 24)\n"},
+		{"placeholder token", with(minimal(), "ADMIN_TOKEN", "REPLACE-ME-admin-token"), 1,
+			"GATEKEEPER_ADMIN_TOKEN: is a REPLACE-ME... placeholder: set a random token (e.g. openssl rand -base64 24)\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			setEnv(t, tt.env)
+			code, _, errOut := runMain(t, "check-config")
+			if code != tt.wantCode || errOut != tt.wantErr {
+				t.Errorf("got %d, stderr %q; want %d, %q", code, errOut, tt.wantCode, tt.wantErr)
+			}
+		})
 	}
 }
 
@@ -218,10 +254,13 @@ func TestMainUsage(t *testing.T) {
 	rdb, addr := testenv.Redis(t)
 	prefix := testenv.Prefix(t, rdb)
 	const tenant = "weird tenant/with:chars"
-	env := with(minimal(), "REDIS_ADDRS", addr, "REDIS_KEY_PREFIX", prefix,
-		"LIMITS", "*=100/1m;acme=5/1m,50/1d", "TIMEZONE", "Europe/Berlin")
+	// Only Redis and the rules: usage reads nothing else, so the topics
+	// need not be set, and a bad value elsewhere does not matter.
+	env := map[string]string{"REDIS_ADDRS": addr, "REDIS_KEY_PREFIX": prefix,
+		"LIMITS": "*=100/1m;acme=5/1m,50/1d", "TIMEZONE": "Europe/Berlin",
+		"BATCH_SIZE": "lots", "KAFKA_BROKERS": "no-port"}
 	setEnv(t, env)
-	cfg, err := worker.LoadConfig()
+	cfg, err := worker.LoadUsageConfig()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,14 +13,43 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 )
 
-// NewRedis returns a client of REDIS_ADDRS: a *redis.Client for one address,
-// a *redis.ClusterClient for more. Every call is bounded by REDIS_TIMEOUT.
-func NewRedis(cfg *Config) redis.UniversalClient {
+// NewRedis returns the client of REDIS_ADDRS and REDIS_CLUSTER: a
+// *redis.ClusterClient for a Redis Cluster, a *redis.Client for one Redis.
+// Every call is bounded by REDIS_TIMEOUT.
+//
+// With REDIS_CLUSTER=auto (or empty), more than one address is a cluster
+// and one address is asked with CLUSTER INFO: a reply means a cluster node,
+// an error reply other than NOPERM (e.g. "cluster support disabled", or an
+// unknown command) means one Redis. Only then does NewRedis call Redis, so
+// only then can it fail; transientRedisError tells whether trying again
+// may help (Redis unreachable or loading).
+func NewRedis(ctx context.Context, cfg *Config) (redis.UniversalClient, error) {
+	opts := redisOptions(cfg)
+	switch {
+	case cfg.RedisCluster == RedisClusterTrue,
+		cfg.RedisCluster != RedisClusterFalse && len(cfg.RedisAddrs) > 1:
+		return redis.NewClusterClient(opts.Cluster()), nil
+	case cfg.RedisCluster == RedisClusterFalse:
+		return redis.NewClient(opts.Simple()), nil
+	}
+	single := redis.NewClient(opts.Simple())
+	cluster, err := isClusterNode(ctx, single)
+	if err != nil || cluster {
+		single.Close()
+	}
+	switch {
+	case err != nil:
+		return nil, err
+	case cluster:
+		return redis.NewClusterClient(opts.Cluster()), nil
+	}
+	return single, nil
+}
+
+func redisOptions(cfg *Config) *redis.UniversalOptions {
 	tlsConfig := cfg.redisTLSConfig()
 	t := cfg.RedisTimeout
-	// With MasterName unset, NewUniversalClient returns a cluster client for
-	// more than one address and a single-node client for one.
-	return redis.NewUniversalClient(&redis.UniversalOptions{
+	return &redis.UniversalOptions{
 		Addrs:                 cfg.RedisAddrs,
 		Username:              cfg.RedisUsername,
 		Password:              cfg.RedisPassword,
@@ -30,7 +59,27 @@ func NewRedis(cfg *Config) redis.UniversalClient {
 		WriteTimeout:          t,
 		PoolTimeout:           t,
 		ContextTimeoutEnabled: true,
-	})
+	}
+}
+
+// isClusterNode asks the server of rdb with CLUSTER INFO whether it is a
+// Redis Cluster node. A server that answers with an error (other than
+// NOPERM, or one that waiting may cure) is not: a cluster node always
+// answers CLUSTER INFO. A refusal of the credentials also counts as not a
+// cluster: the single-node client then fails with it where it is used.
+func isClusterNode(ctx context.Context, rdb *redis.Client) (bool, error) {
+	err := rdb.ClusterInfo(ctx).Err()
+	var reply redis.Error
+	switch {
+	case err == nil:
+		return true, nil
+	case transientRedisError(err) || !errors.As(err, &reply):
+		return false, fmt.Errorf("redis %s: %w", rdb.Options().Addr, err)
+	case redis.HasErrorPrefix(err, "NOPERM"):
+		return false, fmt.Errorf("%s_REDIS_CLUSTER=auto: cannot tell whether redis %s is a Redis Cluster node: CLUSTER INFO: %w; set %s_REDIS_CLUSTER to true or false",
+			EnvPrefix, rdb.Options().Addr, err, EnvPrefix)
+	}
+	return false, nil // e.g. "ERR This instance has cluster support disabled"
 }
 
 // redisCheck is the readiness check of Redis: a PING (on every master, for

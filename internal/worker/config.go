@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"reflect"
 	"slices"
 	"strconv"
@@ -49,7 +50,11 @@ type Config struct {
 	// DLQTopic receives rejected and invalid events. Default <DownstreamTopic>.dlq.
 	DLQTopic string `split_words:"true" doc_default:"<DOWNSTREAM_TOPIC>.dlq" desc:"dead-letter topic for rejected and invalid events"`
 	// RedisAddrs are the Redis servers; more than one means Redis Cluster.
-	RedisAddrs []string `split_words:"true" default:"localhost:6379" desc:"comma-separated host:port; more than one means Redis Cluster"`
+	RedisAddrs []string `split_words:"true" default:"localhost:6379" desc:"comma-separated host:port, each server once; more than one means Redis Cluster (see REDIS_CLUSTER)"`
+	// RedisCluster says whether REDIS_ADDRS is a Redis Cluster: true,
+	// false, or auto (also when empty): more than one address is a
+	// cluster, and one address is asked with CLUSTER INFO at start.
+	RedisCluster string `split_words:"true" default:"auto" desc:"Redis Cluster: true, false, or auto (more than one address is a cluster; one address is asked with CLUSTER INFO at start)"`
 	// RedisKeyPrefix starts every counter key.
 	RedisKeyPrefix string `split_words:"true" default:"gk" desc:"prefix of every counter key"`
 	// TenantFrom says where an event's tenant is: key, header:<name> or json:<dot.path>.
@@ -74,7 +79,7 @@ type Config struct {
 	// HTTPAddr is where metrics, health and the usage API listen.
 	HTTPAddr string `split_words:"true" default:":8080" desc:"listen address of metrics, health and the usage API"`
 	// AdminToken, when set, is the bearer token the usage API requires. Secret.
-	AdminToken string `split_words:"true" desc:"bearer token for the usage API (none: the API is open)"`
+	AdminToken string `split_words:"true" desc:"bearer token for the usage API, at least 16 bytes (none: the API is open, with a warning)"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `split_words:"true" default:"info" desc:"debug, info, warn or error"`
 	// Roles are the parts this process runs: gate (source topics), retry
@@ -240,9 +245,17 @@ func (c *Config) setDefaults() {
 // naming the variable, e.g. `GATEKEEPER_WINDOW: "hourly" is not aligned or ttl`.
 // It reads LIMITS_FILE when set and keeps the rules it parsed for Rules.
 func (c *Config) Validate() error {
+	return c.validate(func(string) bool { return true })
+}
+
+// validate runs every check and returns the first problem of a variable
+// that keep accepts (its name without the prefix); problems of the other
+// variables are ignored.
+func (c *Config) validate(keep func(variable string) bool) error {
 	for _, checks := range [][]func() error{c.serverChecks(), c.routingChecks(), c.sizeAndTimeChecks()} {
 		for _, check := range checks {
-			if err := check(); err != nil {
+			var ce *configError
+			if err := check(); err != nil && (!errors.As(err, &ce) || keep(ce.Var)) {
 				return err
 			}
 		}
@@ -261,7 +274,7 @@ func (c *Config) serverChecks() []func() error {
 			return nil
 		},
 		c.checkTopics,
-		func() error { return checkAddrs("REDIS_ADDRS", c.RedisAddrs) },
+		c.checkRedisAddrs,
 		func() error {
 			switch {
 			case c.RedisKeyPrefix == "":
@@ -321,13 +334,7 @@ func (c *Config) routingChecks() []func() error {
 			}
 			return nil
 		},
-		func() error {
-			if strings.ContainsFunc(c.AdminToken, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
-				// Not quoted: it is a secret.
-				return bad("ADMIN_TOKEN", "must not hold spaces or control characters")
-			}
-			return nil
-		},
+		c.checkAdminToken,
 		c.checkRetrySecret,
 		func() error {
 			if _, ok := logLevels[c.LogLevel]; !ok {
@@ -428,6 +435,57 @@ func checkHostPort(addr string) error {
 	return nil
 }
 
+// Values of REDIS_CLUSTER.
+const (
+	RedisClusterAuto  = "auto"
+	RedisClusterTrue  = "true"
+	RedisClusterFalse = "false"
+)
+
+// checkRedisAddrs checks REDIS_ADDRS, which must not name one server twice,
+// and REDIS_CLUSTER against it.
+func (c *Config) checkRedisAddrs() error {
+	if err := checkAddrs("REDIS_ADDRS", c.RedisAddrs); err != nil {
+		return err
+	}
+	seen := map[string]string{}
+	for _, a := range c.RedisAddrs {
+		n := normalAddr(a)
+		if first, ok := seen[n]; ok {
+			return bad("REDIS_ADDRS", "%q and %q are the same server (%s): list each once", first, a, n)
+		}
+		seen[n] = a
+	}
+	switch c.RedisCluster {
+	case "", RedisClusterAuto, RedisClusterTrue:
+	case RedisClusterFalse:
+		if len(c.RedisAddrs) > 1 {
+			return bad("REDIS_CLUSTER", "false, but %s_REDIS_ADDRS has %d addresses (one Redis has one address)", EnvPrefix, len(c.RedisAddrs))
+		}
+	default:
+		return bad("REDIS_CLUSTER", "%q is not true, false or auto", c.RedisCluster)
+	}
+	return nil
+}
+
+// normalAddr returns a host:port address in one spelling: the host in lower
+// case without a trailing dot, an IP address in its canonical form, the port
+// without leading zeros. Names are not resolved.
+func normalAddr(a string) string {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return a
+	}
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	if ip, err := netip.ParseAddr(host); err == nil {
+		host = ip.Unmap().String()
+	}
+	if n, err := strconv.Atoi(port); err == nil {
+		port = strconv.Itoa(n)
+	}
+	return net.JoinHostPort(host, port)
+}
+
 // checkTopic checks a Kafka topic name: 1 to 249 of [a-zA-Z0-9._-].
 func checkTopic(t string, room int) error {
 	if t == "" {
@@ -497,6 +555,29 @@ func (c *Config) retryTopics() []string {
 		out = append(out, c.RetryTopic+s)
 	}
 	return out
+}
+
+// MinAdminTokenBytes is the shortest ADMIN_TOKEN accepted.
+const MinAdminTokenBytes = 16
+
+// adminTokenPlaceholder starts the placeholder values of the secrets in
+// deploy/ (e.g. REPLACE-ME-admin-token), which must never be a token.
+const adminTokenPlaceholder = "REPLACE-ME"
+
+// checkAdminToken checks ADMIN_TOKEN, when set. The messages never show
+// the token, nor its length.
+func (c *Config) checkAdminToken() error {
+	switch {
+	case c.AdminToken == "":
+		return nil // the usage API is open; Warnings says so
+	case strings.ContainsFunc(c.AdminToken, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+		return bad("ADMIN_TOKEN", "must not hold spaces or control characters")
+	case strings.HasPrefix(strings.ToUpper(c.AdminToken), adminTokenPlaceholder):
+		return bad("ADMIN_TOKEN", "is a %s... placeholder: set a random token (e.g. openssl rand -base64 24)", adminTokenPlaceholder)
+	case len(c.AdminToken) < MinAdminTokenBytes:
+		return bad("ADMIN_TOKEN", "must be at least %d bytes (e.g. openssl rand -base64 24)", MinAdminTokenBytes)
+	}
+	return nil
 }
 
 // checkRetrySecret checks RETRY_SECRET and RETRY_SECRET_PREVIOUS. The

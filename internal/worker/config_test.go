@@ -38,7 +38,7 @@ func TestConfigKeys(t *testing.T) {
 	want := []string{
 		// DESIGN.md's contract: these names are relied on by operators.
 		"KAFKA_BROKERS", "GROUP_ID", "SOURCE_TOPICS", "DOWNSTREAM_TOPIC", "RETRY_TOPIC", "DLQ_TOPIC",
-		"REDIS_ADDRS", "REDIS_KEY_PREFIX", "TENANT_FROM", "LIMITS", "LIMITS_FILE", "WINDOW", "TIMEZONE",
+		"REDIS_ADDRS", "REDIS_CLUSTER", "REDIS_KEY_PREFIX", "TENANT_FROM", "LIMITS", "LIMITS_FILE", "WINDOW", "TIMEZONE",
 		"DEFER_HORIZON", "ON_REDIS_ERROR", "MAX_ATTEMPTS", "SHADOW", "HTTP_ADDR", "ADMIN_TOKEN", "LOG_LEVEL",
 		// Operational additions.
 		"ROLES", "BATCH_SIZE", "RETRY_LOOKAHEAD", "BATCH_BYTES", "RETRY_LOOKAHEAD_BYTES", "MAX_MESSAGE_BYTES", "BATCH_WAIT", "SHUTDOWN_GRACE", "REDIS_TIMEOUT", "KAFKA_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "RETENTION",
@@ -89,6 +89,7 @@ func TestConfigDefaults(t *testing.T) {
 		RetryTopic:          "events.out.retry",
 		DLQTopic:            "events.out.dlq",
 		RedisAddrs:          []string{"localhost:6379"},
+		RedisCluster:        "auto",
 		RedisKeyPrefix:      "gk",
 		TenantFrom:          "key",
 		Limits:              "*=100/1m",
@@ -179,6 +180,10 @@ func TestConfigGoodValues(t *testing.T) {
 	}{
 		{"spaces in lists", with(minimal(), "SOURCE_TOPICS", "a, b", "KAFKA_BROKERS", "k1:9092, k2:9092")},
 		{"redis cluster", with(minimal(), "REDIS_ADDRS", "r1:7000,r2:7001,[::1]:7002")},
+		{"redis cluster, one port per host", with(minimal(), "REDIS_ADDRS", "r:7000,r:7001,r2:7000")},
+		{"redis cluster, one address", with(minimal(), "REDIS_ADDRS", "r:7000", "REDIS_CLUSTER", "true")},
+		{"redis cluster off", with(minimal(), "REDIS_ADDRS", "r:6379", "REDIS_CLUSTER", "false")},
+		{"redis cluster empty is auto", with(minimal(), "REDIS_CLUSTER", "")},
 		{"header tenant", with(minimal(), "TENANT_FROM", "header:x-tenant")},
 		{"json tenant", with(minimal(), "TENANT_FROM", "json:customer.id")},
 		{"ttl", with(minimal(), "WINDOW", "ttl", "LIMITS", "*=10/7m")},
@@ -190,6 +195,8 @@ func TestConfigGoodValues(t *testing.T) {
 		{"http any port", with(minimal(), "HTTP_ADDR", "127.0.0.1:0")},
 		{"forward", with(minimal(), "ON_REDIS_ERROR", "forward", "SHADOW", "1")},
 		{"retry secret", with(minimal(), "RETRY_SECRET", strings.Repeat("s", 32))},
+		{"admin token of 16 bytes", with(minimal(), "ADMIN_TOKEN", "sixteen-bytes-xx")},
+		{"admin token mentioning REPLACE-ME", with(minimal(), "ADMIN_TOKEN", "do-not-REPLACE-ME-token")},
 		{"retry secret rotated", with(minimal(), "RETRY_SECRET", strings.Repeat("s", 44), "RETRY_SECRET_PREVIOUS", strings.Repeat("p", 32))},
 	}
 	for _, tt := range tests {
@@ -237,6 +244,12 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "GROUP_ID", " "), "GROUP_ID"},
 		{with(minimal(), "REDIS_ADDRS", "a:1,"), "REDIS_ADDRS"},
 		{with(minimal(), "REDIS_ADDRS", "a:99999"), "REDIS_ADDRS"},
+		{with(minimal(), "REDIS_ADDRS", "redis:6379,redis:6379"), "REDIS_ADDRS"},
+		{with(minimal(), "REDIS_ADDRS", "Redis.:6379,redis:06379"), "REDIS_ADDRS"},
+		{with(minimal(), "REDIS_ADDRS", "[::1]:7000,[0:0::1]:7000"), "REDIS_ADDRS"},
+		{with(minimal(), "REDIS_ADDRS", "127.0.0.1:7000,[::ffff:127.0.0.1]:7000"), "REDIS_ADDRS"},
+		{with(minimal(), "REDIS_CLUSTER", "yes"), "REDIS_CLUSTER"},
+		{with(minimal(), "REDIS_CLUSTER", "false", "REDIS_ADDRS", "r1:7000,r2:7000"), "REDIS_CLUSTER"},
 		{with(minimal(), "REDIS_KEY_PREFIX", ""), "REDIS_KEY_PREFIX"},
 		{with(minimal(), "REDIS_KEY_PREFIX", "g{k}"), "REDIS_KEY_PREFIX"},
 		{with(minimal(), "TENANT_FROM", "value"), "TENANT_FROM"},
@@ -265,6 +278,10 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "HTTP_ADDR", "8080"), "HTTP_ADDR"},
 		{with(minimal(), "HTTP_ADDR", ""), "HTTP_ADDR"},
 		{with(minimal(), "ADMIN_TOKEN", "two words"), "ADMIN_TOKEN"},
+		{with(minimal(), "ADMIN_TOKEN", "a"), "ADMIN_TOKEN"},
+		{with(minimal(), "ADMIN_TOKEN", "fifteen-bytes-x"), "ADMIN_TOKEN"},
+		{with(minimal(), "ADMIN_TOKEN", "REPLACE-ME-admin-token"), "ADMIN_TOKEN"},
+		{with(minimal(), "ADMIN_TOKEN", "replace-me-with-a-random-token"), "ADMIN_TOKEN"},
 		{with(minimal(), "LOG_LEVEL", "verbose"), "LOG_LEVEL"},
 		{with(minimal(), "LOG_LEVEL", "INFO"), "LOG_LEVEL"},
 		{with(minimal(), "ROLES", ""), "ROLES"},
@@ -329,7 +346,10 @@ func TestConfigErrorText(t *testing.T) {
 		{with(minimal(), "BATCH_WAIT", "abc"), `GATEKEEPER_BATCH_WAIT: "abc" is not a duration (e.g. 50ms, 2s, 24h)`},
 		{with(minimal(), "SOURCE_TOPICS", "<unset>"), `GATEKEEPER_SOURCE_TOPICS: required, not set`},
 		{with(minimal(), "SHADOW", "maybe"), `GATEKEEPER_SHADOW: "maybe" is not true or false`},
+		{with(minimal(), "REDIS_ADDRS", "redis:6379,REDIS:6379"), `GATEKEEPER_REDIS_ADDRS: "redis:6379" and "REDIS:6379" are the same server (redis:6379): list each once`},
 		{with(minimal(), "RETRY_SECRET", "hunter2"), `GATEKEEPER_RETRY_SECRET: must be at least 32 bytes (e.g. openssl rand -base64 32)`},
+		{with(minimal(), "ADMIN_TOKEN", "hunter2"), `GATEKEEPER_ADMIN_TOKEN: must be at least 16 bytes (e.g. openssl rand -base64 24)`},
+		{with(minimal(), "ADMIN_TOKEN", "REPLACE-ME-admin-token"), `GATEKEEPER_ADMIN_TOKEN: is a REPLACE-ME... placeholder: set a random token (e.g. openssl rand -base64 24)`},
 		{with(minimal(), "RETRY_SECRET_PREVIOUS", strings.Repeat("p", 32)), `GATEKEEPER_RETRY_SECRET_PREVIOUS: set without GATEKEEPER_RETRY_SECRET, which signs (the previous secret only verifies)`},
 	}
 	for _, tt := range tests {
@@ -367,7 +387,8 @@ func TestConfigIgnoresUnprefixed(t *testing.T) {
 
 func TestConfigMasked(t *testing.T) {
 	retrySecret, previous := strings.Repeat("r", 32), strings.Repeat("q", 32)
-	setEnv(t, with(minimal(), "ADMIN_TOKEN", "tok", "REDIS_PASSWORD", "rpw",
+	const token = "tok-0123456789abcdef"
+	setEnv(t, with(minimal(), "ADMIN_TOKEN", token, "REDIS_PASSWORD", "rpw",
 		"KAFKA_SASL_MECHANISM", "PLAIN", "KAFKA_SASL_USERNAME", "user", "KAFKA_SASL_PASSWORD", "kpw",
 		"RETRY_SECRET", retrySecret, "RETRY_SECRET_PREVIOUS", previous))
 	cfg, err := LoadConfig()
@@ -381,7 +402,7 @@ func TestConfigMasked(t *testing.T) {
 	if m.KafkaSASLUsername != "user" {
 		t.Errorf("got user %q, want user", m.KafkaSASLUsername)
 	}
-	if cfg.AdminToken != "tok" {
+	if cfg.AdminToken != token {
 		t.Errorf("Masked changed the original: token %q", cfg.AdminToken)
 	}
 	lines, err := m.Environ()
@@ -389,7 +410,7 @@ func TestConfigMasked(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := strings.Join(lines, "\n")
-	for _, secret := range []string{"tok", "rpw", "kpw", retrySecret, previous} {
+	for _, secret := range []string{token, "rpw", "kpw", retrySecret, previous} {
 		if strings.Contains(all, "="+secret) {
 			t.Errorf("masked environ shows %q:\n%s", secret, all)
 		}

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,12 +39,11 @@ type usageFunc func(ctx context.Context, tenant string) ([]limit.Usage, error)
 type httpConfig struct {
 	Gatherer   prometheus.Gatherer
 	Registerer prometheus.Registerer // for promhttp's own metrics; may be nil
-	Checks     []readyCheck
+	// Ready runs the readiness checks of /readyz; nil: no checks.
+	Ready      *readiness
 	Usage      usageFunc
 	AdminToken string // empty: the usage API is open
 	Log        *slog.Logger
-	// CheckTimeout bounds each readiness check. Default 2s.
-	CheckTimeout time.Duration
 }
 
 // UsageResponse is the body of GET /v1/usage/{tenant}. Tenants are opaque
@@ -62,8 +60,8 @@ type errorResponse struct {
 // newHandler returns the handler of /metrics, /healthz, /readyz and
 // GET /v1/usage/{tenant}.
 func newHandler(c httpConfig) http.Handler {
-	if c.CheckTimeout <= 0 {
-		c.CheckTimeout = 2 * time.Second
+	if c.Ready == nil {
+		c.Ready = newReadiness(nil, 0, 0)
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
@@ -86,29 +84,21 @@ func newHandler(c httpConfig) http.Handler {
 	return mux
 }
 
-// runChecks runs every check at once, each bounded by timeout, and returns
-// their results in the order of checks.
-func runChecks(ctx context.Context, checks []readyCheck, timeout time.Duration) []error {
-	errs := make([]error, len(checks))
-	var wg sync.WaitGroup
-	for i, ch := range checks {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
-			errs[i] = ch.Check(ctx)
-		})
-	}
-	wg.Wait()
-	return errs
-}
-
-// readyz runs every check at once and answers 200 only if all pass. The
-// body lists each check: "[+]name ok" or "[-]name failed: reason".
+// readyz answers 200 only if every readiness check passes, with results
+// at most about a second old (see readiness). The body lists each check:
+// "[+]name ok" or "[-]name failed: reason".
 func (c httpConfig) readyz(w http.ResponseWriter, r *http.Request) {
-	errs := runChecks(r.Context(), c.Checks, c.CheckTimeout)
+	errs, err := c.Ready.results(r.Context())
+	if err != nil {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "%s\nnot ready\n", OneLine(err.Error()))
+		return
+	}
 	var b strings.Builder
 	status := http.StatusOK
-	for i, ch := range c.Checks {
+	for i, ch := range c.Ready.checks {
 		if errs[i] != nil {
 			status = http.StatusServiceUnavailable
 			fmt.Fprintf(&b, "[-]%s failed: %s\n", ch.Name, OneLine(errs[i].Error()))

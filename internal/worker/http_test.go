@@ -130,7 +130,7 @@ func TestReadyz(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := newTestServer(t, httpConfig{Checks: tt.checks, CheckTimeout: 50 * time.Millisecond})
+			srv := newTestServer(t, httpConfig{Ready: newReadiness(tt.checks, 50*time.Millisecond, readyMaxAge)})
 			code, body, _ := get(t, srv, "/readyz")
 			if code != tt.wantCode || body != tt.wantBody {
 				t.Errorf("got %d %q, want %d %q", code, body, tt.wantCode, tt.wantBody)

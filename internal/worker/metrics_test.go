@@ -80,7 +80,7 @@ func servedMetrics(t *testing.T) map[string]bool {
 	if _, err := NewWatcher(filepath.Join(t.TempDir(), "limits.yaml"), func(*limit.Rules) error { return nil }, testenv.DiscardLogger(), reg); err != nil {
 		t.Fatal(err)
 	}
-	if err := reg.Register(newReadyCollector([]readyCheck{passingCheck("redis")}, 0)); err != nil {
+	if err := reg.Register(newReadyCollector(newReadiness([]readyCheck{passingCheck("redis")}, 0, readyMaxAge))); err != nil {
 		t.Fatal(err)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})

@@ -23,7 +23,7 @@ func TestReadyCollector(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
-			reg.MustRegister(newReadyCollector(tt.checks, 50*time.Millisecond))
+			reg.MustRegister(newReadyCollector(newReadiness(tt.checks, 50*time.Millisecond, readyMaxAge)))
 			mfs, err := reg.Gather()
 			if err != nil {
 				t.Fatal(err)

@@ -45,6 +45,7 @@ func LimiterOptions(cfg *Config, reg prometheus.Registerer) (limit.Options, erro
 // state is what readiness reports besides Kafka and Redis reachability.
 // Safe for concurrent use.
 type state struct {
+	redis    atomic.Pointer[redis.UniversalClient] // nil until made (see NewRedis)
 	limiter  atomic.Pointer[limit.Limiter]
 	paused   atomic.Bool // consumption paused (Redis trouble, ON_REDIS_ERROR=pause)
 	draining atomic.Bool // shutting down
@@ -58,7 +59,6 @@ type worker struct {
 	cfg       *Config
 	log       *slog.Logger
 	reg       *prometheus.Registry
-	rdb       redis.UniversalClient
 	dialer    *kafka.Dialer
 	transport *kafka.Transport
 	st        state
@@ -76,8 +76,11 @@ func Serve(ctx context.Context, cfg *Config, log *slog.Logger, version string) e
 	}
 
 	redis.SetLogger(redisLogger{log: log})
-	w.rdb = NewRedis(cfg)
-	defer w.rdb.Close()
+	defer func() {
+		if rdb := w.st.redis.Load(); rdb != nil {
+			(*rdb).Close()
+		}
+	}()
 
 	var err error
 	if w.dialer, err = NewKafkaDialer(cfg); err != nil {
@@ -125,8 +128,8 @@ func logStart(log *slog.Logger, cfg *Config, version string) {
 	if unknown, _ := UnknownVars(os.Environ()); len(unknown) > 0 {
 		log.Warn("environment holds GATEKEEPER_ variables that configure nothing (typos?)", slog.String("variables", strings.Join(unknown, ",")))
 	}
-	if cfg.AdminToken == "" {
-		log.Warn("GATEKEEPER_ADMIN_TOKEN is not set: the usage API is open to anyone who reaches " + cfg.HTTPAddr)
+	for _, w := range cfg.Warnings() {
+		log.Warn(w)
 	}
 }
 
@@ -162,9 +165,15 @@ func (w *worker) loadRules() (*Watcher, *limit.Rules, error) {
 
 // readyChecks are the checks of /readyz and gatekeeper_ready: Redis and
 // Kafka reachable, and the state st reports.
-func (st *state) readyChecks(rdb redis.UniversalClient, dialer *kafka.Dialer, brokers []string) []readyCheck {
+func (st *state) readyChecks(dialer *kafka.Dialer, brokers []string) []readyCheck {
 	return []readyCheck{
-		{Name: "redis", Check: redisCheck(rdb)},
+		{Name: "redis", Check: func(ctx context.Context) error {
+			rdb := st.redis.Load()
+			if rdb == nil {
+				return errors.New("not connected yet (see the log)")
+			}
+			return redisCheck(*rdb)(ctx)
+		}},
 		{Name: "kafka", Check: kafkaCheck(dialer, brokers)},
 		{Name: "limiter", Check: func(context.Context) error {
 			if st.limiter.Load() == nil {
@@ -209,15 +218,14 @@ func (st *state) readyChecks(rdb redis.UniversalClient, dialer *kafka.Dialer, br
 // the handler of metrics, health and the usage API; serveHTTP serves it.
 func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, error) {
 	cfg := w.cfg
-	checks := w.st.readyChecks(w.rdb, w.dialer, cfg.KafkaBrokers)
-	checkTimeout := min(cfg.RedisTimeout, cfg.KafkaTimeout)
-	if err := w.reg.Register(newReadyCollector(checks, checkTimeout)); err != nil {
+	ready := newReadiness(w.st.readyChecks(w.dialer, cfg.KafkaBrokers), min(cfg.RedisTimeout, cfg.KafkaTimeout), readyMaxAge)
+	if err := w.reg.Register(newReadyCollector(ready)); err != nil {
 		return nil, nil, fmt.Errorf("readiness metrics: %w", err)
 	}
 	handler := newHandler(httpConfig{
 		Gatherer:   w.reg,
 		Registerer: w.reg,
-		Checks:     checks,
+		Ready:      ready,
 		Usage: func(ctx context.Context, tenant string) ([]limit.Usage, error) {
 			lim := w.st.limiter.Load()
 			if lim == nil {
@@ -225,9 +233,8 @@ func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, er
 			}
 			return lim.Usage(ctx, tenant)
 		},
-		AdminToken:   cfg.AdminToken,
-		Log:          w.log,
-		CheckTimeout: checkTimeout,
+		AdminToken: cfg.AdminToken,
+		Log:        w.log,
 	})
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", cfg.HTTPAddr)
@@ -241,7 +248,12 @@ func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, er
 // run starts the limiter (waiting for Redis), then runs the limits file
 // watcher, if any, and the pipeline until ctx is done or one fails.
 func (w *worker) run(ctx context.Context, watcher *Watcher, rules *limit.Rules, opts limit.Options) error {
-	lim, err := startLimiter(ctx, w.log, w.rdb, rules, opts)
+	rdb, err := connectRedis(ctx, w.log, w.cfg)
+	if err != nil || rdb == nil { // rdb nil: ctx done while waiting for Redis
+		return err
+	}
+	w.st.redis.Store(&rdb)
+	lim, err := startLimiter(ctx, w.log, rdb, rules, opts)
 	if err != nil {
 		return err
 	}
@@ -249,7 +261,7 @@ func (w *worker) run(ctx context.Context, watcher *Watcher, rules *limit.Rules, 
 		return nil
 	}
 	w.st.limiter.Store(lim)
-	if warn, err := limit.CheckEviction(ctx, w.rdb); err != nil {
+	if warn, err := limit.CheckEviction(ctx, rdb); err != nil {
 		w.log.Debug("cannot read redis maxmemory-policy", slog.String("error", OneLine(err.Error())))
 	} else if warn != "" {
 		w.log.Warn(warn)
@@ -305,24 +317,56 @@ func registerProcessMetrics(reg prometheus.Registerer, version string) error {
 // returns nil, nil if ctx ends first, and an error for any other failure
 // (e.g. wrong password, a broken script).
 func startLimiter(ctx context.Context, log *slog.Logger, rdb redis.UniversalClient, rules *limit.Rules, opts limit.Options) (*limit.Limiter, error) {
-	wait := 250 * time.Millisecond
-	for {
+	var lim *limit.Limiter
+	err := retryRedis(ctx, log, "start the limiter", func() (err error) {
 		// limit.New registers its metrics only once it has succeeded, so a
 		// failed attempt can simply be tried again.
-		lim, err := limit.New(ctx, rdb, rules, opts)
-		if err == nil {
-			return lim, nil
-		}
-		if ctx.Err() != nil {
-			return nil, nil
+		lim, err = limit.New(ctx, rdb, rules, opts)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start limiter: %w", err)
+	}
+	return lim, nil
+}
+
+// connectRedis returns the Redis client of the configuration (NewRedis),
+// waiting and trying again while Redis cannot be reached, as startLimiter
+// does. It returns nil, nil if ctx ends first.
+func connectRedis(ctx context.Context, log *slog.Logger, cfg *Config) (redis.UniversalClient, error) {
+	var rdb redis.UniversalClient
+	err := retryRedis(ctx, log, "connect", func() (err error) {
+		rdb, err = NewRedis(ctx, cfg)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connect to redis: %w", err)
+	}
+	if rdb != nil {
+		_, cluster := rdb.(*redis.ClusterClient)
+		log.Info("redis client", slog.String("addrs", strings.Join(cfg.RedisAddrs, ",")), slog.Bool("cluster", cluster))
+	}
+	return rdb, nil
+}
+
+// retryRedis calls try until it succeeds or fails for a reason other than
+// Redis being unreachable or temporarily unable to serve, waiting longer
+// after each failure (up to 10s) and logging it with what it waits to do.
+// It returns nil when try succeeded or ctx ended first.
+func retryRedis(ctx context.Context, log *slog.Logger, what string, try func() error) error {
+	wait := 250 * time.Millisecond
+	for {
+		err := try()
+		if err == nil || ctx.Err() != nil {
+			return nil
 		}
 		if !transientRedisError(err) {
-			return nil, fmt.Errorf("start limiter: %w", err)
+			return err
 		}
-		log.Error("redis unavailable, waiting to start the limiter", slog.String("error", OneLine(err.Error())), slog.String("retry_in", wait.String()))
+		log.Error("redis unavailable, waiting to "+what, slog.String("error", OneLine(err.Error())), slog.String("retry_in", wait.String()))
 		select {
 		case <-ctx.Done():
-			return nil, nil
+			return nil
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 10*time.Second)
