@@ -2,11 +2,8 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net"
-	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -16,6 +13,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // Helpers of the gate pipeline tests (gate_test.go, kill_test.go,
@@ -194,32 +193,6 @@ func readWindows(t testing.TB, addr, prefix string) []counterWindow {
 	return out
 }
 
-// generation is one "consumer group generation started" log line.
-type generation struct {
-	ID         int      `json:"generation"`
-	Group      string   `json:"group"`
-	Member     string   `json:"member"`
-	Partitions []string `json:"partitions"`
-}
-
-// generations returns the consumer group generations the process has logged
-// for group, oldest first.
-func (p *gkProc) generations(group string) []generation {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var out []generation
-	for _, l := range p.log {
-		if !strings.Contains(l, "consumer group generation started") {
-			continue
-		}
-		var g generation
-		if json.Unmarshal([]byte(l), &g) == nil && g.Group == group {
-			out = append(out, g)
-		}
-	}
-	return out
-}
-
 // waitSharedGeneration waits until every process is a member of the same,
 // latest generation of group and together they own each of the topic's
 // partitions exactly once, each process at least one. It returns the
@@ -232,14 +205,14 @@ func waitSharedGeneration(t testing.TB, group, topic string, partitions int, pro
 		seen := map[string]int{}
 		ok, genID := true, -1
 		for i, p := range procs {
-			gens := p.generations(group)
+			gens := p.Generations(group)
 			if len(gens) == 0 {
-				status = append(status, p.name+": no generation")
+				status = append(status, p.Name+": no generation")
 				ok = false
 				continue
 			}
 			g := gens[len(gens)-1]
-			status = append(status, fmt.Sprintf("%s: generation %d %v", p.name, g.ID, g.Partitions))
+			status = append(status, fmt.Sprintf("%s: generation %d %v", p.Name, g.ID, g.Partitions))
 			if genID == -1 {
 				genID = g.ID
 			}
@@ -275,9 +248,9 @@ func (p *gkProc) metric(t testing.TB, name string, labels ...string) float64 {
 
 // metricValue is metric for any goroutine: it returns the error instead.
 func (p *gkProc) metricValue(name string, labels ...string) (float64, error) {
-	code, body, err := p.get("/metrics")
+	code, body, err := p.Get("/metrics")
 	if err != nil || code != 200 {
-		return 0, fmt.Errorf("%s /metrics: %d %v", p.name, code, err)
+		return 0, fmt.Errorf("%s /metrics: %d %v", p.Name, code, err)
 	}
 	sum := 0.0
 	for l := range strings.Lines(body) {
@@ -321,56 +294,15 @@ func endOffsets(t testing.TB, topic string, partitions int) map[int]int64 {
 	return out
 }
 
-// redisServer is a private redis-server child process, for tests that stop
-// and restart Redis.
-type redisServer struct {
-	t    testing.TB
-	Addr string
-	port string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-// startRedisServer starts redis-server on addr (host:port; a free port when
-// empty), without persistence, and waits until it answers PING. It is
-// killed when the test ends.
-func startRedisServer(t testing.TB, addr string) *redisServer {
+// startRedisServer starts a private redis-server (testenv.StartRedisServer)
+// on addr (host:port; a free port when empty), for tests that stop and
+// restart Redis. It is killed when the test ends.
+func startRedisServer(t testing.TB, addr string) *testenv.RedisServer {
 	t.Helper()
-	if addr == "" {
-		addr = freeAddr(t)
-	}
-	_, port, err := net.SplitHostPort(addr)
+	s, err := testenv.StartRedisServer(testenv.RedisOptions{Addr: addr})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &redisServer{t: t, Addr: addr, port: port, done: make(chan struct{})}
-	s.cmd = exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-	if err := s.cmd.Start(); err != nil {
-		t.Fatalf("start redis-server: %v", err)
-	}
-	go func() { s.cmd.Wait(); close(s.done) }()
-	t.Cleanup(s.stop)
-	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-	defer rdb.Close()
-	waitFor(t, 20*time.Second, "private redis-server answers", func() (bool, string) {
-		select {
-		case <-s.done:
-			t.Fatalf("redis-server on %s exited at start (port taken?)", addr)
-		default:
-		}
-		err := rdb.Ping(context.Background()).Err()
-		return err == nil, fmt.Sprint(err)
-	})
+	t.Cleanup(s.Stop)
 	return s
-}
-
-// stop kills the server and waits until it has exited.
-func (s *redisServer) stop() {
-	select {
-	case <-s.done:
-		return
-	default:
-	}
-	s.cmd.Process.Kill()
-	<-s.done
 }

@@ -61,7 +61,7 @@ func TestGateExactLimitsThreeReplicas(t *testing.T) {
 	for _, p := range procs {
 		in := p.metric(t, "gatekeeper_events_in_total", `topic="`+f.Source+`"`)
 		if in == 0 {
-			t.Errorf("%s: gatekeeper_events_in_total: got 0, want > 0 (it owns %d partitions)", p.name, len(owned[slices.Index(procs, p)]))
+			t.Errorf("%s: gatekeeper_events_in_total: got 0, want > 0 (it owns %d partitions)", p.Name, len(owned[slices.Index(procs, p)]))
 		}
 		total += in
 	}
@@ -238,8 +238,8 @@ func TestGateNoLossExactlyOnce(t *testing.T) {
 	}
 	t.Logf("%s (%d rejected, %d invalid)", o, rejected, invalidSeen)
 	select {
-	case <-gk.done:
-		t.Fatalf("gatekeeper exited: %v", gk.err)
+	case <-gk.Done():
+		t.Fatalf("gatekeeper exited: %v", gk.Err())
 	default:
 	}
 }
@@ -411,7 +411,7 @@ func TestGateInvalidEvents(t *testing.T) {
 				n := len(readTopic(t, f.Downstream))
 				return n >= before+len(after), fmt.Sprintf("%d downstream, want %d", n, before+len(after))
 			})
-			if code, body, err := gk.get("/readyz"); code != 200 {
+			if code, body, err := gk.Get("/readyz"); code != 200 {
 				t.Errorf("/readyz after invalid events: got %d %v\n%s, want 200", code, err, body)
 			}
 		})

@@ -1,89 +1,37 @@
 package integration
 
 import (
-	"bufio"
 	"context"
-	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // The integration tests run the real binary, as operators do: built once,
-// started as separate processes, stopped with SIGTERM or killed hard.
+// started as separate processes (testenv.Process), stopped with SIGTERM or
+// killed hard.
 
-var binary struct {
-	once sync.Once
-	path string
-	err  error
-}
+// binary is ./cmd/gatekeeper, built once per run and removed by TestMain.
+var binary testenv.Binary
 
-// gatekeeperBinary builds cmd/gatekeeper once per test run.
-func gatekeeperBinary(t testing.TB) string {
-	t.Helper()
-	binary.once.Do(func() {
-		root, err := repoRoot()
-		if err != nil {
-			binary.err = err
-			return
-		}
-		dir, err := os.MkdirTemp("", "gatekeeper-bin-")
-		if err != nil {
-			binary.err = err
-			return
-		}
-		binary.path = filepath.Join(dir, "gatekeeper")
-		cmd := exec.Command("go", "build", "-o", binary.path, "./cmd/gatekeeper")
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binary.err = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if binary.err != nil {
-		t.Fatalf("build gatekeeper: %v", binary.err)
-	}
-	return binary.path
-}
+// gatekeeperBinary returns the binary, building it on the first call.
+func gatekeeperBinary(t testing.TB) string { return binary.Path(t) }
 
-// freeAddr returns a loopback address with a port that was free just now.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// gkProc is one running gatekeeper process.
+// gkProc is one running gatekeeper process of a test.
 type gkProc struct {
-	t    testing.TB
-	name string
-	cmd  *exec.Cmd
-	HTTP string // host:port of its HTTP server
-	done chan struct{}
-	err  error // exit status, once done is closed
-
-	mu  sync.Mutex
-	log []string
+	*testenv.Process
+	t testing.TB
 }
 
 // startGatekeeper starts the binary with env (GATEKEEPER_* variables) added to
-// a clean environment. HTTP_ADDR is chosen here unless env sets it.
+// a clean environment, the test servers and log level info unless env sets
+// them. HTTP_ADDR is chosen here unless env sets it.
 func startGatekeeper(t testing.TB, name string, env map[string]string, args ...string) *gkProc {
 	t.Helper()
-	p := &gkProc{t: t, name: name, done: make(chan struct{})}
 	vars := map[string]string{
 		"GATEKEEPER_KAFKA_BROKERS": kafkaAddr(),
 		"GATEKEEPER_REDIS_ADDRS":   redisAddr(),
@@ -92,127 +40,25 @@ func startGatekeeper(t testing.TB, name string, env map[string]string, args ...s
 	for k, v := range env {
 		vars[k] = v
 	}
-	if vars["GATEKEEPER_HTTP_ADDR"] == "" {
-		vars["GATEKEEPER_HTTP_ADDR"] = freeAddr(t)
-	}
-	p.HTTP = vars["GATEKEEPER_HTTP_ADDR"]
-	p.cmd = exec.Command(gatekeeperBinary(t), args...)
-	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
-	for k, v := range vars {
-		p.cmd.Env = append(p.cmd.Env, k+"="+v)
-	}
-	stderr, err := p.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.cmd.Stdout = io.Discard
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.log = append(p.log, sc.Text())
-			p.mu.Unlock()
-		}
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			p.cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			t.Logf("--- log of %s (last 40 lines):\n%s", name, p.tail(40))
-		}
-	})
-	return p
-}
-
-func (p *gkProc) tail(n int) string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	from := max(0, len(p.log)-n)
-	return strings.Join(p.log[from:], "\n")
-}
-
-// logContains reports whether a log line so far contains s.
-func (p *gkProc) logContains(s string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, l := range p.log {
-		if strings.Contains(l, s) {
-			return true
-		}
-	}
-	return false
-}
-
-// get does a GET on the process's HTTP server and returns the status and body.
-func (p *gkProc) get(path string, header ...string) (int, string, error) {
-	req, err := http.NewRequest("GET", "http://"+p.HTTP+path, nil)
-	if err != nil {
-		return 0, "", err
-	}
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	c := http.Client{Timeout: 5 * time.Second}
-	res, err := c.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
-	return res.StatusCode, string(b), err
+	p := testenv.Start(t, testenv.Spec{Name: name, Binary: gatekeeperBinary(t), Env: vars, Args: args})
+	return &gkProc{Process: p, t: t}
 }
 
 // waitReady waits until /readyz answers 200 (the groups are joined).
 func (p *gkProc) waitReady(timeout time.Duration) {
 	p.t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for time.Now().Before(deadline) {
-		select {
-		case <-p.done:
-			p.t.Fatalf("%s exited before it was ready: %v\n%s", p.name, p.err, p.tail(30))
-		default:
-		}
-		code, body, err := p.get("/readyz")
-		if err == nil && code == 200 {
-			return
-		}
-		last = fmt.Sprintf("%d %s %v", code, body, err)
-		time.Sleep(200 * time.Millisecond)
-	}
-	p.t.Fatalf("%s not ready after %v: %s\n%s", p.name, timeout, last, p.tail(30))
+	p.WaitReady(p.t, timeout)
 }
 
 // terminate sends SIGTERM and waits for the exit; it returns the exit code
 // and how long the process took to exit.
 func (p *gkProc) terminate(timeout time.Duration) (int, time.Duration) {
 	p.t.Helper()
-	start := time.Now()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		p.t.Fatalf("SIGTERM %s: %v", p.name, err)
+	code, took, err := p.Terminate(timeout)
+	if err != nil {
+		p.t.Fatalf("%v\n%s", err, p.Tail(30))
 	}
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
-		p.t.Fatalf("%s still running %v after SIGTERM\n%s", p.name, timeout, p.tail(30))
-	}
-	return p.cmd.ProcessState.ExitCode(), time.Since(start)
-}
-
-// kill ends the process hard (SIGKILL): no drain, no commit, no leave.
-func (p *gkProc) kill() {
-	p.cmd.Process.Kill()
-	<-p.done
+	return code, took
 }
 
 // flow is one gatekeeper pipeline's topics: a source and the outputs.

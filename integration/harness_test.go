@@ -19,6 +19,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // servers holds the addresses TestMain resolved; read them through kafkaAddr and redisAddr.
@@ -57,6 +59,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer stop()
+	defer binary.Remove()
 	return m.Run()
 }
 
@@ -95,7 +98,7 @@ func resolveServers(ctx context.Context) (stop func(), err error) {
 		return stop, fmt.Errorf("kafka at %s: %w", servers.kafka, err)
 	}
 	t0 := time.Now()
-	if err := warmUpGroupCoordinator(ctx, servers.kafka); err != nil {
+	if err := testenv.WarmUpGroupCoordinator(ctx, servers.kafka, "gkt-warm-up"); err != nil {
 		return stop, fmt.Errorf("kafka at %s: group coordinator: %w", servers.kafka, err)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: servers.redis})
@@ -111,7 +114,7 @@ func resolveServers(ctx context.Context) (stop func(), err error) {
 // localScript runs deploy/local/<name> start, which starts the server or reuses a running one.
 // Servers started this way are left running for the next run (make servers-down stops them).
 func localScript(ctx context.Context, name string) error {
-	root, err := repoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		return err
 	}
@@ -121,24 +124,6 @@ func localScript(ctx context.Context, name string) error {
 		return fmt.Errorf("deploy/local/%s start: %w", name, err)
 	}
 	return nil
-}
-
-// repoRoot is the nearest directory above the working directory that holds go.mod.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("repository root (go.mod) not found")
-		}
-		dir = parent
-	}
 }
 
 // pingKafka sends a metadata request to addr.
@@ -153,31 +138,6 @@ func pingKafka(ctx context.Context, addr string) error {
 	}
 	_, err = conn.Brokers()
 	return err
-}
-
-// warmUpGroupCoordinator waits until consumer-group requests succeed. On a fresh broker the
-// first group request creates __consumer_offsets, and until its partitions are loaded group
-// requests fail with NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS; kafka-go's Reader gives
-// up after MaxAttempts joins, so tests would fail depending on their order.
-func warmUpGroupCoordinator(ctx context.Context, addr string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	c := &kafka.Client{Addr: kafka.TCP(addr), Timeout: 5 * time.Second, Transport: &kafka.Transport{}}
-	defer c.Transport.(*kafka.Transport).CloseIdleConnections()
-	for {
-		res, err := c.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: "gkt-warm-up", Topics: map[string][]int{}})
-		if err == nil {
-			err = res.Error
-		}
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("not ready after a minute: %w", err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }
 
 // kafkaAddr is the bootstrap address (host:port) of the test Kafka broker.

@@ -43,12 +43,12 @@ func TestGateHardKill(t *testing.T) {
 		for {
 			in, err := victim.metricValue("gatekeeper_events_in_total", `topic="`+f.Source+`"`)
 			if err == nil && in >= killAt {
-				victim.kill()
+				victim.Kill()
 				killed <- in
 				return
 			}
 			select {
-			case <-victim.done:
+			case <-victim.Done():
 				killed <- -1
 				return
 			case <-time.After(10 * time.Millisecond):
@@ -57,9 +57,9 @@ func TestGateHardKill(t *testing.T) {
 	}()
 	var replacement *gkProc
 	startReplacement := func(in float64) {
-		t.Logf("killed %s after it had taken in %v events (%v)", victim.name, in, victim.err)
+		t.Logf("killed %s after it had taken in %v events (%v)", victim.Name, in, victim.Err())
 		if in < 0 {
-			t.Fatalf("%s exited before the kill", victim.name)
+			t.Fatalf("%s exited before the kill", victim.Name)
 		}
 		replacement = startGatekeeper(t, "gk4", env)
 	}
@@ -77,7 +77,7 @@ func TestGateHardKill(t *testing.T) {
 		case in := <-killed:
 			startReplacement(in)
 		case <-time.After(60 * time.Second):
-			t.Fatalf("%s never took in %v events", victim.name, killAt)
+			t.Fatalf("%s never took in %v events", victim.Name, killAt)
 		}
 	}
 	// The victim's partitions move once the broker drops its session.

@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // Operations: health and readiness, /metrics, the usage API and its CLI twin,
@@ -49,7 +51,7 @@ func opsAvoidDayEnd(t *testing.T) {
 // opsUsageOf reads the usage API with the bearer token.
 func opsUsageOf(t *testing.T, p *gkProc, token, escapedTenant string) opsUsage {
 	t.Helper()
-	code, body, err := p.get("/v1/usage/"+escapedTenant, "Authorization", "Bearer "+token)
+	code, body, err := p.Get("/v1/usage/"+escapedTenant, "Authorization", "Bearer "+token)
 	if err != nil || code != 200 {
 		t.Fatalf("GET /v1/usage/%s: got %d %q (%v), want 200", escapedTenant, code, body, err)
 	}
@@ -63,7 +65,7 @@ func opsUsageOf(t *testing.T, p *gkProc, token, escapedTenant string) opsUsage {
 // opsMetrics scrapes /metrics.
 func opsMetrics(t *testing.T, p *gkProc) map[string]*dto.MetricFamily {
 	t.Helper()
-	code, body, err := p.get("/metrics")
+	code, body, err := p.Get("/metrics")
 	if err != nil || code != 200 {
 		t.Fatalf("GET /metrics: got %d (%v), want 200", code, err)
 	}
@@ -173,17 +175,17 @@ func TestOpsProbesWithoutRedis(t *testing.T) {
 		"GATEKEEPER_SOURCE_TOPICS":    "gkt-ops-unused",
 		"GATEKEEPER_DOWNSTREAM_TOPIC": "gkt-ops-unused.out",
 		"GATEKEEPER_LIMITS":           "*=10/1m",
-		"GATEKEEPER_REDIS_ADDRS":      freeAddr(t), // nothing listens there
+		"GATEKEEPER_REDIS_ADDRS":      testenv.FreeAddr(t), // nothing listens there
 		"GATEKEEPER_REDIS_TIMEOUT":    "500ms",
 		"GATEKEEPER_GROUP_ID":         "gk-" + uniqueName(t),
 	})
 	waitFor(t, 30*time.Second, "/healthz answers", func() (bool, string) {
-		code, body, err := gk.get("/healthz")
+		code, body, err := gk.Get("/healthz")
 		return err == nil && code == 200 && body == "ok\n", fmt.Sprintf("%d %q %v", code, body, err)
 	})
 	// Give readiness a few looks: it must stay 503 while Redis is away.
 	for i := 0; i < 3; i++ {
-		code, body, err := gk.get("/readyz")
+		code, body, err := gk.Get("/readyz")
 		if err != nil || code != 503 {
 			t.Fatalf("/readyz without Redis: got %d %q (%v), want 503", code, body, err)
 		}
@@ -224,10 +226,10 @@ func TestOpsUsageAndMetrics(t *testing.T) {
 	gk := startGatekeeper(t, "gk", env)
 	gk.waitReady(90 * time.Second)
 
-	if code, body, err := gk.get("/healthz"); err != nil || code != 200 || body != "ok\n" {
+	if code, body, err := gk.Get("/healthz"); err != nil || code != 200 || body != "ok\n" {
 		t.Errorf("/healthz: got %d %q (%v), want 200 \"ok\\n\"", code, body, err)
 	}
-	code, body, err := gk.get("/readyz")
+	code, body, err := gk.Get("/readyz")
 	if err != nil || code != 200 {
 		t.Errorf("/readyz once joined: got %d %q (%v), want 200", code, body, err)
 	}
@@ -263,7 +265,7 @@ func TestOpsUsageAndMetrics(t *testing.T) {
 	// Auth: 401 without a token, with a wrong one and with another scheme.
 	escaped := url.PathEscape(tenant)
 	for _, h := range [][]string{nil, {"Authorization", "Bearer wrong-token"}, {"Authorization", "Basic " + token}, {"Authorization", token}} {
-		code, body, err := gk.get("/v1/usage/"+escaped, h...)
+		code, body, err := gk.Get("/v1/usage/"+escaped, h...)
 		if err != nil || code != 401 {
 			t.Errorf("GET /v1/usage with header %q: got %d %q (%v), want 401", h, code, body, err)
 		}
@@ -463,11 +465,11 @@ func TestOpsLimitsFileReload(t *testing.T) {
 		})
 	}
 	select {
-	case <-gk.done:
-		t.Fatalf("gatekeeper exited after invalid limits edits: %v", gk.err)
+	case <-gk.Done():
+		t.Fatalf("gatekeeper exited after invalid limits edits: %v", gk.Err())
 	default:
 	}
-	if code, body, err := gk.get("/readyz"); err != nil || code != 200 {
+	if code, body, err := gk.Get("/readyz"); err != nil || code != 200 {
 		t.Errorf("/readyz after invalid edits: got %d %q (%v), want 200", code, body, err)
 	}
 	if got := reloads("ok"); got != 1 {
@@ -476,7 +478,7 @@ func TestOpsLimitsFileReload(t *testing.T) {
 	produce(t, f.Source, opsMessages("reload", 3))
 	decided(27)
 	check("after invalid edits", 20, "50/1d", 20, 50)
-	if !gk.logContains("limits file not applied") {
+	if !gk.LogContains("limits file not applied") {
 		t.Error("log: want a line saying the limits file was not applied")
 	}
 	if code, took := gk.terminate(30 * time.Second); code != 0 {

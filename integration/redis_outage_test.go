@@ -34,11 +34,11 @@ func TestGateRedisOutage(t *testing.T) {
 	}
 
 	// Phase 2, Redis down.
-	rs.stop()
+	rs.Stop()
 	t.Logf("redis stopped")
 	produce(t, f.Source, gen.next(phase))
 	waitFor(t, 60*time.Second, "readiness reports consumption paused", func() (bool, string) {
-		code, body, err := gk.get("/readyz")
+		code, body, err := gk.Get("/readyz")
 		return code != 200 && strings.Contains(body, "[-]consumption failed: paused"), fmt.Sprintf("%d %q %v", code, body, err)
 	})
 	// Events produced during the outage must not be forwarded unchecked:
@@ -54,13 +54,13 @@ func TestGateRedisOutage(t *testing.T) {
 			t.Fatalf("downstream during the outage: got %d events, want %d", len(down), phase)
 		}
 		select {
-		case <-gk.done:
-			t.Fatalf("gatekeeper exited during the Redis outage: %v", gk.err)
+		case <-gk.Done():
+			t.Fatalf("gatekeeper exited during the Redis outage: %v", gk.Err())
 		default:
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	if code, body, _ := gk.get("/readyz"); code == 200 {
+	if code, body, _ := gk.Get("/readyz"); code == 200 {
 		t.Errorf("/readyz during the outage: got 200, want 503\n%s", body)
 	}
 
@@ -68,7 +68,7 @@ func TestGateRedisOutage(t *testing.T) {
 	startRedisServer(t, rs.Addr)
 	t.Logf("redis restarted")
 	waitFor(t, 60*time.Second, "ready again after Redis is back", func() (bool, string) {
-		code, body, err := gk.get("/readyz")
+		code, body, err := gk.Get("/readyz")
 		return code == 200, fmt.Sprintf("%d %q %v", code, body, err)
 	})
 	produce(t, f.Source, gen.next(phase)) // phase 3
@@ -82,7 +82,7 @@ func TestGateRedisOutage(t *testing.T) {
 	if u := gk.metric(t, "gatekeeper_redis_unchecked_total"); u != 0 {
 		t.Errorf("gatekeeper_redis_unchecked_total: got %v, want 0", u)
 	}
-	if !gk.logContains("admit works again, resuming") {
+	if !gk.LogContains("admit works again, resuming") {
 		t.Errorf("log: no \"admit works again, resuming\" line")
 	}
 	t.Logf("%s; %d duplicates", o, dups)

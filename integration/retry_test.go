@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"container/heap"
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -14,7 +13,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // Tests of the retry path (issue 4): deferred events come back through the
@@ -75,63 +75,29 @@ func rtWrite(t testing.TB, w *kafka.Writer, msgs ...kafka.Message) {
 	}
 }
 
-// rtGeneration is one "consumer group generation started" log line.
-type rtGeneration struct {
-	ID         int      `json:"generation"`
-	Group      string   `json:"group"`
-	Partitions []string `json:"partitions"`
-}
-
-// rtLastGeneration returns the last generation p logged for group.
-func rtLastGeneration(p *gkProc, group string) (rtGeneration, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for i := len(p.log) - 1; i >= 0; i-- {
-		l := p.log[i]
-		if !strings.Contains(l, "consumer group generation started") {
-			continue
-		}
-		var g rtGeneration
-		if json.Unmarshal([]byte(l), &g) == nil && g.Group == group {
-			return g, true
-		}
-	}
-	return rtGeneration{}, false
-}
-
 // rtWaitAssigned waits until procs are the members of one generation of each
 // group and together own its partitions (parts per group), so that a test
 // starts with every partition consumed. It returns the partitions of each
 // process, by group.
 func rtWaitAssigned(t testing.TB, groups map[string]int, procs ...*gkProc) map[string]map[*gkProc][]string {
 	t.Helper()
-	owned := map[string]map[*gkProc][]string{}
-	waitFor(t, 90*time.Second, "consumer groups assigned", func() (bool, string) {
-		var status []string
-		ok := true
-		for group, parts := range groups {
-			seen := map[string]bool{}
-			owned[group] = map[*gkProc][]string{}
-			gen := -1
-			for _, p := range procs {
-				g, found := rtLastGeneration(p, group)
-				status = append(status, fmt.Sprintf("%s %s: generation %d %v", p.name, group, g.ID, g.Partitions))
-				if !found || (gen != -1 && g.ID != gen) {
-					ok = false
-				}
-				gen = g.ID
-				for _, part := range g.Partitions {
-					seen[part] = true
-				}
-				owned[group][p] = g.Partitions
-			}
-			if len(seen) != parts {
-				ok = false
-			}
-		}
-		return ok, strings.Join(status, "; ")
+	ps := make([]*testenv.Process, len(procs))
+	for i, p := range procs {
+		ps[i] = p.Process
+	}
+	var owned map[string][][]string
+	waitFor(t, 90*time.Second, "consumer groups assigned", func() (ok bool, status string) {
+		ok, owned, status = testenv.Assigned(groups, ps...)
+		return ok, status
 	})
-	return owned
+	byProc := map[string]map[*gkProc][]string{}
+	for group, parts := range owned {
+		byProc[group] = map[*gkProc][]string{}
+		for i, p := range procs {
+			byProc[group][p] = parts[i]
+		}
+	}
+	return byProc
 }
 
 // rtGroups are the consumer groups of a flow's gatekeepers and how many
@@ -449,7 +415,7 @@ func TestRetryNoStarvation(t *testing.T) {
 	reserved := map[string]slot{}
 	lastBurst := map[string]time.Time{} // tenant -> latest gk-due of the burst
 	waitFor(t, 60*time.Second, "burst routed", func() (bool, string) {
-		retry := rtReadRetry(t, f)
+		retry := f.readRetry(t)
 		down := readTopic(t, f.Downstream)
 		routed := map[string]bool{}
 		for _, m := range append(down, retry...) {
@@ -629,7 +595,7 @@ func TestRetryNoLossAcrossKill(t *testing.T) {
 	burst("one", 40, 60)
 	waitFor(t, 60*time.Second, "first burst routed", func() (bool, string) {
 		n := 0
-		for _, m := range append(readTopic(t, f.Downstream), rtReadRetry(t, f)...) {
+		for _, m := range append(readTopic(t, f.Downstream), f.readRetry(t)...) {
 			if id, _ := rtID(m); produced[id] {
 				n++
 			}
@@ -648,18 +614,18 @@ func TestRetryNoLossAcrossKill(t *testing.T) {
 	if waitB > waitA {
 		victim, survivor, waiting = b, a, waitB
 	}
-	victim.kill()
+	victim.Kill()
 	killedAt := time.Now()
 	t.Logf("killed %s (%v deferred events waiting; partitions %v); %s keeps %v",
-		victim.name, waiting, owned[victim], survivor.name, owned[survivor])
+		victim.Name, waiting, owned[victim], survivor.Name, owned[survivor])
 
 	// More events while it is down, then restart it.
 	burst("two", 20, 20)
-	again := startGatekeeper(t, victim.name+"-restarted", env)
+	again := startGatekeeper(t, victim.Name+"-restarted", env)
 	again.waitReady(90 * time.Second)
 	// The group drops the killed member only when its session times out.
 	rtWaitAssigned(t, rtGroups(f, 3), survivor, again)
-	t.Logf("partitions shared by %s and %s again %v after the kill", survivor.name, again.name,
+	t.Logf("partitions shared by %s and %s again %v after the kill", survivor.Name, again.Name,
 		time.Since(killedAt).Round(time.Second))
 
 	var down, dlq []kafka.Message
@@ -709,9 +675,9 @@ func rtHead(s []string) []string { return s[:min(len(s), 10)] }
 // (`x_count{topic="t"}`).
 func rtMetricSum(t testing.TB, p *gkProc, name string) float64 {
 	t.Helper()
-	code, body, err := p.get("/metrics")
+	code, body, err := p.Get("/metrics")
 	if err != nil || code != 200 {
-		t.Fatalf("%s /metrics: %d %v", p.name, code, err)
+		t.Fatalf("%s /metrics: %d %v", p.Name, code, err)
 	}
 	sum := 0.0
 	for _, l := range strings.Split(body, "\n") {
@@ -720,7 +686,7 @@ func rtMetricSum(t testing.TB, p *gkProc, name string) float64 {
 		}
 		v, err := strconv.ParseFloat(l[strings.LastIndex(l, " ")+1:], 64)
 		if err != nil {
-			t.Fatalf("%s /metrics: line %q: %v", p.name, l, err)
+			t.Fatalf("%s /metrics: line %q: %v", p.Name, l, err)
 		}
 		sum += v
 	}
@@ -829,80 +795,26 @@ func TestRetrySigned(t *testing.T) {
 }
 
 // readTopic returns every message of topic present now, partition by
-// partition. It reads with franz-go, because kafka-go reports the producer's
-// timestamp even on a LogAppendTime topic: here m.Time is the broker's append
-// time on such a topic (the timestamp of the batch), i.e. when Gatekeeper
-// forwarded the event.
+// partition (testenv.ReadTopic). It reads with franz-go, because kafka-go
+// reports the producer's timestamp even on a LogAppendTime topic: here m.Time
+// is the broker's append time on such a topic (the timestamp of the batch),
+// i.e. when Gatekeeper forwarded the event.
 func readTopic(t testing.TB, topic string) []kafka.Message {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, err := kafka.DialContext(ctx, "tcp", kafkaAddr())
+	recs, err := testenv.ReadTopic(ctx, kafkaAddr(), topic)
 	if err != nil {
 		t.Fatal(err)
 	}
-	parts, err := conn.ReadPartitions(topic)
-	conn.Close()
-	if err != nil {
-		t.Fatalf("partitions of %s: %v", topic, err)
-	}
-	from := map[int32]kgo.Offset{}
-	end := map[int32]int64{}
-	left := 0
-	for _, p := range parts {
-		pc, err := kafka.DialLeader(ctx, "tcp", kafkaAddr(), topic, p.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		first, last, err := pc.ReadOffsets()
-		pc.Close()
-		if err != nil {
-			t.Fatalf("offsets of %s/%d: %v", topic, p.ID, err)
-		}
-		if last > first {
-			from[int32(p.ID)] = kgo.NewOffset().At(first)
-			end[int32(p.ID)] = last
-			left += int(last - first)
-		}
-	}
-	if left == 0 {
-		return nil
-	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kafkaAddr()),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}),
-		kgo.FetchMaxWait(200*time.Millisecond))
-	if err != nil {
-		t.Fatalf("franz-go client: %v", err)
-	}
-	defer cl.Close()
 	var out []kafka.Message
-	for left > 0 {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("read %s: %d messages left: %v", topic, left, ctx.Err())
+	for _, r := range recs {
+		m := kafka.Message{Topic: r.Topic, Partition: int(r.Partition), Offset: r.Offset,
+			Key: r.Key, Value: r.Value, Time: r.Timestamp}
+		for _, h := range r.Headers {
+			m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})
 		}
-		fs.EachError(func(topic string, p int32, err error) { t.Fatalf("read %s/%d: %v", topic, p, err) })
-		fs.EachRecord(func(r *kgo.Record) {
-			if r.Offset >= end[r.Partition] {
-				return
-			}
-			left--
-			m := kafka.Message{Topic: r.Topic, Partition: int(r.Partition), Offset: r.Offset,
-				Key: r.Key, Value: r.Value, Time: r.Timestamp}
-			for _, h := range r.Headers {
-				m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})
-			}
-			out = append(out, m)
-		})
-	}
-	return out
-}
-
-// rtReadRetry returns the messages of every retry tier of f.
-func rtReadRetry(t testing.TB, f flow) []kafka.Message {
-	var out []kafka.Message
-	for _, tier := range []string{f.Retry, f.Retry + ".1h", f.Retry + ".long"} {
-		out = append(out, readTopic(t, tier)...)
+		out = append(out, m)
 	}
 	return out
 }

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 )
@@ -35,7 +34,7 @@ func TestGateShutdown(t *testing.T) {
 		t.Errorf("exit code after SIGTERM: got %d, want 0 (took %v)", code, took)
 	}
 	t.Logf("exited %d after %v", code, took)
-	if got, want := countLines(gk, "left consumer group"), 2; got != want {
+	if got, want := gk.CountLines("left consumer group"), 2; got != want {
 		t.Errorf("\"left consumer group\" log lines: got %d, want %d (source and retry groups)", got, want)
 	}
 	end := endOffsets(t, f.Source, parts)
@@ -141,17 +140,4 @@ func TestGateShutdownMidStream(t *testing.T) {
 	if code, took := gk2.terminate(shutdownGrace + 15*time.Second); code != 0 {
 		t.Errorf("gk2 exit code after SIGTERM: got %d, want 0 (took %v)", code, took)
 	}
-}
-
-// countLines returns how many log lines of p contain s.
-func countLines(p *gkProc, s string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, l := range p.log {
-		if strings.Contains(l, s) {
-			n++
-		}
-	}
-	return n
 }

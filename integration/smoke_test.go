@@ -66,14 +66,14 @@ func TestMissingTopicStopsStartup(t *testing.T) {
 	f := newFlow(t, 1)
 	gk := startGatekeeper(t, "gk", f.env(t, "GATEKEEPER_LIMITS", "*=10/1m", "GATEKEEPER_SOURCE_TOPICS", f.Source+",no-such-topic-"+f.Source))
 	select {
-	case <-gk.done:
+	case <-gk.Done():
 	case <-time.After(60 * time.Second):
 		t.Fatalf("still running a minute after start with a missing source topic")
 	}
-	if code := gk.cmd.ProcessState.ExitCode(); code != 1 {
+	if code := gk.ExitCode(); code != 1 {
 		t.Errorf("exit code: got %d, want 1", code)
 	}
-	if !gk.logContains(`no-such-topic-` + f.Source) {
-		t.Errorf("log does not name the missing topic:\n%s", gk.tail(10))
+	if !gk.LogContains(`no-such-topic-` + f.Source) {
+		t.Errorf("log does not name the missing topic:\n%s", gk.Tail(10))
 	}
 }

@@ -311,15 +311,22 @@ func runDemo(ctx context.Context, opts demoOptions) (*demoSummary, error) {
 		return nil, errors.Join(err, perr)
 	}
 
-	view := newDemoView(opts, names, srv.short)
-	defer view.close()
 	say("%s of traffic; limits %s, deferral horizon %v", opts.Duration, cfg.Limits, demoHorizon)
+	return showDemo(ctx, opts, env, srv, tl, pipe, stopReaders)
+}
+
+// showDemo runs the traffic for opts.Duration under the live view, drains,
+// stops the pipeline and summarises what the readers saw.
+func showDemo(ctx context.Context, opts demoOptions, env *demoEnv, srv *demoServers, tl *tally,
+	pipe *demoPipeline, stopReaders func()) (*demoSummary, error) {
+	view := newDemoView(opts, env.names, srv.short)
+	defer view.close()
 
 	// Traffic, with the view refreshed until it ends.
 	start := time.Now()
 	tick := time.NewTicker(opts.redrawEvery())
 	defer tick.Stop()
-	prod := newDemoProducer(srv.brokers, env.transport, names.Source, tl)
+	prod := newDemoProducer(srv.brokers, env.transport, env.names.Source, tl)
 	defer prod.Close()
 	trafficErr, err := runDemoTraffic(ctx, prod, opts.Duration, tl, view, tick, pipe.done, start)
 	if err != nil {
@@ -332,7 +339,7 @@ func runDemo(ctx context.Context, opts demoOptions) (*demoSummary, error) {
 		return nil, err
 	}
 	view.draw(tl.snapshot(time.Now()), "stopping", time.Since(start))
-	perr := pipe.stop(cfg.ShutdownGrace)
+	perr := pipe.stop(env.cfg.ShutdownGrace)
 	sum := env.collect(tl, stopReaders)
 	sum.Traffic = trafficTime
 	sum.Interrupted = interrupted

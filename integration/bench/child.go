@@ -82,26 +82,64 @@ const (
 func runChild(c childConfig) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	if c.CPUProfile != "" {
-		f, err := os.Create(c.CPUProfile)
+		stopProfile, err := startCPUProfile(c.CPUProfile)
 		if err != nil {
 			return err
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer func() { pprof.StopCPUProfile(); f.Close() }()
+		defer stopProfile()
 	}
+	p, closeParts := newChildParts(c)
+	defer closeParts()
+	g, gctx := errgroup.WithContext(ctx)
+	h, err := p.handler(ctx, c, func(run func(context.Context) error) { g.Go(func() error { return run(gctx) }) })
+	if err != nil {
+		return err
+	}
+	src, err := consume.NewGroup(p.group, h)
+	if err != nil {
+		return err
+	}
+	g.Go(func() error { return src.Run(gctx) })
+	return g.Wait()
+}
+
+// startCPUProfile writes a CPU profile to path until stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// childParts are what every in-process mode shares: Gatekeeper's writer,
+// Router and consumer settings, and a Redis client (none for passthrough).
+type childParts struct {
+	log     *slog.Logger
+	group   consume.Config
+	topics  route.Topics
+	rdb     *redis.Client
+	reg     *prometheus.Registry
+	metrics *route.Metrics
+	router  *route.Router
+}
+
+// newChildParts builds the shared parts of c's mode; closeParts closes them.
+func newChildParts(c childConfig) (p *childParts, closeParts func()) {
+	p = &childParts{log: slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		reg: prometheus.NewRegistry()}
 	brokers := strings.Split(c.Brokers, ",")
 	transport := &kafka.Transport{ClientID: "gkbench", DialTimeout: kafkaTimeout, IdleTimeout: 30 * time.Second, MetadataTTL: 15 * time.Second}
-	defer transport.CloseIdleConnections()
 	writer := route.NewKafkaWriter(brokers, route.WriterOptions{
-		Transport: transport, WriteTimeout: kafkaTimeout, ReadTimeout: kafkaTimeout, Logger: log,
+		Transport: transport, WriteTimeout: kafkaTimeout, ReadTimeout: kafkaTimeout, Logger: p.log,
 	})
-	defer writer.Close()
-	topics := route.Topics{Downstream: c.Downstream, Retry: c.Downstream + ".retry", DLQ: c.Downstream + ".dlq"}
-	group := consume.Config{
+	p.topics = route.Topics{Downstream: c.Downstream, Retry: c.Downstream + ".retry", DLQ: c.Downstream + ".dlq"}
+	p.group = consume.Config{
 		Brokers:          brokers,
 		GroupID:          c.Group,
 		Topics:           strings.Split(c.Sources, ","),
@@ -111,101 +149,122 @@ func runChild(c childConfig) error {
 		Timeout:          kafkaTimeout,
 		RebalanceTimeout: rebalanceTimeout,
 		Dialer:           &kafka.Dialer{ClientID: "gkbench", Timeout: kafkaTimeout, DualStack: true},
-		Logger:           log,
+		Logger:           p.log,
 	}
-	var rdb *redis.Client
 	if c.Mode != modePassthrough {
-		rdb = redis.NewClient(&redis.Options{
+		p.rdb = redis.NewClient(&redis.Options{
 			Addr: c.Redis, DialTimeout: redisTimeout, ReadTimeout: redisTimeout, WriteTimeout: redisTimeout,
 			PoolTimeout: redisTimeout, ContextTimeoutEnabled: true,
 		})
-		defer rdb.Close()
 	}
-	reg := prometheus.NewRegistry()
-	metrics, err := route.NewMetrics(reg)
-	if err != nil {
-		return err
-	}
-	router := &route.Router{Writer: writer, Topics: topics, Clock: time.Now, Logger: log, Metrics: metrics}
-	extractor, err := route.ParseTenantFrom("key")
-	if err != nil {
-		return err
-	}
-	gate := func(a route.Admitter) consume.Handler {
-		return &route.Gate{Extractor: extractor, Admission: route.Admission{Admitter: a, Router: router,
-			OnRedisError: route.RedisPause, Clock: time.Now, Logger: log, Metrics: metrics}}
-	}
-
-	g, gctx := errgroup.WithContext(ctx)
-	var h consume.Handler
-	switch c.Mode {
-	case modePassthrough:
-		// The ceiling: the same consumer, Router and writer; every event
-		// goes downstream, nothing is asked of Redis.
-		// The items slice is recycled, as the Gate recycles its own.
-		router.Metrics = nil
-		var pool sync.Pool
-		h = consume.HandlerFunc(func(ctx context.Context, msgs []kafka.Message) error {
-			p, _ := pool.Get().(*[]route.Item)
-			if p == nil {
-				p = new([]route.Item)
-			}
-			items := slices.Grow((*p)[:0], len(msgs))[:len(msgs)]
-			for i, m := range msgs {
-				items[i] = route.Item{Msg: m, Outcome: route.Forward}
-			}
-			err := router.Route(ctx, items)
-			clear(items)
-			*p = items
-			pool.Put(p)
-			return err
-		})
-	case modeSeedNaive:
-		a := &seedAdmitter{rdb: rdb, script: redis.NewScript(lua.TTLIncr), prefix: c.Prefix, limit: c.Limit, window: c.Window}
-		if err := a.script.Load(ctx, rdb).Err(); err != nil {
-			return fmt.Errorf("load seed script: %w", err)
+	p.router = &route.Router{Writer: writer, Topics: p.topics, Clock: time.Now, Logger: p.log}
+	return p, func() {
+		if p.rdb != nil {
+			p.rdb.Close()
 		}
-		h = gate(a)
+		writer.Close()
+		transport.CloseIdleConnections()
+	}
+}
+
+// handler returns the source consumer's handler for c's mode; goRun runs a
+// further consumer the mode needs beside it (the retry tiers of
+// gatekeeper-lib).
+func (p *childParts) handler(ctx context.Context, c childConfig, goRun func(func(context.Context) error)) (consume.Handler, error) {
+	if c.Mode == modePassthrough {
+		return passthrough(p.router), nil
+	}
+	var err error
+	if p.metrics, err = route.NewMetrics(p.reg); err != nil {
+		return nil, err
+	}
+	p.router.Metrics = p.metrics
+	switch c.Mode {
+	case modeSeedNaive:
+		a := &seedAdmitter{rdb: p.rdb, script: redis.NewScript(lua.TTLIncr), prefix: c.Prefix, limit: c.Limit, window: c.Window}
+		if err := a.script.Load(ctx, p.rdb).Err(); err != nil {
+			return nil, fmt.Errorf("load seed script: %w", err)
+		}
+		return p.gate(a)
 	case modeRedisRate:
-		h = gate(&rateAdmitter{
-			lim: redis_rate.NewLimiter(rdb), prefix: c.Prefix,
+		return p.gate(&rateAdmitter{
+			lim: redis_rate.NewLimiter(p.rdb), prefix: c.Prefix,
 			limit: redis_rate.Limit{Rate: int(c.Limit), Burst: int(c.Limit), Period: c.Window},
 		})
 	case modeGatekeeperLib:
-		// Gatekeeper's own parts wired as internal/worker/pipeline.go does,
-		// in-process, so that it can be profiled (-cpuprofile).
-		rules, err := limit.ParseRules(fmt.Sprintf("*=%d/%s", c.Limit, ruleUnit(c.Window)))
-		if err != nil {
-			return err
-		}
-		lim, err := limit.New(ctx, rdb, rules, limit.Options{Prefix: c.Prefix, WindowKind: limit.WindowKind(c.WindowKind),
-			Timeout: redisTimeout, Registerer: reg})
-		if err != nil {
-			return err
-		}
-		h = gate(lim)
-		retrier := &route.Retrier{Admission: route.Admission{Admitter: lim, Router: router,
-			OnRedisError: route.RedisPause, Clock: time.Now, Logger: log, Metrics: metrics}}
-		dc := consume.DelayedConfig{Config: group, ReleaseAt: topics.ReleaseAt}
-		dc.GroupID = c.Group + ".retry"
-		dc.Topics = nil
-		for _, t := range topics.Tiers() {
-			dc.Topics = append(dc.Topics, t.Topic)
-		}
-		retry, err := consume.NewDelayed(dc, retrier)
-		if err != nil {
-			return err
-		}
-		g.Go(func() error { return retry.Run(gctx) })
+		return p.gatekeeperLib(ctx, c, goRun)
 	default:
-		return fmt.Errorf("unknown mode %q", c.Mode)
+		return nil, fmt.Errorf("unknown mode %q", c.Mode)
 	}
-	src, err := consume.NewGroup(group, h)
-	if err != nil {
+}
+
+// passthrough is the ceiling: the same consumer, Router and writer; every
+// event goes downstream, nothing is asked of Redis. The items slice is
+// recycled, as the Gate recycles its own.
+func passthrough(router *route.Router) consume.Handler {
+	var pool sync.Pool
+	return consume.HandlerFunc(func(ctx context.Context, msgs []kafka.Message) error {
+		p, _ := pool.Get().(*[]route.Item)
+		if p == nil {
+			p = new([]route.Item)
+		}
+		items := slices.Grow((*p)[:0], len(msgs))[:len(msgs)]
+		for i, m := range msgs {
+			items[i] = route.Item{Msg: m, Outcome: route.Forward}
+		}
+		err := router.Route(ctx, items)
+		clear(items)
+		*p = items
+		pool.Put(p)
 		return err
+	})
+}
+
+// admission is the Gate's and the Retrier's admission over a.
+func (p *childParts) admission(a route.Admitter) route.Admission {
+	return route.Admission{Admitter: a, Router: p.router, OnRedisError: route.RedisPause, Clock: time.Now,
+		Logger: p.log, Metrics: p.metrics}
+}
+
+// gate is a Gate over a that takes the tenant from the key.
+func (p *childParts) gate(a route.Admitter) (consume.Handler, error) {
+	extractor, err := route.ParseTenantFrom("key")
+	if err != nil {
+		return nil, err
 	}
-	g.Go(func() error { return src.Run(gctx) })
-	return g.Wait()
+	return &route.Gate{Extractor: extractor, Admission: p.admission(a)}, nil
+}
+
+// gatekeeperLib is Gatekeeper's own parts wired as
+// internal/worker/pipeline.go does, in-process, so that it can be profiled
+// (-cpuprofile): the Gate over the limiter, and the retry tiers' consumer
+// (started with goRun).
+func (p *childParts) gatekeeperLib(ctx context.Context, c childConfig, goRun func(func(context.Context) error)) (consume.Handler, error) {
+	rules, err := limit.ParseRules(fmt.Sprintf("*=%d/%s", c.Limit, ruleUnit(c.Window)))
+	if err != nil {
+		return nil, err
+	}
+	lim, err := limit.New(ctx, p.rdb, rules, limit.Options{Prefix: c.Prefix, WindowKind: limit.WindowKind(c.WindowKind),
+		Timeout: redisTimeout, Registerer: p.reg})
+	if err != nil {
+		return nil, err
+	}
+	h, err := p.gate(lim)
+	if err != nil {
+		return nil, err
+	}
+	dc := consume.DelayedConfig{Config: p.group, ReleaseAt: p.topics.ReleaseAt}
+	dc.GroupID = c.Group + ".retry"
+	dc.Topics = nil
+	for _, t := range p.topics.Tiers() {
+		dc.Topics = append(dc.Topics, t.Topic)
+	}
+	retry, err := consume.NewDelayed(dc, &route.Retrier{Admission: p.admission(lim)})
+	if err != nil {
+		return nil, err
+	}
+	goRun(retry.Run)
+	return h, nil
 }
 
 // ruleUnit writes a window length in LIMITS units.

@@ -209,45 +209,15 @@ type driver struct {
 	self  string
 }
 
+// run runs the benchmark: every mode on one data set, then the sweep.
 func run(ctx context.Context, o options) error {
-	if err := os.MkdirAll(o.Work, 0o755); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(o.Out, 0o755); err != nil {
-		return err
-	}
-	self, err := os.Executable()
+	d, closeDriver, err := newDriver(ctx, o)
 	if err != nil {
 		return err
 	}
-	d := &driver{
-		o:     o,
-		admin: newKafkaAdmin(o.Brokers),
-		rdb:   redis.NewClient(&redis.Options{Addr: o.Redis, ClientName: "gkbench-driver", PoolSize: 1}),
-		runID: strconv.FormatInt(time.Now().Unix()%1000000, 36),
-		self:  self,
-	}
-	defer d.rdb.Close()
-	if err := d.rdb.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("redis at %s: %w", o.Redis, err)
-	}
-	unlock, err := lock(ctx, d.rdb, fmt.Sprintf("run %s, pid %d", d.runID, os.Getpid()), 30*time.Minute, logf)
-	if err != nil {
+	defer closeDriver()
+	if err := d.buildGatekeeper(ctx); err != nil {
 		return err
-	}
-	defer unlock()
-	if slices.Contains(o.Modes, modeGatekeeper) && d.o.GKBin == "" {
-		bin, err := filepath.Abs(filepath.Join(o.Work, "gatekeeper"))
-		if err != nil {
-			return err
-		}
-		logf("building ./cmd/gatekeeper into %s", bin)
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/gatekeeper")
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("build gatekeeper: %w", err)
-		}
-		d.o.GKBin = bin
 	}
 	m, err := describeMachine(ctx, d.rdb)
 	if err != nil {
@@ -255,8 +225,77 @@ func run(ctx context.Context, o options) error {
 	}
 	logf("machine: %s", m.String())
 	rep := report{Machine: m, Started: time.Now().UTC()}
+	if err := d.mainScenario(ctx, &rep); err != nil {
+		return err
+	}
+	if err := d.sweepScenario(ctx, &rep); err != nil {
+		return err
+	}
+	rep.Finished = time.Now().UTC()
+	if err := rep.write(o.Out); err != nil {
+		return err
+	}
+	logf("results in %s", filepath.Join(o.Out, "results.md"))
+	fmt.Println(rep.mainTable())
+	return nil
+}
 
-	// Scenario 1: every mode on the same data set.
+// newDriver makes the work and output directories, connects to Redis and
+// takes the benchmark lock on it; closeDriver releases both.
+func newDriver(ctx context.Context, o options) (d *driver, closeDriver func(), err error) {
+	if err := os.MkdirAll(o.Work, 0o755); err != nil {
+		return nil, nil, err
+	}
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return nil, nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, nil, err
+	}
+	d = &driver{
+		o:     o,
+		admin: newKafkaAdmin(o.Brokers),
+		rdb:   redis.NewClient(&redis.Options{Addr: o.Redis, ClientName: "gkbench-driver", PoolSize: 1}),
+		runID: strconv.FormatInt(time.Now().Unix()%1000000, 36),
+		self:  self,
+	}
+	if err := d.rdb.Ping(ctx).Err(); err != nil {
+		d.rdb.Close()
+		return nil, nil, fmt.Errorf("redis at %s: %w", o.Redis, err)
+	}
+	unlock, err := lock(ctx, d.rdb, fmt.Sprintf("run %s, pid %d", d.runID, os.Getpid()), 30*time.Minute, logf)
+	if err != nil {
+		d.rdb.Close()
+		return nil, nil, err
+	}
+	return d, func() { unlock(); d.rdb.Close() }, nil
+}
+
+// buildGatekeeper builds ./cmd/gatekeeper into the work directory when the
+// gatekeeper mode runs and no binary was given.
+func (d *driver) buildGatekeeper(ctx context.Context) error {
+	if !slices.Contains(d.o.Modes, modeGatekeeper) || d.o.GKBin != "" {
+		return nil
+	}
+	bin, err := filepath.Abs(filepath.Join(d.o.Work, "gatekeeper"))
+	if err != nil {
+		return err
+	}
+	logf("building ./cmd/gatekeeper into %s", bin)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/gatekeeper")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("build gatekeeper: %w", err)
+	}
+	d.o.GKBin = bin
+	return nil
+}
+
+// mainScenario runs every mode on the same data set, o.Rounds times, and
+// writes the report after each run with the median of each mode's rounds.
+func (d *driver) mainScenario(ctx context.Context, rep *report) error {
+	o := d.o
 	wl := o.Workload
 	src, limit, err := d.dataset(ctx, wl)
 	if err != nil {
@@ -294,47 +333,46 @@ func run(ctx context.Context, o options) error {
 	if !o.Keep && !o.KeepData {
 		d.cleanupTopics(ctx, src)
 	}
+	return nil
+}
 
-	// Scenario 2: Gatekeeper over tenants x batch size, with passthrough
-	// per batch size as its ceiling.
-	if o.SweepEvents > 0 {
-		for _, tenants := range o.SweepTenant {
-			wl := o.Workload
-			wl.Events, wl.Tenants = o.SweepEvents, tenants
-			src, limit, err := d.dataset(ctx, wl)
-			if err != nil {
-				return err
+// sweepScenario runs Gatekeeper over tenants x batch size, with passthrough
+// per batch size as its ceiling, when o.SweepEvents is set.
+func (d *driver) sweepScenario(ctx context.Context, rep *report) error {
+	o := d.o
+	if o.SweepEvents <= 0 {
+		return nil
+	}
+	for _, tenants := range o.SweepTenant {
+		wl := o.Workload
+		wl.Events, wl.Tenants = o.SweepEvents, tenants
+		src, limit, err := d.dataset(ctx, wl)
+		if err != nil {
+			return err
+		}
+		for _, b := range o.SweepBatch {
+			modes := []string{modeGatekeeper}
+			if tenants == o.SweepTenant[0] {
+				// Passthrough does not look at tenants: once per batch size.
+				modes = []string{modePassthrough, modeGatekeeper}
 			}
-			for _, b := range o.SweepBatch {
-				modes := []string{modeGatekeeper}
-				if tenants == o.SweepTenant[0] {
-					// Passthrough does not look at tenants: once per batch size.
-					modes = []string{modePassthrough, modeGatekeeper}
+			for _, mode := range modes {
+				r, err := d.runMode(ctx, modeRun{mode: mode, wl: wl, src: src, limit: limit, batch: b,
+					tag: fmt.Sprintf("sw-%s-t%d-b%d", mode, tenants, b)})
+				if err != nil {
+					return fmt.Errorf("sweep %s tenants=%d batch=%d: %w", mode, tenants, b, err)
 				}
-				for _, mode := range modes {
-					r, err := d.runMode(ctx, modeRun{mode: mode, wl: wl, src: src, limit: limit, batch: b,
-						tag: fmt.Sprintf("sw-%s-t%d-b%d", mode, tenants, b)})
-					if err != nil {
-						return fmt.Errorf("sweep %s tenants=%d batch=%d: %w", mode, tenants, b, err)
-					}
-					rep.Sweep = append(rep.Sweep, r)
-					rep.fillRatios()
-					if err := rep.write(o.Out); err != nil {
-						return err
-					}
+				rep.Sweep = append(rep.Sweep, r)
+				rep.fillRatios()
+				if err := rep.write(o.Out); err != nil {
+					return err
 				}
-			}
-			if !o.Keep && !o.KeepData {
-				d.cleanupTopics(ctx, src)
 			}
 		}
+		if !o.Keep && !o.KeepData {
+			d.cleanupTopics(ctx, src)
+		}
 	}
-	rep.Finished = time.Now().UTC()
-	if err := rep.write(o.Out); err != nil {
-		return err
-	}
-	logf("results in %s", filepath.Join(o.Out, "results.md"))
-	fmt.Println(rep.mainTable())
 	return nil
 }
 
@@ -380,206 +418,6 @@ func (d *driver) cleanupTopics(ctx context.Context, topics ...string) {
 	if err := d.admin.deleteTopics(ctx, topics...); err != nil {
 		logf("warning: %v", err)
 	}
-}
-
-// modeRun is one mode over one data set.
-type modeRun struct {
-	mode  string
-	wl    workload
-	src   string
-	limit int
-	batch int
-	live  int
-	tag   string
-}
-
-func (d *driver) runMode(ctx context.Context, mr modeRun) (result, error) {
-	o := d.o
-	base := fmt.Sprintf("gkbench-%s-%s", d.runID, mr.tag)
-	live := base + "-live"
-	out := base + "-out"
-	outputs := []string{out, out + ".retry", out + ".retry.1h", out + ".retry.long", out + ".dlq"}
-	res := result{Mode: mr.mode, Events: mr.wl.Events, Tenants: mr.wl.Tenants, Batch: mr.batch, Limit: mr.limit}
-	if err := d.admin.createTopics(ctx, mr.wl.Partitions, false, live); err != nil {
-		return res, err
-	}
-	if err := d.admin.createTopics(ctx, mr.wl.Partitions, true, outputs...); err != nil {
-		return res, err
-	}
-	if !o.Keep {
-		defer d.cleanupTopics(context.WithoutCancel(ctx), append([]string{live}, outputs...)...)
-		defer func() {
-			for _, p := range []string{base, "rate:" + base} {
-				if _, err := deletePrefix(context.WithoutCancel(ctx), d.rdb, p); err != nil {
-					logf("warning: delete redis keys %s*: %v", p, err)
-				}
-			}
-		}()
-	}
-	if n, err := otherClients(ctx, d.rdb); err == nil && n > 0 {
-		res.Notes = append(res.Notes, fmt.Sprintf("%d other Redis clients connected at start: command counts may include their calls", n))
-		logf("warning: %d other clients are connected to Redis %s: its command counts may include their calls (use a Redis of its own: GATEKEEPER_BENCH_REDIS)", n, o.Redis)
-	}
-	if err := resetStats(ctx, d.rdb); err != nil {
-		return res, err
-	}
-
-	logPath := filepath.Join(o.Work, base+".log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		return res, err
-	}
-	defer logFile.Close()
-	var cmd *exec.Cmd
-	if mr.mode == modeGatekeeper {
-		cmd = exec.Command(o.GKBin)
-		cmd.Env = gatekeeperEnv(map[string]string{
-			"KAFKA_BROKERS":    strings.Join(o.Brokers, ","),
-			"GROUP_ID":         base,
-			"SOURCE_TOPICS":    mr.src + "," + live,
-			"DOWNSTREAM_TOPIC": out,
-			"REDIS_ADDRS":      o.Redis,
-			"REDIS_KEY_PREFIX": base,
-			"LIMITS":           fmt.Sprintf("*=%d/%s", mr.limit, ruleUnit(o.WindowLen)),
-			"WINDOW":           o.Window,
-			"BATCH_SIZE":       strconv.Itoa(mr.batch),
-			"HTTP_ADDR":        "127.0.0.1:0",
-		}, o.GKEnv)
-	} else {
-		c := childConfig{Mode: mr.mode, Brokers: strings.Join(o.Brokers, ","), Redis: o.Redis, Group: base,
-			Sources: mr.src + "," + live, Downstream: out, BatchSize: mr.batch, Limit: int64(mr.limit),
-			Window: o.WindowLen, WindowKind: o.Window, Prefix: base}
-		if o.Profile {
-			c.CPUProfile, _ = filepath.Abs(filepath.Join(o.Work, base+".cpu.pprof"))
-		}
-		cmd = exec.Command(d.self, c.args()...)
-	}
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		return res, fmt.Errorf("start: %w", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stopChild := func() error {
-		if cmd.ProcessState != nil {
-			return nil
-		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			return err
-		case <-time.After(45 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-			return errors.New("did not stop within 45s of SIGTERM; killed")
-		}
-	}
-	defer func() { _ = stopChild() }()
-	logf("[%s] started (pid %d, batch %d, log %s)", mr.tag, cmd.Process.Pid, mr.batch, logPath)
-	meter := &cpuMeter{rdb: d.rdb, child: cmd.Process.Pid}
-	meter.kafkaPID, _ = pidFromFile(o.KafkaPIDFile)
-	if err := meter.start(ctx); err != nil {
-		return res, err
-	}
-	// Peak RSS is the child's VmHWM, read while it runs. (rusage's Maxrss
-	// would do, but on Linux a child started by vfork+exec reports at least
-	// the parent's RSS at the fork.)
-	var peakKB int64
-	sampleRSS := func() {
-		if kb, err := vmHWM(cmd.Process.Pid); err == nil {
-			peakKB = max(peakKB, kb)
-		}
-	}
-
-	// Drain the backlog, with a progress line every 5 seconds.
-	want := int64(mr.wl.Events)
-	deadline := time.Now().Add(o.ModeTimeout)
-	var lastN, progressN int64
-	lastT, lastLog, progressT := time.Now(), time.Now(), time.Now()
-	for {
-		n, err := d.admin.total(ctx, mr.wl.Partitions, outputs...)
-		if err != nil {
-			return res, err
-		}
-		if n >= want {
-			break
-		}
-		if n != progressN {
-			progressN, progressT = n, time.Now()
-		} else if time.Since(progressT) > o.StallTimeout {
-			return res, fmt.Errorf("no progress for %v (%d/%d events out); see %s", o.StallTimeout, n, want, logPath)
-		}
-		if time.Since(lastLog) >= 5*time.Second {
-			rate := float64(n-lastN) / time.Since(lastT).Seconds()
-			logf("[%s] %d/%d events out (%.0f%%), %.0f ev/s, %s", mr.tag, n, want, 100*float64(n)/float64(want), rate,
-				time.Since(start).Round(time.Second))
-			lastN, lastT, lastLog = n, time.Now(), time.Now()
-		}
-		sampleRSS()
-		select {
-		case err := <-exited:
-			return res, fmt.Errorf("exited early (%v); see %s", err, logPath)
-		case <-ctx.Done():
-			return res, ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return res, fmt.Errorf("not drained within %v (%d/%d events out)", o.ModeTimeout, n, want)
-		}
-	}
-	res.WallSeconds = time.Since(start).Seconds()
-	if res.DrainCPU, res.KafkaCPU, res.RedisCPU, err = meter.stop(ctx); err != nil {
-		return res, err
-	}
-	stats, usec, err := readStats(ctx, d.rdb)
-	if err != nil {
-		return res, err
-	}
-	res.RedisCalls, res.EvalSHA = stats.total(), stats["evalsha"]
-	res.RedisBusySeconds = float64(usec.busy()) / 1e6
-	res.TopCommands = stats.top(8)
-	ends := map[string]map[int]int64{}
-	for _, t := range outputs {
-		if ends[t], err = d.admin.ends(ctx, t, mr.wl.Partitions); err != nil {
-			return res, err
-		}
-	}
-	res.Forwarded = sum(ends[out])
-	res.Diverted = sum(ends[out+".retry"]) + sum(ends[out+".retry.1h"]) + sum(ends[out+".retry.long"])
-	res.DeadLettered = sum(ends[out+".dlq"])
-	first, last, err := d.admin.appendSpan(ctx, ends)
-	if err != nil {
-		return res, err
-	}
-	res.Seconds = last.Sub(first).Seconds()
-	res.EventsPerSec = float64(mr.wl.Events) / max(res.Seconds, 0.001)
-	logf("[%s] drained %d events in %.1fs: %.0f ev/s; redis calls %d (evalsha %d), redis busy %.2fs; out %d, diverted %d, dlq %d",
-		mr.tag, want, res.Seconds, res.EventsPerSec, res.RedisCalls, res.EvalSHA, res.RedisBusySeconds, res.Forwarded, res.Diverted, res.DeadLettered)
-	logf("[%s] CPU from start to drained: process %.1fs, Kafka broker %s, Redis %.1fs", mr.tag, res.DrainCPU, kafkaCPU(res.KafkaCPU), res.RedisCPU)
-
-	// Paced phase: latency from source append to output append.
-	if mr.live > 0 {
-		lat, err := d.latency(ctx, mr, live, outputs, ends, exited)
-		if err != nil {
-			return res, err
-		}
-		res.LatencyN = len(lat)
-		res.P50ms, res.P99ms = percentile(lat, 0.50), percentile(lat, 0.99)
-		logf("[%s] latency over %d paced events at %d ev/s: p50 %.1f ms, p99 %.1f ms", mr.tag, len(lat), o.LiveRate, res.P50ms, res.P99ms)
-	}
-
-	sampleRSS()
-	res.PeakRSSMB = float64(peakKB) / 1024
-	if err := stopChild(); err != nil {
-		res.Notes = append(res.Notes, fmt.Sprintf("stop: %v", err))
-		logf("[%s] warning: stop: %v", mr.tag, err)
-	}
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		res.CPUSeconds = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-	}
-	logf("[%s] peak RSS %.0f MB, CPU %.1fs", mr.tag, res.PeakRSSMB, res.CPUSeconds)
-	return res, nil
 }
 
 func kafkaCPU(s float64) string {

@@ -109,12 +109,23 @@ func (c *collector) add(r *kgo.Record) {
 		c.next[r.Topic] = map[int32]int64{}
 	}
 	c.next[r.Topic][r.Partition] = r.Offset + 1
-	id, ok := eventID(r.Value)
+	e, ok := outEventOf(r)
 	if !ok {
 		c.foreign++
 		return
 	}
-	e := outEvent{topic: r.Topic, partition: r.Partition, offset: r.Offset, id: id, tenant: string(r.Key), at: r.Timestamp}
+	c.events = append(c.events, e)
+	c.ids[e.id] = true
+}
+
+// outEventOf reads the test event of r; ok is false for a record without a
+// test event value.
+func outEventOf(r *kgo.Record) (e outEvent, ok bool) {
+	id, ok := eventID(r.Value)
+	if !ok {
+		return outEvent{}, false
+	}
+	e = outEvent{topic: r.Topic, partition: r.Partition, offset: r.Offset, id: id, tenant: string(r.Key), at: r.Timestamp}
 	for _, h := range r.Headers {
 		switch h.Key {
 		case "gk-due":
@@ -127,8 +138,7 @@ func (c *collector) add(r *kgo.Record) {
 			e.reason = string(h.Value)
 		}
 	}
-	c.events = append(c.events, e)
-	c.ids[id] = true
+	return e, true
 }
 
 // unixMillis reads a unix-ms header value; zero time if it is not a number.

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // The setting every scenario shares.
@@ -46,11 +48,11 @@ func TestRollingUpdate(t *testing.T) {
 			for i := range 3 {
 				r.sleepUntil(1500*time.Millisecond + time.Duration(i)*10*time.Second)
 				old := r.fleet.procs()[0] // the oldest
-				r.mark("replace " + old.name)
+				r.mark("replace " + old.Name)
 				r.fleet.terminate(r.t, shutdownGrace, old)
 				p := r.fleet.start(r.t)
-				p.waitReady(r.t, 90*time.Second)
-				r.t.Logf("fault: %s replaced by %s (ready at +%v)", old.name, p.name, r.since())
+				p.WaitReady(r.t, 90*time.Second)
+				r.t.Logf("fault: %s replaced by %s (ready at +%v)", old.Name, p.Name, r.since())
 			}
 			return dupParams{BatchSize: batchSize}
 		}})
@@ -63,16 +65,16 @@ func TestScaling(t *testing.T) {
 		fault: func(r *run) dupParams {
 			r.sleepUntil(5 * time.Second)
 			r.mark("scale 1->3")
-			ps := []*gkProc{r.fleet.start(r.t), r.fleet.start(r.t)}
+			ps := []*testenv.Process{r.fleet.start(r.t), r.fleet.start(r.t)}
 			for _, p := range ps {
-				p.waitReady(r.t, 90*time.Second)
+				p.WaitReady(r.t, 90*time.Second)
 			}
-			r.t.Logf("fault: %s and %s ready at +%v", ps[0].name, ps[1].name, r.since())
+			r.t.Logf("fault: %s and %s ready at +%v", ps[0].Name, ps[1].Name, r.since())
 			r.sleepUntil(16 * time.Second)
 			r.mark("scale 3->1")
 			live := r.fleet.procs()
 			r.fleet.terminate(r.t, shutdownGrace, live[0], live[1])
-			r.t.Logf("fault: %s keeps running alone (+%v)", r.fleet.procs()[0].name, r.since())
+			r.t.Logf("fault: %s keeps running alone (+%v)", r.fleet.procs()[0].Name, r.since())
 			return dupParams{BatchSize: batchSize}
 		}})
 }
@@ -86,18 +88,18 @@ func TestSigkill(t *testing.T) {
 		fault: func(r *run) dupParams {
 			r.sleepUntil(8 * time.Second)
 			victim := r.fleet.procs()[1]
-			src, ok1 := victim.lastGeneration(r.flow.Group)
-			retry, ok2 := victim.lastGeneration(r.flow.RetryGroup())
+			src, ok1 := victim.LastGeneration(r.flow.Group)
+			retry, ok2 := victim.LastGeneration(r.flow.RetryGroup())
 			if !ok1 || !ok2 {
-				r.t.Fatalf("%s logged no generation of %s and %s", victim.name, r.flow.Group, r.flow.RetryGroup())
+				r.t.Fatalf("%s logged no generation of %s and %s", victim.Name, r.flow.Group, r.flow.RetryGroup())
 			}
-			r.mark("SIGKILL " + victim.name)
+			r.mark("SIGKILL " + victim.Name)
 			r.fleet.kill(victim)
-			r.t.Logf("fault: %s killed; it owned %v and %v", victim.name, src.Partitions, retry.Partitions)
+			r.t.Logf("fault: %s killed; it owned %v and %v", victim.Name, src.Partitions, retry.Partitions)
 			time.Sleep(3 * time.Second)
 			p := r.fleet.start(r.t)
-			p.waitReady(r.t, 90*time.Second)
-			r.t.Logf("fault: %s started in its place, ready at +%v", p.name, r.since())
+			p.WaitReady(r.t, 90*time.Second)
+			r.t.Logf("fault: %s started in its place, ready at +%v", p.Name, r.since())
 			return dupParams{SourceOwned: len(src.Partitions), RetryOwned: len(retry.Partitions), BatchSize: batchSize}
 		}})
 }

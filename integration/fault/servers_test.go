@@ -21,28 +21,26 @@ package fault
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // servers are the private servers TestMain started.
 var servers struct {
 	broker *broker
-	redis  *redisServer
+	redis  *testenv.RedisServer
 }
 
 func TestMain(m *testing.M) {
@@ -67,17 +65,13 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer stopServers()
-	defer func() {
-		if binary.dir != "" {
-			os.RemoveAll(binary.dir)
-		}
-	}()
+	defer binary.Remove()
 	return m.Run()
 }
 
 // startServers starts the private broker and redis-server under dir.
 func startServers(dir string) error {
-	root, err := repoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		return err
 	}
@@ -92,10 +86,14 @@ func startServers(dir string) error {
 	if out, err := b.script(ctx, "start"); err != nil {
 		return fmt.Errorf("private kafka: %w\n%s", err, out)
 	}
-	if err := warmUpGroupCoordinator(ctx, b.Addr()); err != nil {
+	if err := testenv.WarmUpGroupCoordinator(ctx, b.Addr(), "gkf-warm-up"); err != nil {
 		return fmt.Errorf("private kafka at %s: group coordinator: %w", b.Addr(), err)
 	}
-	r, err := startRedisServer(root, filepath.Join(dir, "redis"))
+	if err := ensureRedisServer(root); err != nil {
+		return err
+	}
+	// DEBUG is enabled, so a scenario can freeze Redis with DEBUG SLEEP.
+	r, err := testenv.StartRedisServer(testenv.RedisOptions{Dir: filepath.Join(dir, "redis"), Debug: true})
 	if err != nil {
 		return err
 	}
@@ -116,7 +114,7 @@ func stopServers() {
 		cancel()
 	}
 	if r := servers.redis; r != nil {
-		r.stop()
+		r.Stop()
 	}
 }
 
@@ -126,58 +124,6 @@ func kafkaAddr() string { return servers.broker.Addr() }
 // redisAddr is the address of the private redis-server.
 func redisAddr() string { return servers.redis.Addr }
 
-// repoRoot is the nearest directory above the working directory that holds go.mod.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("repository root (go.mod) not found")
-		}
-		dir = parent
-	}
-}
-
-// handedOut are the ports freePorts has returned in this run: a port is
-// free again once its probe listener is closed, and the kernel may offer it
-// to the next probe, before the process meant to use it has bound it.
-var handedOut struct {
-	sync.Mutex
-	ports map[int]bool
-}
-
-// freePorts returns n loopback ports that were free just now and were never
-// returned before in this run.
-func freePorts(n int) ([]int, error) {
-	handedOut.Lock()
-	defer handedOut.Unlock()
-	if handedOut.ports == nil {
-		handedOut.ports = map[int]bool{}
-	}
-	var ports []int
-	for tries := 0; len(ports) < n; tries++ {
-		if tries > 100 {
-			return nil, errors.New("no free port found in 100 tries")
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		defer l.Close() // held until all are chosen
-		if p := l.Addr().(*net.TCPAddr).Port; !handedOut.ports[p] {
-			handedOut.ports[p] = true
-			ports = append(ports, p)
-		}
-	}
-	return ports, nil
-}
-
 // broker is a private one-node Kafka run by deploy/local/kafka.sh; stop then
 // start on the same KAFKA_DIR restarts it with the same data.
 type broker struct {
@@ -186,7 +132,7 @@ type broker struct {
 }
 
 func newBroker(root, dir string) (*broker, error) {
-	ports, err := freePorts(2)
+	ports, err := testenv.FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
@@ -243,85 +189,6 @@ func (b *broker) Version() string {
 	return "unknown"
 }
 
-// warmUpGroupCoordinator waits until consumer-group requests succeed: on a
-// fresh broker the first one creates __consumer_offsets, and until it is
-// loaded group requests fail (copied from integration/harness_test.go).
-func warmUpGroupCoordinator(ctx context.Context, addr string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	c := &kafka.Client{Addr: kafka.TCP(addr), Timeout: 5 * time.Second, Transport: &kafka.Transport{}}
-	defer c.Transport.(*kafka.Transport).CloseIdleConnections()
-	for {
-		res, err := c.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: "gkf-warm-up", Topics: map[string][]int{}})
-		if err == nil {
-			err = res.Error
-		}
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("not ready after a minute: %w", err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-// redisServer is the private redis-server child process. DEBUG is enabled on
-// it, so a scenario can freeze it with DEBUG SLEEP.
-type redisServer struct {
-	Addr string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-// startRedisServer starts redis-server on a free port, without persistence,
-// and waits until it answers PING. When redis-server is not on PATH it tries
-// the install step of deploy/local/redis.sh (Debian's package) first.
-func startRedisServer(root, dir string) (*redisServer, error) {
-	if err := ensureRedisServer(root); err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	ports, err := freePorts(1)
-	if err != nil {
-		return nil, err
-	}
-	port := strconv.Itoa(ports[0])
-	s := &redisServer{Addr: "127.0.0.1:" + port, done: make(chan struct{})}
-	s.cmd = exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
-		"--appendonly", "no", "--dir", dir, "--enable-debug-command", "yes",
-		"--logfile", filepath.Join(dir, "redis.log"))
-	if err := s.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start redis-server: %w", err)
-	}
-	go func() { s.cmd.Wait(); close(s.done) }()
-	rdb := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: time.Second})
-	defer rdb.Close()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := rdb.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return s, nil
-		}
-		select {
-		case <-s.done:
-			log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
-			return nil, fmt.Errorf("redis-server on %s exited at start:\n%s", s.Addr, log)
-		default:
-		}
-		if time.Now().After(deadline) {
-			s.stop()
-			return nil, fmt.Errorf("redis-server on %s does not answer PING after 20s: %v", s.Addr, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // ensureRedisServer makes sure redis-server is on PATH, installing it the way
 // deploy/local/redis.sh does when it is missing.
 func ensureRedisServer(root string) error {
@@ -339,17 +206,6 @@ func ensureRedisServer(root string) error {
 			"(apt-get install redis-server) or run deploy/local/redis.sh start once\n%s", err, out)
 	}
 	return nil
-}
-
-// stop kills the server and waits until it has exited.
-func (s *redisServer) stop() {
-	select {
-	case <-s.done:
-		return
-	default:
-	}
-	s.cmd.Process.Kill()
-	<-s.done
 }
 
 // adminClient talks to the private broker; every request has a timeout.

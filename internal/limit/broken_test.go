@@ -36,7 +36,7 @@ func testBrokenKeyIsolated(t *testing.T, rdb redis.UniversalClient) {
 	frontier := func(l *Limiter) string {
 		return l.keys.frontier("b", ruleSetID(l.opts.WindowKind, l.Rules().For("b")))
 	}
-	anchor := func(l *Limiter) string { return l.keys.rule("b", l.Rules().For("b")[0]) + ":anchor" }
+	anchor := func(l *Limiter) string { return l.keys.anchor("b", l.Rules().For("b")[0]) }
 	const wrongType, notInteger = "has the wrong type", "holds a count that is not an integer"
 	tests := []struct {
 		name   string
@@ -93,7 +93,7 @@ func checkUntouched(t *testing.T, rdb redis.UniversalClient, l *Limiter, broken 
 	rules := l.Rules().For("b")
 	keys := []string{l.keys.frontier("b", ruleSetID(l.opts.WindowKind, rules))}
 	for _, r := range rules {
-		keys = append(keys, l.keys.rule("b", r)+":anchor", l.keys.window("b", r, now))
+		keys = append(keys, l.keys.anchor("b", r), l.keys.window("b", r, now))
 		s, e := WindowBounds(r, now, time.UTC)
 		for range 3 {
 			keys = append(keys, l.keys.window("b", r, s))
@@ -148,7 +148,7 @@ func TestFailedCallCountsNothing(t *testing.T) {
 				}
 			}
 			r := l.Rules().For("s")[0]
-			for _, key := range []string{l.keys.frontier("s", groups[1].set), l.keys.rule("s", r) + ":anchor",
+			for _, key := range []string{l.keys.frontier("s", groups[1].set), l.keys.anchor("s", r),
 				l.keys.window("s", r, t0.Add(time.Minute)), l.keys.window("s", r, now.Add(time.Minute))} {
 				if n, err := rdb.Exists(ctx, key).Result(); err != nil || n != 0 {
 					t.Errorf("s's key %s: exists %d (%v), want it taken back", key, n, err)

@@ -18,7 +18,7 @@ import (
 func anchorOf(t *testing.T, rdb redis.UniversalClient, l *Limiter, tenant string) (start, until int64) {
 	t.Helper()
 	r := l.Rules().For(tenant)[0]
-	v, err := rdb.HMGet(context.Background(), l.keys.rule(tenant, r)+":anchor", "start", "until").Result()
+	v, err := rdb.HMGet(context.Background(), l.keys.anchor(tenant, r), "start", "until").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,9 +101,9 @@ func testTTLChainLost(t *testing.T, rdb redis.UniversalClient) {
 		t.Fatalf("a: got %s, want aad", got)
 	}
 	ctx := context.Background()
-	base := a.keys.rule("acme", a.Rules().For("acme")[0])
-	lost := base + ":" + itoa(t0.Add(10*time.Second).UnixMilli())
-	for _, k := range []string{base + ":anchor", base + ":" + itoa(t0.UnixMilli()), lost} {
+	r := a.Rules().For("acme")[0]
+	lost := a.keys.window("acme", r, t0.Add(10*time.Second))
+	for _, k := range []string{a.keys.anchor("acme", r), a.keys.window("acme", r, t0), lost} {
 		if n, err := rdb.Del(ctx, k).Result(); err != nil || n != 1 {
 			t.Fatalf("DEL %s: %d %v", k, n, err)
 		}

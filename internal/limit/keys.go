@@ -7,12 +7,22 @@ import (
 	"time"
 )
 
-// Key layout: <prefix>:{<tenant>}:<window>:<window start ms>, where <window> is
-// the rule's window as written ("1m" for the rule "1000/1m"), with "/ttl" added
-// for ttl windows. The limit is not part of the key: a tenant has one rule per
-// window, and when an operator changes a limit, the new limit applies to what
-// the window already counted (raising 5/1m to 50/1m mid-window admits 45 more,
-// lowering it to 2/1m admits none). The tenant
+// Key layout. This file is the one owner of the layout of the counter keys;
+// admit.lua receives the rule keys (and frontier keys) in KEYS and builds a
+// rule's window and anchor keys from its rule key with the two suffixes below
+// (wkey and anchor_key there). TestAdmitScriptKeys runs the script against a
+// real Redis and holds the keys it writes to the keys built here.
+//
+//	<prefix>:{<tenant>}:<window>              rule key (keys.rule)
+//	<rule key>:<window start ms>              a window's count (keys.window)
+//	<rule key>:anchor                         a ttl chain (keys.anchor)
+//	<prefix>:{<tenant>}:frontier:<rule set>   search frontier (keys.frontier)
+//
+// <window> is the rule's window as written ("1m" for the rule "1000/1m"), with
+// "/ttl" added for ttl windows. The limit is not part of the key: a tenant has
+// one rule per window, and when an operator changes a limit, the new limit
+// applies to what the window already counted (raising 5/1m to 50/1m
+// mid-window admits 45 more, lowering it to 2/1m admits none). The tenant
 // sits in a {hash tag} so that all keys of a tenant live in one Redis Cluster
 // slot and one script call can touch them all.
 //
@@ -20,6 +30,17 @@ import (
 // as is; any other is written as "~" and its unpadded base64url form. Plain
 // names never start with "~", so two tenants never share a key, and the hash
 // tag never holds a brace.
+
+// The suffixes that turn a rule key into the keys of its windows and of its
+// ttl chain. admit.lua writes the same two by hand; TestAdmitScriptKeys
+// fails if the two drift apart.
+const (
+	// WindowSep joins a rule key and a window's start in unix ms:
+	// <rule key>:<start ms>.
+	WindowSep = ":"
+	// AnchorSuffix ends the key of a rule's ttl chain: <rule key>:anchor.
+	AnchorSuffix = ":anchor"
+)
 
 // encodeTenant returns the tenant's form inside the hash tag.
 func encodeTenant(tenant string) string {
@@ -64,13 +85,13 @@ func (k keys) rule(tenant string, r Rule) string {
 // window returns the key of the window of r starting at start. admit.lua
 // builds the same key from the rule key it is given (wkey).
 func (k keys) window(tenant string, r Rule, start time.Time) string {
-	return k.rule(tenant, r) + ":" + strconv.FormatInt(start.UnixMilli(), 10)
+	return k.rule(tenant, r) + WindowSep + strconv.FormatInt(start.UnixMilli(), 10)
 }
 
 // anchor returns the key of the ttl chain of r: <rule key>:anchor. admit.lua
 // builds the same key from the rule key it is given (anchor_key).
 func (k keys) anchor(tenant string, r Rule) string {
-	return k.rule(tenant, r) + ":anchor"
+	return k.rule(tenant, r) + AnchorSuffix
 }
 
 // frontier returns the key of the tenant's search frontier for a rule set.

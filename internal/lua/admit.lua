@@ -30,7 +30,10 @@
 -- KEYS, per tenant in order: the frontier key, then one key per rule: the
 --   rule's key prefix <prefix>:{<tenant>}:<rule>; windows are <that>:<start ms>.
 --   All keys of a tenant share the {<tenant>} hash tag, so they sit in one
---   Cluster slot.
+--   Cluster slot. The key layout is owned by internal/limit/keys.go: this
+--   script only adds its two suffixes to a rule key (wkey, anchor_key, below:
+--   limit.WindowSep and limit.AnchorSuffix), and TestAdmitScriptKeys checks
+--   that the keys it writes are the ones keys.go builds.
 -- ARGV[1] now (unix ms)      ARGV[2] horizon end (now + horizon, unix ms)
 -- ARGV[3] most windows one tenant may scan
 -- ARGV[4] number of rule descriptors   ARGV[5] number of tenants
@@ -132,13 +135,14 @@ end
 local cur = nil
 
 -- wkey is the key of the window starting at s of the rule whose key prefix
--- is prefix. Times are whole numbers below 1e14, which Lua writes without
--- exponent or decimals.
+-- is prefix (limit.WindowSep in internal/limit/keys.go). Times are whole
+-- numbers below 1e14, which Lua writes without exponent or decimals.
 local function wkey(prefix, s)
   return prefix .. ":" .. s
 end
 
--- anchor_key is the key of rule r's ttl chain.
+-- anchor_key is the key of rule r's ttl chain (limit.AnchorSuffix in
+-- internal/limit/keys.go).
 local function anchor_key(r)
   return r.key .. ":anchor"
 end

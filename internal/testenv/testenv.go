@@ -1,7 +1,10 @@
 // Package testenv holds what the tests of several packages share: the Kafka
 // broker and Redis named by GATEKEEPER_TEST_*, a Redis key prefix of a test's
-// own, configuration variables set for one test, and a logger that discards.
-// Only tests import it.
+// own, configuration variables set for one test, and a logger that discards;
+// and, for the end-to-end suites (integration and integration/fault), the
+// gatekeeper binary run as a process (Binary, Start, Process), a private
+// redis-server (StartRedisServer), free ports, the group-coordinator warm-up
+// and a topic reader (ReadTopic). Only tests import it.
 package testenv
 
 import (
