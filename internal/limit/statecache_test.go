@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // testState returns a state named like the Limiter names them, not cached.
@@ -194,5 +196,49 @@ func TestStateCacheHeapWithinBudget(t *testing.T) {
 			}
 			runtime.KeepAlive(l)
 		})
+	}
+}
+
+// The cache's metrics are registered with the limiter's, the evictions by
+// state from zero.
+func TestStateCacheMetricsRegistered(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	newTestLimiter(t, testRedis(t), "*=1/1m", Options{Registerer: reg})
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, f := range fams {
+		got[f.GetName()] = len(f.GetMetric())
+	}
+	want := map[string]int{"gatekeeper_limiter_cache_bytes": 1, "gatekeeper_limiter_cache_evictions_total": 2}
+	for name, n := range want {
+		if got[name] != n {
+			t.Errorf("%s: got %d series, want %d", name, got[name], n)
+		}
+	}
+}
+
+// BenchmarkStateCacheHit measures looking up a remembered state (the path of
+// every tenant of every batch once it is known): a map lookup and moving the
+// state to the front of its list, without allocating.
+func BenchmarkStateCacheHit(b *testing.B) {
+	m, err := newMetrics(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	l := &Limiter{keys: keys{prefix: "gk", kind: Aligned}, states: newStateCache(DefaultCacheBytes, m)}
+	rules := mustRules(b, "*=1000/1m").For("x")
+	set := ruleSetID(Aligned, rules)
+	groups := make([]*group, benchTenants)
+	for i := range groups {
+		groups[i] = &group{tenant: fmt.Sprintf("tenant-%d", i), rules: rules, set: set}
+		l.stateLocked(groups[i], t0)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		l.stateLocked(groups[i%len(groups)], t0)
 	}
 }
