@@ -236,7 +236,7 @@ func secMetadata(ctx context.Context, d *kafka.Dialer, addr string) error {
 // created at format time through KAFKA_FORMAT_ARGS. It kills the broker when
 // the test ends.
 func startSecureBroker(t *testing.T, f *secureSetup) {
-	root, err := repoRoot()
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +273,7 @@ func startSecureBroker(t *testing.T, f *secureSetup) {
 	t.Logf("deploy/local/kafka.sh start:\n%s", out)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	if err := warmUpGroupCoordinator(ctx, f.brokerPlain); err != nil {
+	if err := testenv.WarmUpGroupCoordinator(ctx, f.brokerPlain, "gkt-sec-warm-up"); err != nil {
 		t.Fatalf("private SASL_SSL broker: group coordinator: %v", err)
 	}
 	t.Logf("private SASL_SSL broker (%s) serving after %v", secBrokerVersion(kdir), time.Since(t0).Round(time.Millisecond))

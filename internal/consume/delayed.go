@@ -63,7 +63,8 @@ func NewDelayed(cfg DelayedConfig, h Handler) (*Delayed, error) {
 // Run consumes until ctx is cancelled, then stops fetching, lets the
 // in-flight batches finish (bounded by DrainTimeout), commits, leaves the
 // group and returns nil. Messages still waiting are not committed and are
-// fetched again by the next owner of their partition.
+// fetched again by the next owner of their partition. A missing topic is
+// handled as in Group.Run.
 func (d *Delayed) Run(ctx context.Context) error { return d.m.run(ctx) }
 
 // Ready reports whether the Delayed is a working member of its consumer

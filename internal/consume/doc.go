@@ -37,6 +37,15 @@
 // failing batch is retried, with capped exponential backoff, until it
 // succeeds or the partition is stopped.
 //
+// # Missing topics
+//
+// A subscribed topic that does not exist, for instance one deleted under a
+// running group, is a configuration error: the member leaves the group
+// (consuming none of its topics), reports not ready, logs an error naming
+// the topic, and rejoins once the topic exists again. Staying in the group
+// would make kafka-go end every generation at once and rejoin in a tight
+// loop.
+//
 // # Shutdown
 //
 // Run returns nil once its context is cancelled, after it has stopped

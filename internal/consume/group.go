@@ -42,7 +42,10 @@ func NewGroup(cfg Config, h Handler) (*Group, error) {
 // Run consumes until ctx is cancelled, then stops fetching, lets the
 // in-flight batches finish (their Handle context is not cancelled by ctx but
 // by Config.DrainTimeout), commits them, leaves the group and returns nil.
-// Errors joining the group are logged and retried, not returned.
+// Errors joining the group are logged and retried, not returned. While a
+// subscribed topic does not exist (deleted under the group), the member
+// stays out of the group, not Ready, logs an error, and rejoins once the
+// topic exists again.
 func (g *Group) Run(ctx context.Context) error { return g.m.run(ctx) }
 
 // Ready reports whether the Group is a working member of its consumer group:

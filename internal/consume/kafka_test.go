@@ -42,6 +42,13 @@ func uniqueName(t *testing.T, kind string) string {
 func createTopic(t *testing.T, broker string) string {
 	t.Helper()
 	topic := uniqueName(t, "topic")
+	createNamedTopic(t, broker, topic)
+	return topic
+}
+
+// createNamedTopic is createTopic with a given name.
+func createNamedTopic(t *testing.T, broker, topic string) {
+	t.Helper()
 	conn, err := kafka.Dial("tcp", broker)
 	if err != nil {
 		t.Fatalf("dial %s: %v", broker, err)
@@ -83,7 +90,6 @@ func createTopic(t *testing.T, broker string) string {
 		}
 		return true
 	})
-	return topic
 }
 
 // produce writes msgs to topic (round robin over partitions) with acks=all.

@@ -85,10 +85,26 @@ func (m *member) run(ctx context.Context) error {
 	if !m.running.CompareAndSwap(false, true) {
 		return errors.New("consume: Run called more than once")
 	}
-	cg, err := kafka.NewConsumerGroup(m.groupConfig())
-	if err != nil {
-		return fmt.Errorf("consumer group: %w", err)
+	for {
+		cg, err := kafka.NewConsumerGroup(m.groupConfig())
+		if err != nil {
+			return fmt.Errorf("consumer group: %w", err)
+		}
+		missing := m.consume(ctx, cg)
+		if ctx.Err() != nil || !m.awaitTopics(ctx, missing) {
+			return nil
+		}
 	}
+}
+
+// consume takes part in the generations of cg until ctx is cancelled or a
+// subscribed topic is missing, then drains the partitions, leaves the group
+// and returns the missing topics (nil when ctx was cancelled).
+//
+// A topic deleted under a running group would otherwise make it rejoin in a
+// tight loop: kafka-go's partition watcher ends every generation at once when
+// it cannot read a topic's partitions (hundreds of generations a second).
+func (m *member) consume(ctx context.Context, cg *kafka.ConsumerGroup) (missing []string) {
 	var current *sync.WaitGroup
 	for {
 		gen, err := cg.Next(ctx)
@@ -107,6 +123,9 @@ func (m *member) run(ctx context.Context) error {
 			m.log.Warn("join consumer group failed; retrying", "err", err)
 			continue
 		}
+		if missing = m.missingTopics(ctx); len(missing) > 0 {
+			break
+		}
 		m.ready.Store(true)
 		current = m.startGeneration(ctx, gen)
 	}
@@ -117,7 +136,49 @@ func (m *member) run(ctx context.Context) error {
 	}
 	m.ready.Store(false)
 	m.close(cg)
-	return nil
+	return missing
+}
+
+// missingTopics returns the subscribed topics that the brokers say do not
+// exist. When the brokers cannot be asked it returns nil: the group goes on.
+func (m *member) missingTopics(ctx context.Context) []string {
+	mctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
+	defer cancel()
+	res, err := m.client.Metadata(mctx, &kafka.MetadataRequest{Topics: m.cfg.Topics})
+	if err != nil {
+		m.log.Debug("checking the subscribed topics failed", "err", err)
+		return nil
+	}
+	var missing []string
+	for _, t := range res.Topics {
+		if errors.Is(t.Error, kafka.UnknownTopicOrPartition) {
+			missing = append(missing, t.Name)
+		}
+	}
+	return missing
+}
+
+// topicsLogEvery is how often awaitTopics repeats its error while it waits.
+const topicsLogEvery = time.Minute
+
+// awaitTopics waits, out of the group and not ready, until the missing
+// topics exist again, checking with backoff. It returns false when ctx is
+// cancelled first.
+func (m *member) awaitTopics(ctx context.Context, missing []string) bool {
+	var logged time.Time
+	for attempt := 0; len(missing) > 0; attempt++ {
+		if time.Since(logged) >= topicsLogEvery {
+			m.log.Error("subscribed topics do not exist (deleted?): left the consumer group; rejoining once they exist",
+				"topics", missing)
+			logged = time.Now()
+		}
+		if !sleep(ctx, m.cfg.backoff(attempt)) {
+			return false
+		}
+		missing = m.missingTopics(ctx)
+	}
+	m.log.Info("subscribed topics exist again; rejoining the consumer group")
+	return true
 }
 
 // startGeneration starts one partition loop per assignment of gen and

@@ -153,24 +153,31 @@ func testTTLChainNeverShrinks(t *testing.T, rdb redis.UniversalClient) {
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
-// The Limiter remembers at most maxStates tenants: past that it forgets
-// those it knows nothing useful about, and keeps a tenant known to be full.
+// The Limiter remembers tenants up to its cache budget: past that it forgets
+// the least recently used plain ones, and keeps a tenant known to be full.
 func TestLimiterStatesBounded(t *testing.T) {
 	rdb := testRedis(t)
 	clk := newFakeClock(t0.Add(500 * time.Millisecond))
 	l := newTestLimiter(t, rdb, "*=2/1s", Options{Clock: clk.Now, Horizon: time.Second})
-	l.maxStates = 4
 	if got := kinds(admit(t, l, repeat("hog", 6))); got != "aaddrr" {
 		t.Fatalf("hog: got %s, want aaddrr", got)
 	}
+	// Room for 4 states of hog's size: the tenants t0..t19 are no larger.
+	l.states.budget = 4 * l.states.bytes
 	for i := range 20 {
 		tenant := "t" + itoa(int64(i))
 		if got := kinds(admit(t, l, []string{tenant})); got != "a" {
 			t.Fatalf("%s: got %s, want a", tenant, got)
 		}
-		if n := len(l.states); n > 4 {
+		if n := l.states.len(); n > 4 {
 			t.Fatalf("after %s: %d states, want at most 4", tenant, n)
 		}
+	}
+	if got := testCounter(l.states.evictedPlain); got != 17 {
+		t.Errorf("plain evictions: got %v, want 17", got)
+	}
+	if got := testCounter(l.states.evictedFull); got != 0 {
+		t.Errorf("full evictions: got %v, want 0", got)
 	}
 	before := testCounter(l.metrics.cacheHits)
 	if got := kinds(admit(t, l, repeat("hog", 2))); got != "rr" {

@@ -34,6 +34,11 @@ type Options struct {
 	// MaxScan bounds the windows one tenant's deferral search may visit in
 	// one call. Default 100000.
 	MaxScan int
+	// CacheBytes bounds the estimated heap bytes of the tenant states the
+	// Limiter remembers (key names, tenants known full, ttl chains); past
+	// it the least recently used go first, tenants known full last (see
+	// stateCache). Default 16 MiB.
+	CacheBytes int64
 	// Clock is the one time source of all decisions: the scripts take their
 	// "now" from it, never from Redis. Replicas should run NTP-synced clocks;
 	// skew moves events between neighbouring windows but never lets a
@@ -71,6 +76,12 @@ func (o *Options) defaults() error {
 	if o.MaxScan == 0 {
 		o.MaxScan = 100000
 	}
+	if o.CacheBytes == 0 {
+		o.CacheBytes = DefaultCacheBytes
+	}
+	if o.CacheBytes < 0 {
+		return fmt.Errorf("cache bytes %d: must not be negative", o.CacheBytes)
+	}
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}
@@ -92,9 +103,8 @@ type Limiter struct {
 	// fullReason is the reason of events rejected for want of room.
 	fullReason string
 
-	mu        sync.Mutex
-	states    map[stateKey]*tenantState
-	maxStates int // maxCached; smaller in tests
+	mu     sync.Mutex
+	states *stateCache
 }
 
 // stateKey names a tenant under one rule set (the rules' windows name its keys).
@@ -102,8 +112,10 @@ type stateKey struct{ tenant, set string }
 
 // tenantState is what a Limiter remembers of a tenant under one rule set:
 // its key names, built once, and what the last replies said. The strings
-// never change once built; full and chain are guarded by Limiter.mu.
+// never change once built; full, chain and the cache fields are guarded by
+// Limiter.mu.
 type tenantState struct {
+	key      stateKey
 	frontier string
 	keys     []string // the rules' key prefixes, in rule order
 	// full: no room within the horizon before this time (zero: not known).
@@ -111,14 +123,19 @@ type tenantState struct {
 	// chain: the ttl chain of a one-rule tenant as the last reply gave it;
 	// while now is before its end the script need not read the anchor.
 	chain chain
+	// The links of stateCache's lists: list is nil while the state is not
+	// in the cache; bytes is its estimated size (stateBytes).
+	prev, next *tenantState
+	list       *stateList
+	bytes      int64
 }
 
 // chain is a ttl chain: windows start + i*step up to end (unix ms).
 type chain struct{ start, end int64 }
 
-// maxCached bounds the tenants a Limiter remembers (key names, known full,
-// ttl chains).
-const maxCached = 100000
+// DefaultCacheBytes is the default of Options.CacheBytes: 16 MiB, about
+// 12,000 states of 256-byte tenants under one rule, 30,000 of short names.
+const DefaultCacheBytes = 16 << 20
 
 // New returns a Limiter over rdb (a *redis.Client or *redis.ClusterClient)
 // with the given rules. It loads the scripts, so a broken script or an
@@ -132,14 +149,12 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
 	l := &Limiter{
-		rdb:       rdb,
-		cluster:   cluster,
-		opts:      opts,
-		keys:      keys{prefix: opts.Prefix, kind: opts.WindowKind},
-		admit:     redis.NewScript(lua.Admit),
-		get:       redis.NewScript(lua.AlignedGet),
-		states:    map[stateKey]*tenantState{},
-		maxStates: maxCached,
+		rdb:     rdb,
+		cluster: cluster,
+		opts:    opts,
+		keys:    keys{prefix: opts.Prefix, kind: opts.WindowKind},
+		admit:   redis.NewScript(lua.Admit),
+		get:     redis.NewScript(lua.AlignedGet),
 	}
 	l.fullReason = fmt.Sprintf("no room within the deferral horizon (%v)", opts.Horizon)
 	l.rules.Store(rules)
@@ -156,6 +171,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		return nil, err
 	}
 	l.metrics = m
+	l.states = newStateCache(opts.CacheBytes, m)
 	return l, nil
 }
 
@@ -297,37 +313,28 @@ func (l *Limiter) cacheChains(calls []*group, replies []reply) {
 	}
 }
 
-// stateLocked returns the state of g's tenant under g's rule set, made when
-// missing. Past maxCached states, those that remember nothing but names are
-// dropped, or all of them if that does not free half. l.mu must be held.
+// stateLocked returns the state of g's tenant under g's rule set, made and
+// remembered when missing (the cache evicts others to make room; see
+// stateCache). l.mu must be held.
 func (l *Limiter) stateLocked(g *group, now time.Time) *tenantState {
 	k := stateKey{g.tenant, g.set}
-	if st := l.states[k]; st != nil {
+	if st := l.states.get(k, now); st != nil {
 		return st
 	}
-	if len(l.states) >= l.maxStates {
-		ms := now.UnixMilli()
-		for k, st := range l.states {
-			if !now.Before(st.full) && st.chain.end <= ms {
-				delete(l.states, k)
-			}
-		}
-		if len(l.states) > l.maxStates/2 {
-			clear(l.states)
-		}
-	}
-	st := &tenantState{frontier: l.keys.frontier(g.tenant, g.set), keys: make([]string, len(g.rules))}
+	st := &tenantState{key: k, frontier: l.keys.frontier(g.tenant, g.set), keys: make([]string, len(g.rules))}
 	for i, r := range g.rules {
 		st.keys[i] = l.keys.rule(g.tenant, r)
 	}
-	l.states[k] = st
+	l.states.add(st, now)
 	return st
 }
 
+// markFull records that g's tenant is full up to the horizon until then:
+// its events are rejected without Redis, and the cache keeps it last.
 func (l *Limiter) markFull(g *group, until time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	g.st.full = until
+	l.states.markFull(g.st, until)
 }
 
 // descriptors numbers the distinct rules of one script call and holds their

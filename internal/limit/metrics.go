@@ -11,6 +11,10 @@ type metrics struct {
 	redisSeconds *prometheus.HistogramVec
 	redisErrors  prometheus.Counter
 	cacheHits    prometheus.Counter
+	// cacheEvictions counts tenant states forgotten for room, by state
+	// (plain, or full: known full up to the horizon).
+	cacheEvictions *prometheus.CounterVec
+	cacheBytes     prometheus.Gauge
 }
 
 // newMetrics builds the limiter's collectors and registers them with reg; a
@@ -30,11 +34,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "gatekeeper_limiter_cache_hits_total",
 			Help: "Events decided from the local cache of tenants full up to the horizon, without Redis.",
 		}),
+		cacheEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gatekeeper_limiter_cache_evictions_total",
+			Help: "Tenant states the limiter forgot to stay within its cache budget, by state: plain, or full (known full up to the horizon; these then cost Redis calls again).",
+		}, []string{"state"}),
+		cacheBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "gatekeeper_limiter_cache_bytes",
+			Help: "Estimated heap bytes of the tenant states the limiter remembers (at most its cache budget).",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.redisSeconds, m.redisErrors, m.cacheHits} {
+	for _, c := range []prometheus.Collector{m.redisSeconds, m.redisErrors, m.cacheHits, m.cacheEvictions, m.cacheBytes} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("limiter metrics: %w", err)
 		}

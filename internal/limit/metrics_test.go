@@ -12,3 +12,11 @@ func testCounter(c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+func testGauge(g prometheus.Gauge) float64 {
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetGauge().GetValue()
+}

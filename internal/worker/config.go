@@ -97,6 +97,9 @@ type Config struct {
 	RetryLookaheadBytes int `split_words:"true" default:"1048576" desc:"most bytes of deferred events held in memory per retry-tier partition (keys, values, headers and their overhead on the heap); fetching pauses while they are held"`
 	// MaxMessageBytes is the largest record Gatekeeper writes.
 	MaxMessageBytes int `split_words:"true" default:"1048576" desc:"largest record written, gk- headers included (at most the output topics' max.message.bytes); a larger event is dead-lettered, without its value if need be"`
+	// LimiterCacheBytes bounds the limiter's memory of tenants
+	// (limit.Options.CacheBytes).
+	LimiterCacheBytes int `split_words:"true" default:"16777216" desc:"most bytes (estimated, on the heap) of the tenants the limiter remembers: key names and tenants known full, whose events are rejected without Redis; the least recently used go first, tenants known full last"`
 	// BatchWait bounds how long a batch waits to fill.
 	BatchWait time.Duration `split_words:"true" default:"50ms" desc:"longest a batch waits to fill"`
 	// ShutdownGrace bounds the drain after SIGTERM.
@@ -365,6 +368,7 @@ func (c *Config) sizeAndTimeChecks() []func() error {
 		func() error { return inRange("BATCH_BYTES", c.BatchBytes, 1024, 1<<30) },
 		func() error { return inRange("RETRY_LOOKAHEAD_BYTES", c.RetryLookaheadBytes, 1024, 1<<30) },
 		func() error { return inRange("MAX_MESSAGE_BYTES", c.MaxMessageBytes, 1024, 100<<20) },
+		func() error { return inRange("LIMITER_CACHE_BYTES", c.LimiterCacheBytes, 64<<10, 1<<30) },
 		func() error { return positive("BATCH_WAIT", c.BatchWait) },
 		func() error { return positive("SHUTDOWN_GRACE", c.ShutdownGrace) },
 		func() error { return positive("REDIS_TIMEOUT", c.RedisTimeout) },

@@ -38,6 +38,7 @@ func LimiterOptions(cfg *Config, reg prometheus.Registerer) (limit.Options, erro
 		Horizon:    cfg.DeferHorizon,
 		Retention:  cfg.Retention,
 		Timeout:    cfg.RedisTimeout,
+		CacheBytes: int64(cfg.LimiterCacheBytes),
 		Registerer: reg,
 	}, nil
 }
