@@ -161,7 +161,8 @@ func (rs *Rules) Tenants() []string {
 // ParseRules parses a LIMITS spec: `tenant=rule,rule;tenant=rule`, where a rule
 // is `<limit>/<count><unit>` (units s, m, h, d, w, mo; a count of 1 may be left
 // out) and the tenant `*` stands for every tenant without rules of its own.
-// Errors quote the bad part. Tenants are taken as written, spaces trimmed.
+// Errors quote the bad part. Tenants are taken as written, spaces trimmed;
+// they must pass checkTenant.
 func ParseRules(spec string) (*Rules, error) {
 	rs := &Rules{byTenant: map[string][]Rule{}, spec: spec}
 	for _, part := range strings.Split(spec, ";") {
@@ -262,7 +263,8 @@ func parseRule(s string) (Rule, error) {
 
 // NewRules builds rules from lists of rule strings ("100/1m"): fallback for
 // every tenant without rules of its own (none: such tenants are not limited),
-// and byTenant for the others, whose names may hold any bytes (1 to 256).
+// and byTenant for the others, whose names (1 to MaxTenantBytes) may hold
+// any characters but "=" and control characters (checkTenant).
 // Errors quote the bad part.
 func NewRules(fallback []string, byTenant map[string][]string) (*Rules, error) {
 	rs := &Rules{byTenant: map[string][]Rule{}}
