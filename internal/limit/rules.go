@@ -1,11 +1,31 @@
 package limit
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+)
+
+// Bounds of a rule. They are checked where rules are parsed (LIMITS and
+// LIMITS_FILE alike, at start-up and on reload) and shown in the README's
+// table of bounds.
+const (
+	// MaxLimit is the largest limit of a rule. Counts are Redis integers
+	// and Lua doubles in the scripts: 2^40, plus any batch, stays far below
+	// 2^53, where doubles stop being exact.
+	MaxLimit = 1 << 40
+	// MaxWindow is the longest window of a rule, by its nominal length (a
+	// month counts 30 days): 366 days, so 366d, 52w and 12mo are the
+	// longest of their units. Longer windows are configuration mistakes,
+	// and far longer ones overflow Go durations (292 years) or Redis expiry
+	// times.
+	MaxWindow = 366 * 24 * time.Hour
+	// MaxTenantBytes is the longest tenant name in rules.
+	MaxTenantBytes = 256
 )
 
 // Unit is the unit of a rule's window.
@@ -141,7 +161,8 @@ func (rs *Rules) Tenants() []string {
 // ParseRules parses a LIMITS spec: `tenant=rule,rule;tenant=rule`, where a rule
 // is `<limit>/<count><unit>` (units s, m, h, d, w, mo; a count of 1 may be left
 // out) and the tenant `*` stands for every tenant without rules of its own.
-// Errors quote the bad part. Tenants are taken as written, spaces trimmed.
+// Errors quote the bad part. Tenants are taken as written, spaces trimmed;
+// they must pass checkTenant.
 func ParseRules(spec string) (*Rules, error) {
 	rs := &Rules{byTenant: map[string][]Rule{}, spec: spec}
 	for _, part := range strings.Split(spec, ";") {
@@ -156,8 +177,8 @@ func ParseRules(spec string) (*Rules, error) {
 		if tenant == "" {
 			return nil, fmt.Errorf("%q: empty tenant", part)
 		}
-		if len(tenant) > 256 {
-			return nil, fmt.Errorf("%q: tenant over 256 bytes", part)
+		if err := checkTenant(tenant); err != nil {
+			return nil, fmt.Errorf("%q: %w", part, err)
 		}
 		var rules []Rule
 		for _, rs := range strings.Split(part[eq+1:], ",") {
@@ -190,14 +211,31 @@ func ParseRules(spec string) (*Rules, error) {
 	return rs, nil
 }
 
-// parseRule parses `<limit>/<count><unit>`.
+// checkTenant checks a non-empty tenant name of a rule: at most
+// MaxTenantBytes, no control characters (they would reach logs and
+// terminals), and no "=" (LIMITS separates tenant and rules with it, so
+// "a=b=10/1m" must not become tenant "a=b"). Errors quote the name.
+func checkTenant(t string) error {
+	switch {
+	case len(t) > MaxTenantBytes:
+		return fmt.Errorf("tenant %q: over %d bytes", t, MaxTenantBytes)
+	case strings.Contains(t, "="):
+		return fmt.Errorf("tenant %q: must not hold \"=\"", t)
+	case strings.ContainsFunc(t, unicode.IsControl):
+		return fmt.Errorf("tenant %q: must not hold control characters", t)
+	}
+	return nil
+}
+
+// parseRule parses `<limit>/<count><unit>`: a limit from 0 (nothing is
+// admitted) to MaxLimit, and a window from 1s to MaxWindow.
 func parseRule(s string) (Rule, error) {
 	slash := strings.Index(s, "/")
 	if slash < 0 {
 		return Rule{}, fmt.Errorf("rule %q: want <limit>/<window>, e.g. 100/1m", s)
 	}
 	limit, err := strconv.ParseInt(strings.TrimSpace(s[:slash]), 10, 64)
-	if err != nil || limit < 0 || limit > 1<<40 {
+	if err != nil || limit < 0 || limit > MaxLimit {
 		return Rule{}, fmt.Errorf("rule %q: limit %q is not a whole number from 0 to 2^40", s, s[:slash])
 	}
 	w := strings.TrimSpace(s[slash+1:])
@@ -205,23 +243,28 @@ func parseRule(s string) (Rule, error) {
 	for i < len(w) && w[i] >= '0' && w[i] <= '9' {
 		i++
 	}
-	count := 1
-	if i > 0 {
-		count, err = strconv.Atoi(w[:i])
-		if err != nil || count < 1 || count > 1000000 {
-			return Rule{}, fmt.Errorf("rule %q: window count %q is not a whole number from 1 to 1000000", s, w[:i])
-		}
-	}
 	unit, ok := unitNames[w[i:]]
 	if !ok {
 		return Rule{}, fmt.Errorf("rule %q: unknown unit %q (want s, m, h, d, w or mo)", s, w[i:])
+	}
+	count := 1
+	if i > 0 {
+		count, err = strconv.Atoi(w[:i])
+		if err != nil || count < 1 {
+			return Rule{}, fmt.Errorf("rule %q: window count %q is not a whole number from 1", s, w[:i])
+		}
+	}
+	// Compared without multiplying, which could overflow.
+	if most := int(MaxWindow / unit.nominal()); count > most {
+		return Rule{}, fmt.Errorf("rule %q: window longer than a year (at most %d%s; the longest windows are 366d, 52w, 12mo)", s, most, unit)
 	}
 	return Rule{Limit: limit, Count: count, Unit: unit}, nil
 }
 
 // NewRules builds rules from lists of rule strings ("100/1m"): fallback for
 // every tenant without rules of its own (none: such tenants are not limited),
-// and byTenant for the others, whose names may hold any bytes (1 to 256).
+// and byTenant for the others, whose names (1 to MaxTenantBytes) may hold
+// any characters but "=" and control characters (checkTenant).
 // Errors quote the bad part.
 func NewRules(fallback []string, byTenant map[string][]string) (*Rules, error) {
 	rs := &Rules{byTenant: map[string][]Rule{}}
@@ -254,8 +297,11 @@ func NewRules(fallback []string, byTenant map[string][]string) (*Rules, error) {
 		specs = append(specs, "*="+strings.Join(fallback, ","))
 	}
 	for _, t := range sortedKeys(byTenant) {
-		if t == "" || len(t) > 256 {
-			return nil, fmt.Errorf("tenant %q: must be 1 to 256 bytes", t)
+		if t == "" {
+			return nil, errors.New(`tenant "": empty tenant`)
+		}
+		if err := checkTenant(t); err != nil {
+			return nil, err
 		}
 		r, err := parse(fmt.Sprintf("tenant %q", t), byTenant[t])
 		if err != nil {
