@@ -11,6 +11,7 @@ type metrics struct {
 	redisSeconds *prometheus.HistogramVec
 	redisErrors  prometheus.Counter
 	cacheHits    prometheus.Counter
+	replayed     prometheus.Counter
 }
 
 // newMetrics builds the limiter's collectors and registers them with reg; a
@@ -30,11 +31,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "gatekeeper_limiter_cache_hits_total",
 			Help: "Events decided from the local cache of tenants full up to the horizon, without Redis.",
 		}),
+		replayed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gatekeeper_replayed_decisions_total",
+			Help: "Events decided again (a retried script call, a redelivered batch) that got their recorded decision back and were not counted again.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.redisSeconds, m.redisErrors, m.cacheHits} {
+	for _, c := range []prometheus.Collector{m.redisSeconds, m.redisErrors, m.cacheHits, m.replayed} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("limiter metrics: %w", err)
 		}
