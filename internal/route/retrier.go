@@ -84,7 +84,13 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 		}
 	}
 
-	ds, unchecked, err := r.admit(ctx, b.tenants, msgs[0])
+	readmit := make([]int, len(b.readmit))
+	for j, p := range b.readmit {
+		readmit[j] = p.i
+	}
+	// A re-check's identity is its position in the retry tier, unique per
+	// trip: deferred again and late again, it is a new decision.
+	ds, unchecked, err := r.admit(ctx, b.tenants, source(ctx, msgs, readmit), msgs[0])
 	if err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
@@ -106,6 +112,7 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 	if unchecked {
 		r.Metrics.unchecked(len(b.readmit))
 	}
+	r.Metrics.late(len(b.readmit))
 	return nil
 }
 
