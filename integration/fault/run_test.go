@@ -198,7 +198,7 @@ func (r *run) finish(params dupParams) outcome {
 	}
 	fig := tally(res, source, out, f.Downstream, window)
 	fig.Foreign = foreign
-	if fig.RedisCounted, err = redisCounted(ctx, f.Prefix); err != nil {
+	if fig.RedisCounted, fig.RedisByTenant, err = redisCounted(ctx, f.Prefix); err != nil {
 		t.Errorf("read the window counts: %v", err)
 	}
 	r.mu.Lock()
