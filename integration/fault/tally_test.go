@@ -45,7 +45,13 @@ type figures struct {
 	// each is a position of its own, decided and counted again, estimated
 	// as what its first copy counted (included in Counts and CountsByTenant).
 	SourceDupCounts int
-	Reasons         map[string]int
+	// RetryDups counts the extra copies of a trip (id, gk-attempt, gk-due)
+	// in the first retry tier: a write retried after the broker appended
+	// it. The Retrier checks the copies of a trip in one batch once; copies
+	// in two batches that come back after their slot are two positions,
+	// each checked (and counted) as new: at most one count each.
+	RetryDups int
+	Reasons   map[string]int
 	// NormalDeferred counts the events of normal tenants (well under the
 	// limit) that went through the retry path, by produce time since the
 	// load started (4 s buckets): none in a steady state.
@@ -80,6 +86,25 @@ func countsOf(e outEvent, downstream string) int {
 	default:
 		return attempts
 	}
+}
+
+// retryDups returns the extra copies of a trip in retry, the records of the
+// first retry tier (see figures.RetryDups).
+func retryDups(retry []outEvent) int {
+	type tripKey struct {
+		id      int
+		attempt string
+		due     int64
+	}
+	seen, n := map[tripKey]bool{}, 0
+	for _, e := range retry {
+		k := tripKey{e.id, e.attempt, e.due.UnixMilli()}
+		if seen[k] {
+			n++
+		}
+		seen[k] = true
+	}
+	return n
 }
 
 // windowOf returns the limit window (index of an epoch-aligned window of

@@ -118,3 +118,36 @@ func TestAdmissionRetryAfterLostReplyRedis(t *testing.T) {
 		})
 	}
 }
+
+// Two copies of one trip (a retry-tier write retried after the broker
+// appended it) that come back late in one batch are checked once: one
+// decision, given to both, one late reservation.
+func TestRetrierOneCheckPerTrip(t *testing.T) {
+	past := t0.Add(-10 * time.Second)
+	d := deferral("again", 1, past, past)
+	batch := []kafka.Message{retryMsg("down.retry", 6, d), retryMsg("down.retry", 7, d),
+		retryMsg("down.retry", 8, deferral("again", 2, past, past))} // another trip
+	f := newRetrier(t, byTenant(map[string]limit.Decision{
+		"again": {Kind: limit.Defer, Due: t0.Add(time.Minute), Until: t0.Add(2 * time.Minute)},
+	}))
+	if err := f.retrier.Handle(consume.WithCommittedOffset(context.Background(), 6), batch); err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+	want := []limit.Source{{Topic: "down.retry", Partition: 0, Low: 6, Offsets: []int64{6, 8}}}
+	if diff := cmp.Diff(want, f.admitter.Sources()); diff != "" {
+		t.Errorf("sources (-want +got):\n%s", diff)
+	}
+	var dues []string
+	for _, m := range f.writer.last(t) {
+		due, _ := LastHeader(m, HeaderDue)
+		attempt, _ := LastHeader(m, HeaderAttempt)
+		dues = append(dues, attempt+"@"+due)
+	}
+	next := ms(t0.Add(time.Minute))
+	if diff := cmp.Diff([]string{"2@" + next, "2@" + next, "3@" + next}, dues); diff != "" {
+		t.Errorf("attempt@due written (-want +got):\n%s", diff)
+	}
+	if got := counterValue(t, f.metrics.LateReservations); got != 2 {
+		t.Errorf("late_reservations_total: got %v, want 2 (two trips)", got)
+	}
+}
