@@ -67,25 +67,34 @@ func (l *Limiter) replayArgs(ks []string, av []any, groups []*group, src Source)
 	} else {
 		ks = append(ks, l.keys.replay(src.Topic, src.Partition))
 	}
+	lo, hi := int64(-1), int64(-1)
 	n := 0
 	for _, g := range groups {
 		n += len(g.idx)
-	}
-	offs := make([]byte, 0, 8*n+2)
-	offs = append(offs, '[')
-	lo, hi := int64(-1), int64(-1)
-	for _, g := range groups {
 		for _, i := range g.idx {
 			o := src.Offsets[i]
-			if len(offs) > 1 {
-				offs = append(offs, ',')
-			}
-			offs = strconv.AppendInt(offs, o, 10)
 			if lo < 0 || o < lo {
 				lo = o
 			}
 			hi = max(hi, o)
 		}
+	}
+	// Offsets minus lo, one array per tenant: short numbers, and the
+	// script finds each tenant's without the tenants' records.
+	offs := make([]byte, 0, 4*n+3*len(groups)+2)
+	offs = append(offs, '[')
+	for gi, g := range groups {
+		if gi > 0 {
+			offs = append(offs, ',')
+		}
+		offs = append(offs, '[')
+		for j, i := range g.idx {
+			if j > 0 {
+				offs = append(offs, ',')
+			}
+			offs = strconv.AppendInt(offs, src.Offsets[i]-lo, 10)
+		}
+		offs = append(offs, ']')
 	}
 	offs = append(offs, ']')
 	return ks, append(av, src.Low, ReplayRecordTTL.Milliseconds(), lo, hi, offs)

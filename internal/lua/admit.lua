@@ -267,9 +267,10 @@ local recs = cjson.decode(ARGV[a])
 --             knows it (no replay reaches below it), or "" when the call
 --             names no source (then nothing below applies and no key is added)
 --   ARGV[a+2] the record's lifetime (ms)
---   ARGV[a+3] ARGV[a+4] the lowest and the highest offset of the call's events
---   ARGV[a+5] the events' offsets, a JSON array in the call's event order
---             (tenant by tenant, each tenant's in its order)
+--   ARGV[a+3] ARGV[a+4] lo and hi: the lowest and the highest offset of the
+--             call's events
+--   ARGV[a+5] the events' offsets minus lo, a JSON array of one array per
+--             tenant, in the call's order (each tenant's events in order)
 -- and the last key is the record: <prefix>:replay:<topic>:<partition> (on
 -- Redis Cluster <prefix>:{<tenant>}:replay:<topic>:<partition>, so that it
 -- shares the tenant's slot). An event whose offset the record holds gets
@@ -278,16 +279,14 @@ local recs = cjson.decode(ARGV[a])
 -- decisions are appended to the record, which forgets offsets below low.
 --
 -- The record is a string of chunks, one per call that decided something:
---   "<lo> <hi> <l1> <l2> <l3>\n" then l1 bytes of offsets, l2 of records, l3
---   of exceptions
--- lo and hi are the lowest and highest offset of that call, offsets and
--- records are that call's ARGV[a+5] and ARGV[a] (as it was decided: with
--- the n of its new events), and exceptions a JSON array holding, for each
--- tenant whose events were not all admitted, its number in the call, then
--- its reply's admitted, reservations, (due, count, until) per reservation,
+--   "<lo> <hi> <l1> <l2>\n" then l1 bytes of offsets and l2 of exceptions
+-- lo and hi are that call's, offsets its ARGV[a+5] (without the replayed
+-- events, if any), and exceptions a JSON array holding, for each tenant
+-- whose new events were not all admitted, its number in the call, then its
+-- reply's admitted, reservations, (due, count, until) per reservation,
 -- rejected and full_until; or its number and -1 when it failed (a failure
 -- counted nothing, so it is not recorded). A call without replays stores
--- its arguments as they came: only the exceptions are built.
+-- its offsets argument as it came: only the exceptions are built.
 -- A chunk whose hi is below low is dropped when the record is written.
 --
 -- The reply then ends, after every tenant's part, with the number of
@@ -302,17 +301,17 @@ if low ~= "" then
 end
 
 -- chunks_of returns the chunks of record rec: {lo, hi, h (where the header
--- starts), s (where the offsets start), l1, l2, l3}. A damaged record is
--- read up to the damage.
+-- starts), s (where the offsets start), l1, l2}. A damaged record is read
+-- up to the damage.
 local function chunks_of(rec)
   local cs, i = {}, 1
   while i <= #rec do
-    local lo, hi, l1, l2, l3, s = string.match(rec, "^(%d+) (%d+) (%d+) (%d+) (%d+)\n()", i)
+    local lo, hi, l1, l2, s = string.match(rec, "^(%d+) (%d+) (%d+) (%d+)\n()", i)
     if not lo then
       break
     end
-    local c = {lo = tonumber(lo), hi = tonumber(hi), h = i, s = s, l1 = tonumber(l1), l2 = tonumber(l2), l3 = tonumber(l3)}
-    i = s + c.l1 + c.l2 + c.l3
+    local c = {lo = tonumber(lo), hi = tonumber(hi), h = i, s = s, l1 = tonumber(l1), l2 = tonumber(l2)}
+    i = s + c.l1 + c.l2
     if i - 1 > #rec then
       break
     end
@@ -328,8 +327,7 @@ local admitted_once = {1, 0, 0}
 -- {code, due, until} as the reply gives them.
 local function learn(rec, c, found)
   local offs = cjson.decode(string.sub(rec, c.s, c.s + c.l1 - 1))
-  local rc = cjson.decode(string.sub(rec, c.s + c.l1, c.s + c.l1 + c.l2 - 1))
-  local ex = cjson.decode(string.sub(rec, c.s + c.l1 + c.l2, c.s + c.l1 + c.l2 + c.l3 - 1))
+  local ex = cjson.decode(string.sub(rec, c.s + c.l1, c.s + c.l1 + c.l2 - 1))
   local exc, i = {}, 1
   while i <= #ex do
     if ex[i + 1] == -1 then
@@ -340,24 +338,23 @@ local function learn(rec, c, found)
       i = i + 5 + 3 * ex[i + 2]
     end
   end
-  local e, p, ti = 1, 1, 1
-  while p <= #rc do
-    local nrules, n = rc[p], rc[p + 1]
-    local x = exc[ti]
+  local lo = c.lo
+  for ti = 1, #offs do
+    local l, x = offs[ti], exc[ti]
     if x == nil then
-      for j = e, e + n - 1 do
-        found[offs[j]] = admitted_once
+      for j = 1, #l do
+        found[lo + l[j]] = admitted_once
       end
     elseif x then
-      local j, nres = e, ex[x + 1]
+      local j, nres = 1, ex[x + 1]
       for _ = 1, ex[x] do
-        found[offs[j]] = admitted_once
+        found[lo + l[j]] = admitted_once
         j = j + 1
       end
       for r = 0, nres - 1 do
         local d = {2, ex[x + 2 + 3 * r], ex[x + 4 + 3 * r]}
         for _ = 1, ex[x + 3 + 3 * r] do
-          found[offs[j]] = d
+          found[lo + l[j]] = d
           j = j + 1
         end
       end
@@ -366,18 +363,18 @@ local function learn(rec, c, found)
         d[1] = 3
       end
       for _ = 1, ex[x + 2 + 3 * nres] do
-        found[offs[j]] = d
+        found[lo + l[j]] = d
         j = j + 1
       end
     end
-    e, p, ti = e + n, p + 2 + 3 * nrules, ti + 1
   end
 end
 
 -- replays looks the call's events up in the chunks that may hold them: it
 -- returns the replayed ones (position, code, due, until each) and the
--- offsets of the others, and sets each tenant's n in recs to its new
--- events. It returns nil when no chunk's offsets overlap the call's.
+-- offsets of the others (as in ARGV[a+5]), and sets each tenant's n in
+-- recs to its new events. It returns nil when no chunk's offsets overlap
+-- the call's.
 local function replays(rec, chunks)
   local clo, chi = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   local found = nil
@@ -392,22 +389,22 @@ local function replays(rec, chunks)
   end
   local offs = cjson.decode(ARGV[a + 5])
   local rep, fresh = {}, {}
-  local e, p = 1, 1
-  for _ = 1, ntenants do
-    local nrules, n = recs[p], recs[p + 1]
-    local left = 0
-    for j = e, e + n - 1 do
-      local d = found[offs[j]]
+  local pos, p = 0, 1
+  for ti = 1, ntenants do
+    local l, keep = offs[ti], {}
+    for j = 1, #l do
+      local d = found[clo + l[j]]
       if d then
         local r = #rep
-        rep[r + 1], rep[r + 2], rep[r + 3], rep[r + 4] = j - 1, d[1], d[2], d[3]
+        rep[r + 1], rep[r + 2], rep[r + 3], rep[r + 4] = pos, d[1], d[2], d[3]
       else
-        fresh[#fresh + 1] = offs[j]
-        left = left + 1
+        keep[#keep + 1] = l[j]
       end
+      pos = pos + 1
     end
-    recs[p + 1] = left
-    e, p = e + n, p + 2 + 3 * nrules
+    fresh[ti] = keep
+    recs[p + 1] = #keep
+    p = p + 2 + 3 * recs[p]
   end
   return rep, fresh
 end
@@ -441,7 +438,7 @@ end
 -- The record as read, its chunks, the replayed events and what the call
 -- records of its own (see replay_phase).
 local record, chunks, replayed = "", none, none
-local rec_offs, rec_recs, nfresh = nil, nil, 0
+local rec_offs, nfresh = nil, 0
 
 -- replay_phase reads the record and takes the replayed events out of the
 -- call. A record key of the wrong type is taken for an empty record (the
@@ -452,12 +449,15 @@ local function replay_phase()
     record = v
   end
   chunks = chunks_of(record)
-  rec_offs, rec_recs, nfresh = ARGV[a + 5], ARGV[a], 1
+  rec_offs, nfresh = ARGV[a + 5], 1
   local rep, fresh = replays(record, chunks)
   if rep and #rep > 0 then
-    replayed, nfresh = rep, #fresh
+    replayed, nfresh = rep, 0
+    for ti = 1, #fresh do
+      nfresh = nfresh + #fresh[ti]
+    end
     if nfresh > 0 then
-      rec_offs, rec_recs = cjson.encode(fresh), cjson.encode(recs)
+      rec_offs = cjson.encode(fresh) -- (an empty list comes out as {}: read back the same)
     end
   end
 end
@@ -468,15 +468,14 @@ local function keep_record()
   local parts, dropped = {}, false
   for _, c in ipairs(chunks) do
     if c.hi >= low then
-      parts[#parts + 1] = string.sub(record, c.h, c.s + c.l1 + c.l2 + c.l3 - 1)
+      parts[#parts + 1] = string.sub(record, c.h, c.s + c.l1 + c.l2 - 1)
     else
       dropped = true
     end
   end
   if nfresh > 0 then
     local x = cjson.encode(exceptions())
-    parts[#parts + 1] = ARGV[a + 3] .. " " .. ARGV[a + 4] .. " " .. #rec_offs .. " " .. #rec_recs .. " " .. #x .. "\n"
-      .. rec_offs .. rec_recs .. x
+    parts[#parts + 1] = ARGV[a + 3] .. " " .. ARGV[a + 4] .. " " .. #rec_offs .. " " .. #x .. "\n" .. rec_offs .. x
   elseif not dropped then
     return
   end
