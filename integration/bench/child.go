@@ -291,6 +291,11 @@ type seedAdmitter struct {
 	window time.Duration
 }
 
+// AdmitFrom is Admit: the seed's script keeps no replay record.
+func (a *seedAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, tenants []string) ([]limit.Decision, error) {
+	return a.Admit(ctx, tenants)
+}
+
 func (a *seedAdmitter) Admit(ctx context.Context, tenants []string) ([]limit.Decision, error) {
 	now := time.Now()
 	out := make([]limit.Decision, len(tenants))
@@ -321,6 +326,11 @@ type rateAdmitter struct {
 	lim    *redis_rate.Limiter
 	prefix string
 	limit  redis_rate.Limit
+}
+
+// AdmitFrom is Admit: redis_rate keeps no replay record.
+func (a *rateAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, tenants []string) ([]limit.Decision, error) {
+	return a.Admit(ctx, tenants)
 }
 
 func (a *rateAdmitter) Admit(ctx context.Context, tenants []string) ([]limit.Decision, error) {

@@ -105,6 +105,7 @@ type Limiter struct {
 
 	mu     sync.Mutex
 	states *stateCache
+	sent   sentOffsets
 }
 
 // stateKey names a tenant under one rule set (the rules' windows name its keys).
@@ -226,7 +227,13 @@ type group struct {
 	chain chain
 }
 
-// Admit decides a batch. The result is index-aligned with tenants; one
+// Admit decides a batch that names no source: it is AdmitFrom with a zero
+// Source, and a replay of it is counted again.
+func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, error) {
+	return l.AdmitFrom(ctx, Source{}, tenants)
+}
+
+// AdmitFrom decides a batch. The result is index-aligned with tenants; one
 // tenant's events are decided in slice order: the first that fit are admitted,
 // the next get the earliest reserved slots, the rest are rejected. The whole
 // batch costs one Redis round trip (one per node on Redis Cluster), none for
@@ -234,7 +241,14 @@ type group struct {
 // of a tenant whose counter keys are broken get Fail decisions, and the
 // other tenants are decided as usual. A non-nil error means Redis trouble
 // and nothing was decided (nor counted): the batch may be retried.
-func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, error) {
+//
+// With a Source, an event whose position was decided by Redis before (from
+// the source's Low offset on, see Source) gets that decision back and
+// counts nothing; the others are decided as above, in order.
+func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string) ([]Decision, error) {
+	if err := checkSource(src, tenants); err != nil {
+		return nil, err
+	}
 	now := l.opts.Clock()
 	rules := l.rules.Load()
 	out := make([]Decision, len(tenants))
@@ -269,7 +283,7 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 			}
 		default:
 			g.st = l.stateLocked(g, now)
-			if now.Before(g.st.full) {
+			if now.Before(g.st.full) && !l.sent.mayReplay(src, g.idx) {
 				// Full up to the horizon: nothing can change before the
 				// horizon reaches a window that was not full.
 				l.metrics.cacheHits.Add(float64(len(g.idx)))
@@ -282,11 +296,12 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 			calls = append(calls, g)
 		}
 	}
+	l.sent.mark(src, calls)
 	l.mu.Unlock()
 	if len(calls) == 0 {
 		return out, nil
 	}
-	replies, err := l.call(ctx, now, calls)
+	replies, err := l.call(ctx, now, calls, src)
 	if err != nil {
 		return nil, err
 	}
@@ -371,7 +386,7 @@ func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
 
 // script returns the KEYS and ARGV of one admit.lua call over groups. The
 // tenants' records go in one argument, a JSON array of numbers (see admit.lua).
-func (l *Limiter) script(groups []*group, now, hend time.Time) ([]string, []any) {
+func (l *Limiter) script(groups []*group, now, hend time.Time, src Source) ([]string, []any) {
 	d := descriptors{index: map[Rule]int{}}
 	ks := make([]string, 0, 2*len(groups))
 	recs := make([]byte, 0, 40*len(groups))
@@ -398,20 +413,20 @@ func (l *Limiter) script(groups []*group, now, hend time.Time) ([]string, []any)
 	av = append(av, now.UnixMilli(), hend.UnixMilli(), l.opts.MaxScan, len(d.index), len(groups))
 	av = append(av, d.args...)
 	av = append(av, recs)
-	return ks, av
+	return l.replayArgs(ks, av, groups, src)
 }
 
 // call runs admit.lua: one call for the batch on a single node; on Redis
 // Cluster one call per tenant (each tenant's keys share a slot), pipelined so
 // that go-redis sends one round trip per node, the nodes in parallel.
-func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([]reply, error) {
+func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src Source) ([]reply, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
 	start := time.Now()
 	defer func() { l.metrics.redisSeconds.WithLabelValues("admit").Observe(time.Since(start).Seconds()) }()
 	hend := now.Add(l.opts.Horizon)
 	if !l.cluster {
-		ks, av := l.script(calls, now, hend)
+		ks, av := l.script(calls, now, hend, src)
 		res, err := l.admit.Run(ctx, l.rdb, ks, av...).Result()
 		if err != nil {
 			l.metrics.redisErrors.Inc()
@@ -422,7 +437,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([]re
 	cmds := make([]*redis.Cmd, len(calls))
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range calls {
-			ks, av := l.script(calls[i:i+1], now, hend)
+			ks, av := l.script(calls[i:i+1], now, hend, src)
 			cmds[i] = l.admit.EvalSha(ctx, p, ks, av...)
 		}
 		return nil
@@ -433,7 +448,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([]re
 		_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i := range calls {
 				if cmds[i].Err() != nil && redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
-					ks, av := l.script(calls[i:i+1], now, hend)
+					ks, av := l.script(calls[i:i+1], now, hend, src)
 					cmds[i] = l.admit.Eval(ctx, p, ks, av...)
 				}
 			}
@@ -458,10 +473,12 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([]re
 var errReply = errors.New("admit: unexpected script reply")
 
 // reply is one tenant's part of admit.lua's reply: its numbers, or, when a
-// broken key failed the tenant, the reason.
+// broken key failed the tenant, the reason; and its events found in the
+// replay record, which the numbers are not about.
 type reply struct {
-	n      []int64
-	failed string
+	n        []int64
+	failed   string
+	replayed []replayed
 }
 
 // chainNumbers is how many numbers a tenant's reply ends with: the ttl chain
@@ -476,7 +493,8 @@ func (l *Limiter) chainNumbers(g *group) int {
 // parseReplies splits admit.lua's flat reply into one reply per group:
 // admitted, reservations, 3 numbers per reservation, rejected, full_until,
 // then the ttl chain (start, end) of each rule when the window is ttl; or,
-// for a tenant that failed, -1, the broken key and what is wrong with it.
+// for a tenant that failed, -1, the broken key and what is wrong with it;
+// then the events found in the replay record (see parseReplayed).
 func (l *Limiter) parseReplies(res any, groups []*group) ([]reply, error) {
 	arr, ok := res.([]any)
 	if !ok {
@@ -514,16 +532,18 @@ func (l *Limiter) parseReplies(res any, groups []*group) ([]reply, error) {
 		}
 		out[i].n, arr = flat[start:len(flat):len(flat)], arr[n:]
 	}
-	if len(arr) != 0 {
-		return nil, fmt.Errorf("%w: %d values left over", errReply, len(arr))
+	if err := l.parseReplayed(arr, groups, out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
 
-// apply turns one tenant's reply into decisions, in the tenant's event order.
+// apply turns one tenant's reply into decisions, in the tenant's event order:
+// its replayed events get their recorded decisions, the others the reply's.
 func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) error {
+	idx := l.applyReplayed(g, rep.replayed, out)
 	if rep.failed != "" {
-		for _, i := range g.idx {
+		for _, i := range idx {
 			out[i] = Decision{Kind: Fail, Reason: rep.failed}
 		}
 		return nil
@@ -537,8 +557,8 @@ func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) erro
 	r = r[:len(r)-chains]
 	next := 0
 	give := func(n int64, d Decision) {
-		for ; n > 0 && next < len(g.idx); n-- {
-			out[g.idx[next]] = d
+		for ; n > 0 && next < len(idx); n-- {
+			out[idx[next]] = d
 			next++
 		}
 	}
@@ -547,14 +567,14 @@ func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) erro
 		due, cnt, until := r[2+3*i], r[3+3*i], r[4+3*i]
 		give(cnt, Decision{Kind: Defer, Due: time.UnixMilli(due), Until: time.UnixMilli(until)})
 	}
-	reason := "no room found within the scan limit"
+	reason := scanReason
 	if full := r[len(r)-1]; full > 0 {
 		reason = l.fullReason
 		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon))
 	}
 	give(r[len(r)-2], Decision{Kind: Reject, Reason: reason})
-	if next != len(g.idx) {
-		return fmt.Errorf("%w: %d decisions for %d events of tenant %q", errReply, next, len(g.idx), g.tenant)
+	if next != len(idx) {
+		return fmt.Errorf("%w: %d decisions for %d events of tenant %q", errReply, next, len(idx), g.tenant)
 	}
 	return nil
 }

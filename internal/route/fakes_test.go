@@ -57,22 +57,37 @@ func (w *fakeWriter) last(t *testing.T) []kafka.Message {
 	return calls[len(calls)-1]
 }
 
-// fakeAdmitter answers Admit with decide, recording the tenants of each call.
+// fakeAdmitter answers AdmitFrom with decide, recording the tenants and
+// the source of each call.
 type fakeAdmitter struct {
-	mu     sync.Mutex
-	calls  [][]string
-	decide func(n int, tenants []string) ([]limit.Decision, error)
+	mu      sync.Mutex
+	calls   [][]string
+	sources []limit.Source
+	decide  func(n int, tenants []string) ([]limit.Decision, error)
+	// from, if set, answers instead of decide, with the call's source.
+	from func(n int, src limit.Source, tenants []string) ([]limit.Decision, error)
 }
 
-func (a *fakeAdmitter) Admit(ctx context.Context, tenants []string) ([]limit.Decision, error) {
+func (a *fakeAdmitter) AdmitFrom(ctx context.Context, src limit.Source, tenants []string) ([]limit.Decision, error) {
 	a.mu.Lock()
 	n := len(a.calls)
 	a.calls = append(a.calls, append([]string(nil), tenants...))
+	src.Offsets = append([]int64(nil), src.Offsets...)
+	a.sources = append(a.sources, src)
 	a.mu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if a.from != nil {
+		return a.from(n, src, tenants)
+	}
 	return a.decide(n, tenants)
+}
+
+func (a *fakeAdmitter) Sources() []limit.Source {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]limit.Source(nil), a.sources...)
 }
 
 func (a *fakeAdmitter) Calls() [][]string {
