@@ -189,13 +189,20 @@ func header(m kafka.Message, k string) string {
 // committed returns the group's committed offset per partition of topic.
 func committed(t testing.TB, group, topic string, partitions int) map[int]int64 {
 	t.Helper()
+	return committedAt(t, adminClient(), group, topic, partitions)
+}
+
+// committedAt returns the group's committed offset per partition of topic
+// as the broker of c knows it (-1 where none is committed).
+func committedAt(t testing.TB, c *kafka.Client, group, topic string, partitions int) map[int]int64 {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	req := &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: nil}}
 	for p := 0; p < partitions; p++ {
 		req.Topics[topic] = append(req.Topics[topic], p)
 	}
-	res, err := adminClient().OffsetFetch(ctx, req)
+	res, err := c.OffsetFetch(ctx, req)
 	if err != nil {
 		t.Fatalf("offset fetch: %v", err)
 	}

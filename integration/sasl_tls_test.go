@@ -160,7 +160,7 @@ func runSecurePipeline(t *testing.T, f *secureSetup, env map[string]string) {
 		down = secCountByKey(t, f.brokerPlain, fl.Downstream)
 		retry = secCountByKey(t, f.brokerPlain, fl.Retry, fl.Retry+".1h", fl.Retry+".long")
 		dlq = secCountByKey(t, f.brokerPlain, fl.DLQ)
-		done := secSum(secCommitted(t, f.brokerPlain, env["GATEKEEPER_GROUP_ID"], fl.Source, 3))
+		done := secSum(committedAt(t, &kafka.Client{Addr: kafka.TCP(f.brokerPlain), Timeout: 30 * time.Second}, env["GATEKEEPER_GROUP_ID"], fl.Source, 3))
 		return done == 30 && down["free"]+down["capped"]+retry["capped"] == 30,
 			fmt.Sprintf("downstream %v, retry %v, dlq %v, committed %d of 30", down, retry, dlq, done)
 	})
@@ -497,26 +497,6 @@ func secReadKeys(conn *kafka.Conn, first, last int64, out map[string]int) error 
 	return nil
 }
 
-// secCommitted returns group's committed offset per partition of topic on
-// the broker at addr (-1 where none is committed).
-func secCommitted(t *testing.T, addr, group, topic string, partitions int) map[int]int64 {
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	req := &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{}}
-	for p := range partitions {
-		req.Topics[topic] = append(req.Topics[topic], p)
-	}
-	c := &kafka.Client{Addr: kafka.TCP(addr), Timeout: 30 * time.Second}
-	res, err := c.OffsetFetch(ctx, req)
-	if err != nil {
-		t.Fatalf("offset fetch: %v", err)
-	}
-	out := map[int]int64{}
-	for _, p := range res.Topics[topic] {
-		out[p.Partition] = p.CommittedOffset
-	}
-	return out
-}
 
 func secSum(m map[int]int64) int64 {
 	var s int64

@@ -63,6 +63,22 @@ func testRedisClients(t *testing.T) map[string]redis.UniversalClient {
 	return out
 }
 
+// redisLimiter returns a limiter of rules over rdb with a key prefix of the
+// test's own, on the given clock.
+func redisLimiter(t *testing.T, ctx context.Context, rdb redis.UniversalClient, rules string, clock func() time.Time) (*limit.Limiter, string) {
+	t.Helper()
+	prefix := "gktest:route:" + strings.ReplaceAll(t.Name(), "/", ".") + ":" + time.Now().Format("150405.000000000")
+	rs, err := limit.ParseRules(rules)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := limit.New(ctx, rdb, rs, limit.Options{Prefix: prefix, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lim, prefix
+}
+
 // The report, end to end on a real Redis and Redis Cluster: someone
 // SET a string at tenant b's window key. The batch is handled once: a's
 // events go downstream and are counted once, b's go to the dead-letter topic
@@ -73,15 +89,7 @@ func TestGateBrokenCounterKeyRedis(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			now := time.Date(2026, 11, 30, 10, 0, 10, 0, time.UTC)
-			prefix := "gktest:route:" + strings.ReplaceAll(t.Name(), "/", ".") + ":" + time.Now().Format("150405.000000000")
-			rules, err := limit.ParseRules("*=10/1m")
-			if err != nil {
-				t.Fatal(err)
-			}
-			lim, err := limit.New(ctx, rdb, rules, limit.Options{Prefix: prefix, Clock: func() time.Time { return now }})
-			if err != nil {
-				t.Fatal(err)
-			}
+			lim, prefix := redisLimiter(t, ctx, rdb, "*=10/1m", func() time.Time { return now })
 			// b's window of this minute, as the key layout names it.
 			key := prefix + ":{b}:1m:" + strconv.FormatInt(time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC).UnixMilli(), 10)
 			if err := rdb.Set(ctx, key, "x", time.Hour).Err(); err != nil {

@@ -72,15 +72,7 @@ func TestAdmissionRetryAfterLostReplyRedis(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			now := time.Date(2026, 11, 30, 10, 0, 10, 0, time.UTC)
-			prefix := "gktest:route:" + strings.ReplaceAll(t.Name(), "/", ".") + ":" + time.Now().Format("150405.000000000")
-			rules, err := limit.ParseRules("*=2/1m")
-			if err != nil {
-				t.Fatal(err)
-			}
-			lim, err := limit.New(ctx, rdb, rules, limit.Options{Prefix: prefix, Clock: func() time.Time { return now }})
-			if err != nil {
-				t.Fatal(err)
-			}
+			lim, _ := redisLimiter(t, ctx, rdb, "*=2/1m", func() time.Time { return now })
 			f := newGate(t, nil)
 			f.admitter.from = func(n int, src limit.Source, tenants []string) ([]limit.Decision, error) {
 				ds, err := lim.AdmitFrom(ctx, src, tenants)

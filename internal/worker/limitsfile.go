@@ -195,11 +195,16 @@ func resolve(n *yaml.Node) *yaml.Node {
 	return n
 }
 
-// readLimitsFile reads LIMITS_FILE: a regular file (a FIFO or a device
-// would block or never end) of at most maxLimitsFile bytes. It opens the
-// file without blocking and checks what it opened, so a file swapped for a
-// FIFO after the first check cannot block it either.
-func readLimitsFile(path string) ([]byte, error) {
+// readLimitsFile reads LIMITS_FILE: a regular file of at most
+// maxLimitsFile bytes (readBoundedFile).
+func readLimitsFile(path string) ([]byte, error) { return readBoundedFile(path, maxLimitsFile) }
+
+// readBoundedFile reads a regular file (a FIFO or a device would block or
+// never end) of at most max bytes: the one way the worker reads the files
+// its settings name. It opens the file without blocking and checks what it
+// opened, so a file swapped for a FIFO after the first check cannot block
+// it either.
+func readBoundedFile(path string, max int) ([]byte, error) {
 	if st, err := os.Stat(path); err != nil {
 		return nil, err
 	} else if err := regularFile(path, st); err != nil {
@@ -217,12 +222,12 @@ func readLimitsFile(path string) ([]byte, error) {
 	if err := regularFile(path, st); err != nil {
 		return nil, err
 	}
-	data, err := io.ReadAll(io.LimitReader(f, maxLimitsFile+1))
+	data, err := io.ReadAll(io.LimitReader(f, int64(max)+1))
 	if err != nil {
 		return nil, err
 	}
-	if len(data) > maxLimitsFile {
-		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxLimitsFile)
+	if len(data) > max {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, max)
 	}
 	return data, nil
 }

@@ -6,11 +6,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -142,30 +139,9 @@ func (f tlsFiles) loadKeyPair(now time.Time) (tls.Certificate, error) {
 	return cert, nil
 }
 
-// readTLSFile reads a regular file of at most maxTLSFile bytes. Opening
-// does not block on a FIFO.
-func readTLSFile(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxTLSFile+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > maxTLSFile {
-		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxTLSFile)
-	}
-	return data, nil
-}
+// readTLSFile reads a CA, certificate or key file: a regular file of at
+// most maxTLSFile bytes (readBoundedFile).
+func readTLSFile(path string) ([]byte, error) { return readBoundedFile(path, maxTLSFile) }
 
 // parseCertificates parses the PEM CERTIFICATE blocks of data, in order;
 // there must be at least one and nothing else. Text outside the blocks
