@@ -497,7 +497,6 @@ func secReadKeys(conn *kafka.Conn, first, last int64, out map[string]int) error 
 	return nil
 }
 
-
 func secSum(m map[int]int64) int64 {
 	var s int64
 	for _, v := range m {
