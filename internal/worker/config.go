@@ -110,7 +110,7 @@ type Config struct {
 	KafkaTimeout time.Duration `split_words:"true" default:"10s" desc:"timeout of every Kafka call"`
 	// KafkaSessionTimeout is how long the group waits for a silent member
 	// (a crashed replica) before its partitions move to the others.
-	KafkaSessionTimeout time.Duration `split_words:"true" default:"30s" desc:"consumer-group session timeout: how soon a crashed replica's partitions move (6s to 30s with Kafka's defaults)"`
+	KafkaSessionTimeout time.Duration `split_words:"true" default:"30s" desc:"consumer-group session timeout: how soon a crashed replica's partitions move (6s to 30s with Kafka's defaults); the retry group takes at most 10s, so that deferred events miss few reserved slots"`
 	// Retention keeps aligned window keys this long after their window ends.
 	Retention time.Duration `default:"168h" desc:"how long counters of windows of a day or longer stay after the window ends; shorter windows keep 24 windows (at least 1m), at most this"`
 	// RedisUsername is the Redis ACL user (none: the default user).

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -198,6 +199,34 @@ func TestPipelineSeriesStartAtZero(t *testing.T) {
 	for _, w := range want {
 		if !got[w] {
 			t.Errorf("series %s: missing or not 0 at start", w)
+		}
+	}
+}
+
+// The retry group's session timeout is at most retrySessionTimeout, so that
+// a crashed replica's retry partitions move before many reserved slots end;
+// a shorter KAFKA_SESSION_TIMEOUT applies as it is. The source group keeps
+// KAFKA_SESSION_TIMEOUT.
+func TestRetryGroupSessionTimeout(t *testing.T) {
+	m, err := newPipelineMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	router := &route.Router{Topics: route.Topics{Downstream: "out", Retry: "out.retry", DLQ: "out.dlq"}}
+	for _, tt := range []struct{ session, wantRetry time.Duration }{
+		{30 * time.Second, 10 * time.Second},
+		{8 * time.Second, 8 * time.Second},
+	} {
+		p := Pipeline{Config: &Config{GroupID: "g", KafkaSessionTimeout: tt.session}}
+		dc := p.retryConfig(m, router)
+		if dc.SessionTimeout != tt.wantRetry || dc.GroupID != "g.retry" {
+			t.Errorf("session %v: retry group %s session %v, want g.retry %v", tt.session, dc.GroupID, dc.SessionTimeout, tt.wantRetry)
+		}
+		if dc.HeartbeatInterval <= 0 || dc.HeartbeatInterval > dc.SessionTimeout/3 {
+			t.Errorf("session %v: heartbeat %v for a session of %v", tt.session, dc.HeartbeatInterval, dc.SessionTimeout)
+		}
+		if got := p.groupConfig(m).SessionTimeout; got != tt.session {
+			t.Errorf("source group session: got %v, want %v", got, tt.session)
 		}
 	}
 }

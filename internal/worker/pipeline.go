@@ -178,6 +178,10 @@ func (p Pipeline) gateGroup(m *pipelineMetrics, router *route.Router) (consumerG
 	return src, nil
 }
 
+// retrySessionTimeout caps the retry group's session timeout: Kafka's
+// default group.min.session.timeout.ms is 6s.
+const retrySessionTimeout = 10 * time.Second
+
 // retryGroup returns the consumer group of the retry tiers with the retrier
 // as its handler, or nil when this process does not run the retry role.
 func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumerGroup, error) {
@@ -189,6 +193,16 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 	if err := retrier.Validate(); err != nil {
 		return nil, err // Validate's errors already start with "retrier: "
 	}
+	retry, err := consume.NewDelayed(p.retryConfig(m, router), retrier)
+	if err != nil {
+		return nil, fmt.Errorf("retry consumer: %w", err)
+	}
+	return retry, nil
+}
+
+// retryConfig is the configuration of the retry tiers' consumer group.
+func (p Pipeline) retryConfig(m *pipelineMetrics, router *route.Router) consume.DelayedConfig {
+	cfg := p.Config
 	dc := consume.DelayedConfig{
 		Config:         p.groupConfig(m),
 		LookAhead:      cfg.RetryLookahead,
@@ -204,14 +218,16 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 	// The retry tiers have a group of their own, so that their rebalances
 	// never disturb the source group.
 	dc.GroupID = cfg.GroupID + ".retry"
+	// A retry partition without an owner holds events whose reserved slot
+	// is running out (an event back after its slot is checked as new, and its
+	// first slot stays spent): after a crash, its partitions move after at
+	// most retrySessionTimeout rather than the whole KAFKA_SESSION_TIMEOUT.
+	dc.SessionTimeout = min(cfg.KafkaSessionTimeout, retrySessionTimeout)
+	dc.HeartbeatInterval = min(3*time.Second, dc.SessionTimeout/5)
 	for _, t := range router.Topics.Tiers() {
 		dc.Topics = append(dc.Topics, t.Topic)
 	}
-	retry, err := consume.NewDelayed(dc, retrier)
-	if err != nil {
-		return nil, fmt.Errorf("retry consumer: %w", err)
-	}
-	return retry, nil
+	return dc
 }
 
 // pipelineMetrics are the collectors of the pipeline: the route package's
