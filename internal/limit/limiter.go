@@ -560,9 +560,11 @@ func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) erro
 }
 
 // Usage is the state of one rule's current window for one tenant: the seed's
-// "current access count". It is a value type.
+// "current access count". Count, Limit and Remaining are in the rule's Unit:
+// "events", "bytes" or "units". It is a value type.
 type Usage struct {
 	Rule      string    `json:"rule"`
+	Unit      string    `json:"unit"`
 	Count     int64     `json:"count"`
 	Limit     int64     `json:"limit"`
 	Remaining int64     `json:"remaining"`
@@ -629,7 +631,7 @@ func (l *Limiter) Usage(ctx context.Context, tenant string) (_ []Usage, err erro
 		return nil, fmt.Errorf("usage: %w", err)
 	}
 	for i, r := range rules {
-		u := Usage{Rule: r.String(), Limit: r.Limit, Reset: now}
+		u := Usage{Rule: r.String(), Unit: r.Measure.String(), Limit: r.Limit, Reset: now}
 		if l.opts.WindowKind == Aligned {
 			_, u.Reset = WindowBounds(r, now, l.opts.Location)
 		}

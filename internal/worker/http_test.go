@@ -205,8 +205,8 @@ func TestUsageBody(t *testing.T) {
 	srv := newTestServer(t, httpConfig{Usage: fake.Usage})
 	_, body, _ := get(t, srv, "/v1/usage/acme")
 	want := `{"tenant":"acme","rules":[` +
-		`{"rule":"1000/1m","count":1000,"limit":1000,"remaining":0,"reset":"2030-01-02T03:04:00Z"},` +
-		`{"rule":"50000/1d","count":1000,"limit":50000,"remaining":49000,"reset":"2030-01-02T23:04:00Z"}]}` + "\n"
+		`{"rule":"1000/1m","unit":"events","count":1000,"limit":1000,"remaining":0,"reset":"2030-01-02T03:04:00Z"},` +
+		`{"rule":"50000/1d","unit":"events","count":1000,"limit":50000,"remaining":49000,"reset":"2030-01-02T23:04:00Z"}]}` + "\n"
 	if diff := cmp.Diff(want, body); diff != "" {
 		t.Errorf("body (-want +got):\n%s", diff)
 	}
