@@ -199,8 +199,8 @@ func TestUsageTenants(t *testing.T) {
 func TestUsageBody(t *testing.T) {
 	reset := time.Date(2030, 1, 2, 3, 4, 0, 0, time.UTC)
 	fake := &fakeUsage{rules: []limit.Usage{
-		{Rule: "1000/1m", Count: 1000, Limit: 1000, Remaining: 0, Reset: reset},
-		{Rule: "50000/1d", Count: 1000, Limit: 50000, Remaining: 49000, Reset: reset.Add(20 * time.Hour)},
+		{Rule: "1000/1m", Unit: "events", Count: 1000, Limit: 1000, Remaining: 0, Reset: reset},
+		{Rule: "50000/1d", Unit: "events", Count: 1000, Limit: 50000, Remaining: 49000, Reset: reset.Add(20 * time.Hour)},
 	}}
 	srv := newTestServer(t, httpConfig{Usage: fake.Usage})
 	_, body, _ := get(t, srv, "/v1/usage/acme")
