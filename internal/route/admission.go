@@ -15,13 +15,15 @@ import (
 
 // Admitter decides a batch of events by tenant; *limit.Limiter implements it.
 // The result is index-aligned with tenants, one tenant's events decided in
-// slice order. A non-nil error means Redis trouble and nothing was decided:
+// slice order. costs, index-aligned with tenants, says what each event costs
+// the rules that count bytes or units (event rules count 1 an event); an
+// event over a rule's whole limit is rejected. A non-nil error means Redis trouble and nothing was decided:
 // the batch is tried again. A limit.Fail decision (a broken counter key of
 // the event's tenant, which trying again does not mend) sends the event to
 // the dead-letter topic with the decision's reason.
 // Implementations must be safe for concurrent use.
 type Admitter interface {
-	Admit(ctx context.Context, tenants []string) ([]limit.Decision, error)
+	AdmitCosts(ctx context.Context, tenants []string, costs []limit.Cost) ([]limit.Decision, error)
 }
 
 // Values of OnRedisError (GATEKEEPER_ON_REDIS_ERROR).
@@ -46,6 +48,9 @@ type Admission struct {
 	// Router writes the outcomes; its Topics name the retry tiers and the
 	// destinations.
 	Router *Router
+	// CostFrom reads what each event costs (GATEKEEPER_COST_FROM): nil reads
+	// its bytes only. An event whose cost cannot be read is invalid.
+	CostFrom *CostFrom
 	// OnRedisError is RedisPause (also when empty) or RedisForward.
 	OnRedisError string
 	// Clock: nil means time.Now. Use the Router's clock (for the Retrier,
@@ -84,15 +89,16 @@ func validPolicy(p string) error {
 // admit returns the decisions for tenants. Under RedisForward a failing Admit
 // yields unchecked=true and no decisions. Under RedisPause it retries with
 // backoff until Admit works or ctx ends, calling SetReady(false) once it
-// fails and SetReady(true) once it works again. first locates the batch in logs.
-func (a *Admission) admit(ctx context.Context, tenants []string, first kafka.Message) (ds []limit.Decision, unchecked bool, err error) {
+// fails and SetReady(true) once it works again. costs are the events' costs,
+// index-aligned with tenants. first locates the batch in logs.
+func (a *Admission) admit(ctx context.Context, tenants []string, costs []limit.Cost, first kafka.Message) (ds []limit.Decision, unchecked bool, err error) {
 	if len(tenants) == 0 {
 		return nil, false, nil
 	}
 	log := a.logger()
 	failing := false
 	for attempt := 0; ; attempt++ {
-		ds, err := a.Admitter.Admit(ctx, tenants)
+		ds, err := a.Admitter.AdmitCosts(ctx, tenants, costs)
 		if err == nil {
 			if len(ds) != len(tenants) {
 				return nil, false, fmt.Errorf("admit: %d decisions for %d events", len(ds), len(tenants))

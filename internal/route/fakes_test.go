@@ -57,22 +57,31 @@ func (w *fakeWriter) last(t *testing.T) []kafka.Message {
 	return calls[len(calls)-1]
 }
 
-// fakeAdmitter answers Admit with decide, recording the tenants of each call.
+// fakeAdmitter answers AdmitCosts with decide, recording the tenants and
+// costs of each call.
 type fakeAdmitter struct {
 	mu     sync.Mutex
 	calls  [][]string
+	costs  [][]limit.Cost
 	decide func(n int, tenants []string) ([]limit.Decision, error)
 }
 
-func (a *fakeAdmitter) Admit(ctx context.Context, tenants []string) ([]limit.Decision, error) {
+func (a *fakeAdmitter) AdmitCosts(ctx context.Context, tenants []string, costs []limit.Cost) ([]limit.Decision, error) {
 	a.mu.Lock()
 	n := len(a.calls)
 	a.calls = append(a.calls, append([]string(nil), tenants...))
+	a.costs = append(a.costs, append([]limit.Cost(nil), costs...))
 	a.mu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	return a.decide(n, tenants)
+}
+
+func (a *fakeAdmitter) Costs() [][]limit.Cost {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([][]limit.Cost(nil), a.costs...)
 }
 
 func (a *fakeAdmitter) Calls() [][]string {

@@ -29,7 +29,9 @@ var ErrEarly = errors.New("released before its time")
 // written, headers unchanged, to the tier of its remaining delay. From the
 // first tier (released at gk-due) a message inside its reserved slot
 // (before gk-reserved) goes downstream uncounted, gk- headers kept; after the
-// slot it is admitted again: admitted goes downstream, deferred goes back to
+// slot it is admitted again, at the cost read from it as from a source
+// event (an event whose cost cannot be read any more goes to the dead-letter
+// topic): admitted goes downstream, deferred goes back to
 // a retry tier with gk-attempt+1 (or to the dead-letter topic with reason
 // "max attempts" past MaxAttempts), rejected and failed (a broken counter
 // key) go to the dead-letter topic.
@@ -84,7 +86,7 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 		}
 	}
 
-	ds, unchecked, err := r.admit(ctx, b.tenants, msgs[0])
+	ds, unchecked, err := r.admit(ctx, b.tenants, b.costs, msgs[0])
 	if err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
@@ -114,6 +116,7 @@ type retryBatch struct {
 	items       []Item         // index-aligned with the batch
 	readmit     []pendingRetry // events to admit again, in batch order
 	tenants     []string       // their tenants, index-aligned with readmit
+	costs       []limit.Cost   // their costs, index-aligned with readmit
 	counts      map[string]int // gatekeeper_decisions_total by label
 	sigFailures map[string]int // gatekeeper_retry_sig_failures_total by reason
 }
@@ -177,8 +180,17 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, now time.Time)
 		b.items[i] = Item{Msg: m, Outcome: Forward}
 		return nil
 	}
+	// The cost is read again from the event as the source had it (its
+	// gk- headers are not counted); a changed COST_FROM may find none.
+	cost, err := r.CostFrom.Cost(m)
+	if err != nil {
+		b.counts[DecisionInvalid]++
+		b.items[i] = r.deadLetter(m, err.Error())
+		return nil
+	}
 	b.readmit = append(b.readmit, pendingRetry{i: i, d: d})
 	b.tenants = append(b.tenants, d.Tenant)
+	b.costs = append(b.costs, cost)
 	return nil
 }
 
