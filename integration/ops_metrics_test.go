@@ -79,27 +79,10 @@ func TestOpsMonitoringMetricsExported(t *testing.T) {
 	produce(t, f.Source, msgs)
 	produce(t, f.Retry, []kafka.Message{{Partition: 0, Key: []byte("forger"), Value: []byte("unsigned")}})
 
-	var missing []string
-	waitFor(t, 90*time.Second, "every metric of the monitoring files in /metrics", func() (bool, string) {
-		fams := opsMetrics(t, gk)
-		exported := map[string]bool{}
-		for name := range fams {
-			exported[name] = true
-		}
-		missing = missing[:0]
-		for name := range used {
-			if _, skip := notDriven[name]; !skip && !deploy.MetricIn(name, exported) {
-				missing = append(missing, name)
-			}
-		}
-		slices.Sort(missing)
-		return len(missing) == 0, fmt.Sprintf("missing %v", missing)
-	})
-	t.Logf("%d metric names of the monitoring files in one scrape; not driven (checked as registered only): %v",
-		len(used)-len(notDriven), slices.Sorted(maps.Keys(notDriven)))
-	// The series come from what the test drove, not from elsewhere.
-	fams := opsMetrics(t, gk)
-	for _, c := range []struct {
+	// The series come from what the test drove, not from elsewhere. Known
+	// series exist at 0 from start-up, so being present is not enough: wait
+	// for the values the test drives.
+	driven := []struct {
 		name   string
 		labels map[string]string
 		want   float64 // 0: at least 1
@@ -112,15 +95,35 @@ func TestOpsMonitoringMetricsExported(t *testing.T) {
 		// The event without a key, and the unsigned one (the retrier counts it invalid too).
 		{"gatekeeper_decisions_total", map[string]string{"decision": "invalid"}, 2},
 		{"gatekeeper_ready", map[string]string{"check": "consumption"}, 1},
-	} {
-		want := "at least 1"
-		if c.want > 0 {
-			want = fmt.Sprint(c.want)
-		}
-		if v, ok := opsValue(fams, c.name, c.labels); !ok || v < 1 || (c.want > 0 && v != c.want) {
-			t.Errorf("/metrics %s%v: got %v (present %v), want %s", c.name, c.labels, v, ok, want)
-		}
 	}
+	var missing, wrong []string
+	waitFor(t, 90*time.Second, "every metric of the monitoring files in /metrics, with the driven values", func() (bool, string) {
+		fams := opsMetrics(t, gk)
+		exported := map[string]bool{}
+		for name := range fams {
+			exported[name] = true
+		}
+		missing = missing[:0]
+		for name := range used {
+			if _, skip := notDriven[name]; !skip && !deploy.MetricIn(name, exported) {
+				missing = append(missing, name)
+			}
+		}
+		slices.Sort(missing)
+		wrong = wrong[:0]
+		for _, c := range driven {
+			want := "at least 1"
+			if c.want > 0 {
+				want = fmt.Sprint(c.want)
+			}
+			if v, ok := opsValue(fams, c.name, c.labels); !ok || v < 1 || (c.want > 0 && v != c.want) {
+				wrong = append(wrong, fmt.Sprintf("%s%v: got %v (present %v), want %s", c.name, c.labels, v, ok, want))
+			}
+		}
+		return len(missing) == 0 && len(wrong) == 0, fmt.Sprintf("missing %v; values %v", missing, wrong)
+	})
+	t.Logf("%d metric names of the monitoring files in one scrape; not driven (checked as registered only): %v",
+		len(used)-len(notDriven), slices.Sorted(maps.Keys(notDriven)))
 	if code, took := gk.terminate(30 * time.Second); code != 0 {
 		t.Errorf("exit code after SIGTERM: got %d, want 0 (took %v)", code, took)
 	}

@@ -77,14 +77,16 @@ func opsMetrics(t *testing.T, p *gkProc) map[string]*dto.MetricFamily {
 	return fams
 }
 
-// opsValue returns the value of the series of family name whose labels
+// opsValue returns the sum of the series of family name whose labels
 // include want (counter, gauge or untyped; a histogram's sample count), and
-// whether it exists.
+// whether one exists.
 func opsValue(fams map[string]*dto.MetricFamily, name string, want map[string]string) (float64, bool) {
 	mf, ok := fams[name]
 	if !ok {
 		return 0, false
 	}
+	var sum float64
+	found := false
 next:
 	for _, m := range mf.GetMetric() {
 		have := map[string]string{}
@@ -98,16 +100,19 @@ next:
 		}
 		switch {
 		case m.Counter != nil:
-			return m.GetCounter().GetValue(), true
+			sum += m.GetCounter().GetValue()
 		case m.Gauge != nil:
-			return m.GetGauge().GetValue(), true
+			sum += m.GetGauge().GetValue()
 		case m.Histogram != nil:
-			return float64(m.GetHistogram().GetSampleCount()), true
+			sum += float64(m.GetHistogram().GetSampleCount())
 		case m.Untyped != nil:
-			return m.GetUntyped().GetValue(), true
+			sum += m.GetUntyped().GetValue()
+		default:
+			continue
 		}
+		found = true
 	}
-	return 0, false
+	return sum, found
 }
 
 // opsSum adds every series of family name.

@@ -236,6 +236,7 @@ func demoConfig(conn demoConn, brokers, redisAddrs []string, n demoNames) *worke
 		BatchBytes:          4 << 20,
 		RetryLookaheadBytes: 1 << 20,
 		MaxMessageBytes:     1 << 20,
+		LimiterCacheBytes:   16 << 20,
 		BatchWait:           20 * time.Millisecond,
 		ShutdownGrace:       15 * time.Second,
 		RedisTimeout:        2 * time.Second,

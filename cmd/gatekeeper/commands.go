@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,10 +16,41 @@ import (
 	"github.com/gatekeeper-dev/gatekeeper/internal/worker"
 )
 
+// loadConfig reads and validates the configuration; tests replace it.
+var loadConfig = worker.LoadConfig
+
+// errInterrupted is the error of a configuration read cut short by SIGINT
+// or SIGTERM.
+var errInterrupted = errors.New("gatekeeper: interrupted while reading the configuration")
+
+// loadConfigCtx reads the configuration, or gives up when ctx is done
+// (SIGINT, SIGTERM): reading LIMITS_FILE could block on a file system that
+// does not answer, and signals must still stop the process. The read left
+// behind ends with the process.
+func loadConfigCtx(ctx context.Context) (*worker.Config, error) {
+	type result struct {
+		cfg *worker.Config
+		err error
+	}
+	load := loadConfig
+	done := make(chan result, 1)
+	go func() {
+		cfg, err := load()
+		done <- result{cfg, err}
+	}()
+	select {
+	case r := <-done:
+		return r.cfg, r.err
+	case <-ctx.Done():
+		return nil, errInterrupted
+	}
+}
+
 // checkConfigCmd prints the effective configuration, masked, as
 // GATEKEEPER_X=value lines, and the configuration's warnings on stderr.
-func checkConfigCmd(stdout, stderr io.Writer) int {
-	cfg, err := worker.LoadConfig()
+// SIGINT and SIGTERM (ctx) stop it.
+func checkConfigCmd(ctx context.Context, stdout, stderr io.Writer) int {
+	cfg, err := loadConfigCtx(ctx)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
@@ -94,7 +126,7 @@ func usageCmd(ctx context.Context, tenant string, stdout, stderr io.Writer) int 
 // runCmd runs the worker until ctx is done (SIGINT, SIGTERM) or it fails.
 // A bad configuration is one line on stderr and status 1.
 func runCmd(ctx context.Context, stderr io.Writer) int {
-	cfg, err := worker.LoadConfig()
+	cfg, err := loadConfigCtx(ctx)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1

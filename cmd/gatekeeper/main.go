@@ -85,7 +85,7 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		if !wantArgs(0, "no arguments") {
 			return 2
 		}
-		return checkConfigCmd(stdout, stderr)
+		return checkConfigCmd(ctx, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, versionString())
 		return 0

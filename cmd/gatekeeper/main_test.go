@@ -162,8 +162,8 @@ func TestMainConfigTable(t *testing.T) {
 		t.Errorf("got %d table rows, want header, rule and %d variables", len(rows), len(keys))
 	}
 	for _, row := range rows {
-		if n := strings.Count(row, "|"); n != 5 {
-			t.Errorf("row %q has %d pipes, want 5", row, n)
+		if n := strings.Count(row, "|"); n != 6 {
+			t.Errorf("row %q has %d pipes, want 6", row, n)
 		}
 	}
 	table := want

@@ -3,7 +3,6 @@ package consume
 import (
 	"context"
 	"log/slog"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,22 +18,7 @@ import (
 // deleteTopic deletes topic on the controller.
 func deleteTopic(t *testing.T, broker, topic string) {
 	t.Helper()
-	conn, err := kafka.Dial("tcp", broker)
-	if err != nil {
-		t.Fatalf("dial %s: %v", broker, err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	ctrl, err := conn.Controller()
-	if err != nil {
-		t.Fatalf("find controller: %v", err)
-	}
-	cc, err := kafka.Dial("tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
-	if err != nil {
-		t.Fatalf("dial controller: %v", err)
-	}
-	defer cc.Close()
-	_ = cc.SetDeadline(time.Now().Add(10 * time.Second))
+	cc := controllerConn(t, broker)
 	if err := cc.DeleteTopics(topic); err != nil {
 		t.Fatalf("delete topic %s: %v", topic, err)
 	}

@@ -46,8 +46,9 @@ func createTopic(t *testing.T, broker string) string {
 	return topic
 }
 
-// createNamedTopic is createTopic with a given name.
-func createNamedTopic(t *testing.T, broker, topic string) {
+// controllerConn returns a connection to the cluster's controller, closed
+// when the test ends, with a 10-second deadline.
+func controllerConn(t *testing.T, broker string) *kafka.Conn {
 	t.Helper()
 	conn, err := kafka.Dial("tcp", broker)
 	if err != nil {
@@ -63,23 +64,25 @@ func createNamedTopic(t *testing.T, broker, topic string) {
 	if err != nil {
 		t.Fatalf("dial controller: %v", err)
 	}
-	defer cc.Close()
+	t.Cleanup(func() { cc.Close() })
 	_ = cc.SetDeadline(time.Now().Add(10 * time.Second))
+	return cc
+}
+
+// createNamedTopic is createTopic with a given name.
+func createNamedTopic(t *testing.T, broker, topic string) {
+	t.Helper()
+	cc := controllerConn(t, broker)
 	if err := cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: testPartitions, ReplicationFactor: 1}); err != nil {
 		t.Fatalf("create topic %s: %v", topic, err)
 	}
-	t.Cleanup(func() {
-		c, err := kafka.Dial("tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		_ = c.DeleteTopics(topic)
+	t.Cleanup(func() { // runs before controllerConn's close
+		_ = cc.SetDeadline(time.Now().Add(10 * time.Second))
+		_ = cc.DeleteTopics(topic)
 	})
 	eventually(t, 10*time.Second, "topic metadata", func() bool {
-		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-		parts, err := conn.ReadPartitions(topic)
+		_ = cc.SetDeadline(time.Now().Add(5 * time.Second))
+		parts, err := cc.ReadPartitions(topic)
 		if err != nil || len(parts) != testPartitions {
 			return false
 		}

@@ -70,3 +70,22 @@ func BenchmarkAdmit(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAdmitHorizon measures one call for an aligned 10/1h rule as the
+// deferral horizon grows: the call carries every hour boundary up to the
+// horizon, so its cost grows with DEFER_HORIZON (the reason for its upper
+// bound in the worker's configuration).
+func BenchmarkAdmitHorizon(b *testing.B) {
+	rdb := testRedis(b)
+	ctx := context.Background()
+	for _, h := range []time.Duration{24 * time.Hour, 7 * 24 * time.Hour, 31 * 24 * time.Hour, 92 * 24 * time.Hour, 366 * 24 * time.Hour, 100000 * time.Hour} {
+		b.Run(h.String(), func(b *testing.B) {
+			l := newTestLimiter(b, rdb, "*=10/1h", Options{Horizon: h})
+			for i := 0; i < b.N; i++ {
+				if _, err := l.Admit(ctx, repeat(fmt.Sprintf("t%d", i), 50)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -3,47 +3,26 @@ package limit
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
-// testRedis returns a client for the real Redis named by GATEKEEPER_TEST_REDIS
+// testRedis returns a client of the real Redis of GATEKEEPER_TEST_REDIS
 // (make test starts one and sets it).
 func testRedis(t testing.TB) redis.UniversalClient {
-	t.Helper()
-	addr := os.Getenv("GATEKEEPER_TEST_REDIS")
-	if addr == "" {
-		t.Skip("GATEKEEPER_TEST_REDIS is not set: run `make test`, which starts a real Redis")
-	}
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	t.Cleanup(func() { c.Close() })
-	if err := c.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("redis %s: %v", addr, err)
-	}
+	c, _ := testenv.Redis(t)
 	return c
 }
 
-// testCluster returns a client for the real Redis Cluster named by
-// GATEKEEPER_TEST_REDIS_CLUSTER (comma-separated; make test starts one).
-func testCluster(t testing.TB) redis.UniversalClient {
-	t.Helper()
-	addrs := os.Getenv("GATEKEEPER_TEST_REDIS_CLUSTER")
-	if addrs == "" {
-		t.Skip("GATEKEEPER_TEST_REDIS_CLUSTER is not set: run `make test`, which starts a real Redis Cluster")
-	}
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ",")})
-	t.Cleanup(func() { c.Close() })
-	if err := c.Ping(context.Background()).Err(); err != nil {
-		t.Fatalf("redis cluster %s: %v", addrs, err)
-	}
-	return c
-}
+// testCluster returns a client of the real Redis Cluster of
+// GATEKEEPER_TEST_REDIS_CLUSTER (make test starts one).
+func testCluster(t testing.TB) redis.UniversalClient { return testenv.RedisCluster(t) }
 
 var prefixSeq atomic.Int64
 
@@ -52,31 +31,10 @@ func testPrefix(t testing.TB) string {
 	return fmt.Sprintf("gktest:%d:%d:%s", time.Now().UnixNano(), prefixSeq.Add(1), strings.ReplaceAll(t.Name(), "/", "."))
 }
 
-// fakeClock is a settable clock, safe for concurrent use.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// fakeClock is testenv's settable clock.
+type fakeClock = testenv.Clock
 
-func newFakeClock(t time.Time) *fakeClock { return &fakeClock{t: t} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = t
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
+func newFakeClock(t time.Time) *fakeClock { return testenv.NewClock(t) }
 
 func mustRules(t testing.TB, spec string) *Rules {
 	t.Helper()

@@ -46,14 +46,11 @@ func (m Measure) keySuffix() string {
 	return ""
 }
 
-// MaxLimit is the largest limit of an event or unit rule, and MaxBytesLimit
-// of a byte rule (1 PiB): counts stay exact in the scripts, whose numbers
-// are doubles (exact below 2^53), even when a batch's costs are added to a
-// count at its limit.
-const (
-	MaxLimit      = 1 << 40
-	MaxBytesLimit = 1 << 50
-)
+// MaxBytesLimit is the largest limit of a byte rule (1 PiB; MaxLimit bounds
+// event and unit rules): counts stay exact in the scripts, whose numbers are
+// doubles (exact below 2^53), even when an event's cost is added to a count
+// at its limit.
+const MaxBytesLimit = 1 << 50
 
 // MaxCost is the largest cost in units one event may carry; an event's
 // bytes are bounded by Kafka's message size.

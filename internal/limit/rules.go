@@ -1,11 +1,31 @@
 package limit
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+)
+
+// Bounds of a rule. They are checked where rules are parsed (LIMITS and
+// LIMITS_FILE alike, at start-up and on reload) and shown in the README's
+// table of bounds.
+const (
+	// MaxLimit is the largest limit of a rule. Counts are Redis integers
+	// and Lua doubles in the scripts: 2^40, plus any batch, stays far below
+	// 2^53, where doubles stop being exact.
+	MaxLimit = 1 << 40
+	// MaxWindow is the longest window of a rule, by its nominal length (a
+	// month counts 30 days): 366 days, so 366d, 52w and 12mo are the
+	// longest of their units. Longer windows are configuration mistakes,
+	// and far longer ones overflow Go durations (292 years) or Redis expiry
+	// times.
+	MaxWindow = 366 * 24 * time.Hour
+	// MaxTenantBytes is the longest tenant name in rules.
+	MaxTenantBytes = 256
 )
 
 // Unit is the unit of a rule's window.
@@ -157,7 +177,8 @@ func (rs *Rules) Tenants() []string {
 // A limit counts events ("1000"), bytes ("10MiB", "500KB": see parseLimit)
 // or units of the events' cost ("5000u"); a tenant has at most one rule per
 // measure and window.
-// Errors quote the bad part. Tenants are taken as written, spaces trimmed.
+// Errors quote the bad part. Tenants are taken as written, spaces trimmed;
+// they must pass checkTenant.
 func ParseRules(spec string) (*Rules, error) {
 	rs := &Rules{byTenant: map[string][]Rule{}, spec: spec}
 	for _, part := range strings.Split(spec, ";") {
@@ -172,8 +193,8 @@ func ParseRules(spec string) (*Rules, error) {
 		if tenant == "" {
 			return nil, fmt.Errorf("%q: empty tenant", part)
 		}
-		if len(tenant) > 256 {
-			return nil, fmt.Errorf("%q: tenant over 256 bytes", part)
+		if err := checkTenant(tenant); err != nil {
+			return nil, fmt.Errorf("%q: %w", part, err)
 		}
 		var rules []Rule
 		for _, rs := range strings.Split(part[eq+1:], ",") {
@@ -218,9 +239,26 @@ func checkTwice(rules []Rule, r Rule) error {
 	return nil
 }
 
+// checkTenant checks a non-empty tenant name of a rule: at most
+// MaxTenantBytes, no control characters (they would reach logs and
+// terminals), and no "=" (LIMITS separates tenant and rules with it, so
+// "a=b=10/1m" must not become tenant "a=b"). Errors quote the name.
+func checkTenant(t string) error {
+	switch {
+	case len(t) > MaxTenantBytes:
+		return fmt.Errorf("tenant %q: over %d bytes", t, MaxTenantBytes)
+	case strings.Contains(t, "="):
+		return fmt.Errorf("tenant %q: must not hold \"=\"", t)
+	case strings.ContainsFunc(t, unicode.IsControl):
+		return fmt.Errorf("tenant %q: must not hold control characters", t)
+	}
+	return nil
+}
+
 // parseRule parses `<limit>/<count><unit>`, where the limit is a number of
 // events, of bytes (with a suffix: B, kB or KB, MB, GB, TB, KiB, MiB, GiB,
-// TiB) or of units (with the suffix u).
+// TiB) or of units (with the suffix u), from 0 (nothing is admitted) to
+// MaxLimit (MaxBytesLimit for bytes); and a window from 1s to MaxWindow.
 func parseRule(s string) (Rule, error) {
 	slash := strings.Index(s, "/")
 	if slash < 0 {
@@ -235,23 +273,28 @@ func parseRule(s string) (Rule, error) {
 	for i < len(w) && w[i] >= '0' && w[i] <= '9' {
 		i++
 	}
-	count := 1
-	if i > 0 {
-		count, err = strconv.Atoi(w[:i])
-		if err != nil || count < 1 || count > 1000000 {
-			return Rule{}, fmt.Errorf("rule %q: window count %q is not a whole number from 1 to 1000000", s, w[:i])
-		}
-	}
 	unit, ok := unitNames[w[i:]]
 	if !ok {
 		return Rule{}, fmt.Errorf("rule %q: unknown unit %q (want s, m, h, d, w or mo)", s, w[i:])
+	}
+	count := 1
+	if i > 0 {
+		count, err = strconv.Atoi(w[:i])
+		if err != nil || count < 1 {
+			return Rule{}, fmt.Errorf("rule %q: window count %q is not a whole number from 1", s, w[:i])
+		}
+	}
+	// Compared without multiplying, which could overflow.
+	if most := int(MaxWindow / unit.nominal()); count > most {
+		return Rule{}, fmt.Errorf("rule %q: window longer than a year (at most %d%s; the longest windows are 366d, 52w, 12mo)", s, most, unit)
 	}
 	return Rule{Limit: limit, Count: count, Unit: unit, Measure: measure}, nil
 }
 
 // NewRules builds rules from lists of rule strings ("100/1m"): fallback for
 // every tenant without rules of its own (none: such tenants are not limited),
-// and byTenant for the others, whose names may hold any bytes (1 to 256).
+// and byTenant for the others, whose names (1 to MaxTenantBytes) may hold
+// any characters but "=" and control characters (checkTenant).
 // Errors quote the bad part.
 func NewRules(fallback []string, byTenant map[string][]string) (*Rules, error) {
 	rs := &Rules{byTenant: map[string][]Rule{}}
@@ -282,8 +325,11 @@ func NewRules(fallback []string, byTenant map[string][]string) (*Rules, error) {
 		specs = append(specs, "*="+strings.Join(fallback, ","))
 	}
 	for _, t := range sortedKeys(byTenant) {
-		if t == "" || len(t) > 256 {
-			return nil, fmt.Errorf("tenant %q: must be 1 to 256 bytes", t)
+		if t == "" {
+			return nil, errors.New(`tenant "": empty tenant`)
+		}
+		if err := checkTenant(t); err != nil {
+			return nil, err
 		}
 		r, err := parse(fmt.Sprintf("tenant %q", t), byTenant[t])
 		if err != nil {

@@ -3,6 +3,7 @@ package limit
 import (
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -45,6 +46,23 @@ func TestParseRulesErrors(t *testing.T) {
 		{"a=1/1m;a=2/1m", `tenant "a" given twice`},
 		{"*=1/1m;*=2/1m", `"*" given twice`},
 		{"acme=10/1m;trial=5/q", `"trial=5/q"`},
+		// Windows over a year, of every unit; the first two overflowed Go
+		// durations (a 25-minute window; every script call failing).
+		{"a=10/213504d", `rule "10/213504d": window longer than a year (at most 366d`},
+		{"a=10/106752d", `rule "10/106752d": window longer than a year`},
+		{"a=10/367d", `at most 366d`},
+		{"a=10/31622401s", `at most 31622400s`},
+		{"a=10/527041m", `at most 527040m`},
+		{"a=10/8785h", `at most 8784h`},
+		{"a=10/53w", `at most 52w`},
+		{"a=10/13mo", `at most 12mo`},
+		{"a=10/99999999999999999999d", `window count "99999999999999999999"`},
+		{"a=1099511627777/1m", `limit "1099511627777"`},
+		// Tenant names: no "=", no control characters, quoted in errors.
+		{"a=b=10/1m", `tenant "a=b": must not hold "="`},
+		{"a\x1b[31mb=10/1m", `tenant "a\x1b[31mb": must not hold control characters`},
+		{"a\u0085b=10/1m", `tenant "a\u0085b": must not hold control characters`},
+		{strings.Repeat("x", 257) + "=10/1m", `over 256 bytes`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.spec, func(t *testing.T) {
@@ -55,7 +73,29 @@ func TestParseRulesErrors(t *testing.T) {
 			if !strings.Contains(err.Error(), tt.quote) {
 				t.Errorf("ParseRules(%q): got %q, want it to contain %s", tt.spec, err, tt.quote)
 			}
+			if strings.ContainsFunc(err.Error(), unicode.IsControl) {
+				t.Errorf("ParseRules(%q): error %q holds a raw control character", tt.spec, err)
+			}
 		})
+	}
+}
+
+// TestParseRulesLongestWindows accepts the longest window of every unit, in
+// both window kinds, and the largest limit.
+func TestParseRulesLongestWindows(t *testing.T) {
+	spec := "a=1/31622400s;b=1/527040m;c=1/8784h;d=1/366d;e=1/52w;f=1/12mo;g=1099511627776/1s;h=0/1m"
+	rs, err := ParseRules(spec)
+	if err != nil {
+		t.Fatalf("ParseRules(%q): %v", spec, err)
+	}
+	for _, tenant := range rs.Tenants() {
+		r := rs.For(tenant)[0]
+		if r.Length() <= 0 || r.Length() > MaxWindow {
+			t.Errorf("tenant %s: got window length %v, want from 1s to %v", tenant, r.Length(), MaxWindow)
+		}
+	}
+	if err := CheckRules(mustRules(t, "a=1/1d;b=1/1w;c=1/12mo"), Aligned); err != nil {
+		t.Errorf("aligned 1d, 1w, 12mo: got %v, want nil", err)
 	}
 }
 
@@ -117,6 +157,10 @@ func TestNewRules(t *testing.T) {
 		{nil, map[string][]string{"acme": {"5/1m", "6/1m"}}, `tenant "acme": two rules`},
 		{nil, map[string][]string{"acme": {}}, `tenant "acme": no rules`},
 		{nil, map[string][]string{"": {"1/1m"}}, `tenant ""`},
+		{nil, map[string][]string{"a=b": {"1/1m"}}, `tenant "a=b": must not hold "="`},
+		{nil, map[string][]string{"a\x00b": {"1/1m"}}, `tenant "a\x00b": must not hold control characters`},
+		{nil, map[string][]string{"acme": {"1/400d"}}, `tenant "acme": rule "1/400d": window longer than a year`},
+		{[]string{"1/13mo"}, nil, `default: rule "1/13mo": window longer than a year`},
 	} {
 		_, err := NewRules(bad.fallback, bad.tenants)
 		if err == nil || !strings.Contains(err.Error(), bad.quote) {

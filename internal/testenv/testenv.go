@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,6 +55,25 @@ func Redis(t testing.TB) (*redis.Client, string) {
 	}
 	t.Cleanup(func() { rdb.Close() })
 	return rdb, addr
+}
+
+// RedisCluster returns a client of the Redis Cluster named by
+// GATEKEEPER_TEST_REDIS_CLUSTER (comma-separated seed addresses; make test
+// starts one). Unset, the test is skipped; set but not answering, it fails.
+func RedisCluster(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	addrs := os.Getenv("GATEKEEPER_TEST_REDIS_CLUSTER")
+	if addrs == "" {
+		t.Skip("GATEKEEPER_TEST_REDIS_CLUSTER is not set: run `make test`, which starts a real Redis Cluster")
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ",")})
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("GATEKEEPER_TEST_REDIS_CLUSTER=%s: %v", addrs, err)
+	}
+	return c
 }
 
 // Prefix returns a key prefix of the test's own and deletes its keys when

@@ -318,16 +318,9 @@ func (c *Config) routingChecks() []func() error {
 			}
 			return nil
 		},
-		func() error { return positive("DEFER_HORIZON", c.DeferHorizon) },
 		func() error {
 			if c.OnRedisError != route.RedisPause && c.OnRedisError != route.RedisForward {
 				return bad("ON_REDIS_ERROR", "%q is not pause or forward", c.OnRedisError)
-			}
-			return nil
-		},
-		func() error {
-			if c.MaxAttempts < 1 {
-				return bad("MAX_ATTEMPTS", "%d must be at least 1", c.MaxAttempts)
 			}
 			return nil
 		},
@@ -349,55 +342,10 @@ func (c *Config) routingChecks() []func() error {
 	}
 }
 
-// sizeAndTimeChecks check the batch and look-ahead sizes, the timeouts and
-// the SASL settings.
+// sizeAndTimeChecks check the counts, sizes and durations (settingRanges)
+// and the SASL settings.
 func (c *Config) sizeAndTimeChecks() []func() error {
-	return []func() error{
-		func() error {
-			if c.BatchSize < 1 || c.BatchSize > 100000 {
-				return bad("BATCH_SIZE", "%d is not from 1 to 100000", c.BatchSize)
-			}
-			return nil
-		},
-		func() error {
-			if c.RetryLookahead < 1 || c.RetryLookahead > 1000000 {
-				return bad("RETRY_LOOKAHEAD", "%d is not from 1 to 1000000", c.RetryLookahead)
-			}
-			return nil
-		},
-		func() error { return inRange("BATCH_BYTES", c.BatchBytes, 1024, 1<<30) },
-		func() error { return inRange("RETRY_LOOKAHEAD_BYTES", c.RetryLookaheadBytes, 1024, 1<<30) },
-		func() error { return inRange("MAX_MESSAGE_BYTES", c.MaxMessageBytes, 1024, 100<<20) },
-		func() error { return inRange("LIMITER_CACHE_BYTES", c.LimiterCacheBytes, 64<<10, 1<<30) },
-		func() error { return positive("BATCH_WAIT", c.BatchWait) },
-		func() error { return positive("SHUTDOWN_GRACE", c.ShutdownGrace) },
-		func() error { return positive("REDIS_TIMEOUT", c.RedisTimeout) },
-		func() error { return positive("KAFKA_TIMEOUT", c.KafkaTimeout) },
-		func() error {
-			if c.KafkaSessionTimeout < time.Second || c.KafkaSessionTimeout > 5*time.Minute {
-				return bad("KAFKA_SESSION_TIMEOUT", "%v is not from 1s to 5m", c.KafkaSessionTimeout)
-			}
-			return nil
-		},
-		func() error { return positive("RETENTION", c.Retention) },
-		c.checkSASL,
-		c.checkTLS,
-	}
-}
-
-func positive(variable string, d time.Duration) error {
-	if d <= 0 {
-		return bad(variable, "%s must be positive", d)
-	}
-	return nil
-}
-
-// inRange checks that a count or size is from lo to hi.
-func inRange(variable string, v, lo, hi int) error {
-	if v < lo || v > hi {
-		return bad(variable, "%d is not from %d to %d", v, lo, hi)
-	}
-	return nil
+	return []func() error{c.checkRanges, c.checkSASL, c.checkTLS}
 }
 
 // checkAddrs checks a list of host:port addresses.

@@ -10,8 +10,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -21,10 +23,11 @@ import (
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
-// maxLimitsFile bounds the size of LIMITS_FILE.
-const maxLimitsFile = 16 << 20
+// maxLimitsFile bounds the size of LIMITS_FILE: 1 MiB, some 40,000
+// tenants with rules of their own.
+const maxLimitsFile = 1 << 20
 
-// limitsFile is the YAML form of LIMITS_FILE:
+// LIMITS_FILE is one YAML document:
 //
 //	default: [100/1m]          # every tenant without rules of its own (optional)
 //	tenants:
@@ -33,76 +36,187 @@ const maxLimitsFile = 16 << 20
 //
 // A rule list may also be written as one string, "1000/1m, 50000/1d".
 // Unknown top-level keys are errors, so a typo does not silently drop rules.
-type limitsFile struct {
-	Default ruleList            `yaml:"default"`
-	Tenants map[string]ruleList `yaml:"tenants"`
-}
+//
+// The document is parsed into yaml.Nodes and walked here rather than
+// decoded into Go values: yaml.v3 checks a mapping's keys for duplicates in
+// quadratic time (20 s for 40,000 tenants), and its errors quote the
+// content, which must not reach the logs (LIMITS_FILE pointed at a secret
+// file would print it). Errors name a line and column and a generic reason,
+// or a tenant and a rule, quoted.
 
-// ruleList is a YAML sequence of rules, or one comma-separated string.
-type ruleList []string
-
-// UnmarshalYAML accepts a sequence of rule strings or one string.
-func (l *ruleList) UnmarshalYAML(n *yaml.Node) error {
-	switch n.Kind {
-	case yaml.ScalarNode:
-		if n.Tag == "!!null" {
-			return fmt.Errorf("line %d: empty rule list", n.Line)
-		}
-		for _, s := range strings.Split(n.Value, ",") {
-			*l = append(*l, strings.TrimSpace(s))
-		}
-		return nil
-	case yaml.SequenceNode:
-		var s []string
-		if err := n.Decode(&s); err != nil {
-			return err
-		}
-		if len(s) == 0 {
-			return fmt.Errorf("line %d: empty rule list", n.Line)
-		}
-		*l = s
-		return nil
-	}
-	return fmt.Errorf("line %d: want a list of rules like [100/1m, 5000/1d]", n.Line)
-}
-
-// parseLimitsFile converts the YAML of LIMITS_FILE to rules. Tenant names may
-// hold any characters; "*" is not a tenant (use default:).
+// parseLimitsFile converts the YAML of LIMITS_FILE to rules.
 func parseLimitsFile(data []byte) (*limit.Rules, error) {
-	var f limitsFile
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, errors.New("no rules (empty file)")
-		}
-		return nil, fmt.Errorf("bad YAML: %s", OneLine(strings.TrimPrefix(err.Error(), "yaml: ")))
-	}
-	if _, ok := f.Tenants["*"]; ok {
-		return nil, errors.New(`tenant "*": write the rules for every other tenant under default:`)
-	}
-	byTenant := make(map[string][]string, len(f.Tenants))
-	for t, rules := range f.Tenants {
-		byTenant[t] = rules
-	}
-	var fallback []string
-	if f.Default != nil {
-		fallback = f.Default
-	}
-	rules, err := limit.NewRules(fallback, byTenant)
+	root, err := oneDocument(data)
 	if err != nil {
 		return nil, err
 	}
-	return rules, nil
+	if root.Kind != yaml.MappingNode {
+		return nil, nodeError(root, "want a mapping with default: and tenants:")
+	}
+	var fallback []string
+	byTenant := map[string][]string{}
+	var seen [2]bool
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		switch {
+		case k.Kind == yaml.ScalarNode && k.Value == "default" && !seen[0]:
+			seen[0] = true
+			if fallback, err = ruleList(v); err != nil {
+				return nil, fmt.Errorf("default: %w", err)
+			}
+		case k.Kind == yaml.ScalarNode && k.Value == "tenants" && !seen[1]:
+			seen[1] = true
+			if err := tenantRules(v, byTenant); err != nil {
+				return nil, err
+			}
+		case k.Kind == yaml.ScalarNode && (k.Value == "default" || k.Value == "tenants"):
+			return nil, nodeError(k, "key given twice")
+		default:
+			return nil, nodeError(k, "unknown key (want default: or tenants:)")
+		}
+	}
+	return limit.NewRules(fallback, byTenant)
 }
 
-// readLimitsFile reads LIMITS_FILE, bounded in size.
+// oneDocument parses data as exactly one YAML document and returns its
+// top node.
+func oneDocument(data []byte) (*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc, second yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("no rules (empty file)")
+		}
+		return nil, syntaxError(err)
+	}
+	switch err := dec.Decode(&second); {
+	case err == nil:
+		return nil, nodeError(&second, "a second YAML document (want one)")
+	case !errors.Is(err, io.EOF):
+		return nil, syntaxError(err)
+	}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 {
+		return nil, errors.New("no rules (empty file)")
+	}
+	return doc.Content[0], nil
+}
+
+// yamlLine finds the line of a yaml.v3 syntax error, and its reason when
+// that is one of the parser's own words, which quote nothing of the file.
+var yamlLine = regexp.MustCompile(`^yaml: line (\d+): ([a-zA-Z ]+)$`)
+
+// anyLine finds a line number in any other yaml.v3 error.
+var anyLine = regexp.MustCompile(`\bline (\d+)\b`)
+
+// syntaxError reports a YAML syntax error by its line and reason, without
+// quoting the file.
+func syntaxError(err error) error {
+	if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+		return fmt.Errorf("bad YAML: line %s: %s", m[1], m[2])
+	}
+	if m := anyLine.FindStringSubmatch(err.Error()); m != nil {
+		return fmt.Errorf("bad YAML: line %s: not valid YAML", m[1])
+	}
+	return errors.New("bad YAML: not valid YAML")
+}
+
+// nodeError is a structural error at n: its line and column and a reason,
+// no content.
+func nodeError(n *yaml.Node, reason string) error {
+	return fmt.Errorf("bad YAML: line %d, column %d: %s", n.Line, n.Column, reason)
+}
+
+// tenantRules adds the rules of the tenants: mapping n to byTenant. Tenant
+// names are checked by limit.NewRules; "*" is not a tenant (use default:).
+func tenantRules(n *yaml.Node, byTenant map[string][]string) error {
+	n = resolve(n)
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		return nodeError(n, "tenants: want a mapping of tenant names to rule lists")
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind != yaml.ScalarNode || k.Tag == "!!merge" || k.Tag == "!!null" {
+			return nodeError(k, "want a tenant name")
+		}
+		t := k.Value
+		if t == "*" {
+			return errors.New(`tenant "*": write the rules for every other tenant under default:`)
+		}
+		if _, dup := byTenant[t]; dup {
+			return fmt.Errorf("line %d: tenant %q given twice", k.Line, t)
+		}
+		rules, err := ruleList(v)
+		if err != nil {
+			return fmt.Errorf("tenant %q: %w", t, err)
+		}
+		byTenant[t] = rules
+	}
+	return nil
+}
+
+// ruleList reads a sequence of rule strings or one comma-separated string;
+// null is no rules.
+func ruleList(n *yaml.Node) ([]string, error) {
+	n = resolve(n)
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return nil, nil
+		}
+		var out []string
+		for _, s := range strings.Split(n.Value, ",") {
+			out = append(out, strings.TrimSpace(s))
+		}
+		return out, nil
+	case yaml.SequenceNode:
+		if len(n.Content) == 0 {
+			return nil, nodeError(n, "empty rule list")
+		}
+		out := make([]string, 0, len(n.Content))
+		for _, r := range n.Content {
+			if r = resolve(r); r.Kind != yaml.ScalarNode {
+				return nil, nodeError(r, "want a rule like 100/1m")
+			}
+			out = append(out, r.Value)
+		}
+		return out, nil
+	}
+	return nil, nodeError(n, "want a list of rules like [100/1m, 5000/1d]")
+}
+
+// resolve returns the node an alias (*name) stands for, or n.
+func resolve(n *yaml.Node) *yaml.Node {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		return n.Alias
+	}
+	return n
+}
+
+// readLimitsFile reads LIMITS_FILE: a regular file (a FIFO or a device
+// would block or never end) of at most maxLimitsFile bytes. It opens the
+// file without blocking and checks what it opened, so a file swapped for a
+// FIFO after the first check cannot block it either.
 func readLimitsFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	if st, err := os.Stat(path); err != nil {
+		return nil, err
+	} else if err := regularFile(path, st); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if err := regularFile(path, st); err != nil {
+		return nil, err
+	}
 	data, err := io.ReadAll(io.LimitReader(f, maxLimitsFile+1))
 	if err != nil {
 		return nil, err
@@ -111,6 +225,23 @@ func readLimitsFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxLimitsFile)
 	}
 	return data, nil
+}
+
+// regularFile reports an error unless st is a regular file's.
+func regularFile(path string, st os.FileInfo) error {
+	if st.Mode().IsRegular() {
+		return nil
+	}
+	what := "not a regular file"
+	switch {
+	case st.IsDir():
+		what = "a directory, not a regular file"
+	case st.Mode()&os.ModeNamedPipe != 0:
+		what = "a FIFO, not a regular file"
+	case st.Mode()&os.ModeDevice != 0:
+		what = "a device, not a regular file"
+	}
+	return fmt.Errorf("%s: %s", path, what)
 }
 
 // loadedLimits are the rules of LIMITS or LIMITS_FILE, parsed; for

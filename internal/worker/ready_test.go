@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // countingCheck is a readiness check that counts its runs and, while gate
@@ -37,32 +39,14 @@ func (c *countingCheck) check(ctx context.Context) error {
 	}
 }
 
-// fakeClock is a clock that moves only when told. Safe for concurrent use.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 // TestReadyzOneCheckInFlight sends many /readyz requests at once while the
 // check is slow: one run serves them all, and its result is served until it
 // is readyMaxAge old.
 func TestReadyzOneCheckInFlight(t *testing.T) {
 	cc := newCountingCheck()
-	clock := &fakeClock{t: time.Unix(1700000000, 0)}
+	clock := testenv.NewClock(time.Unix(1700000000, 0))
 	ready := newReadiness([]readyCheck{{Name: "redis", Check: cc.check}}, 5*time.Second, readyMaxAge)
-	ready.now = clock.now
+	ready.now = clock.Now
 	srv := newTestServer(t, httpConfig{Ready: ready})
 
 	const n = 50
@@ -97,7 +81,7 @@ func TestReadyzOneCheckInFlight(t *testing.T) {
 		{time.Millisecond, 2},
 		{0, 2},
 	} {
-		clock.advance(tt.advance)
+		clock.Add(tt.advance)
 		if code, body, _ := get(t, srv, "/readyz"); code != 200 {
 			t.Errorf("got %d %q, want 200", code, body)
 		}
@@ -112,9 +96,9 @@ func TestReadyzOneCheckInFlight(t *testing.T) {
 func TestReadyMetricSharesReadyz(t *testing.T) {
 	cc := newCountingCheck()
 	close(cc.gate)
-	clock := &fakeClock{t: time.Unix(1700000000, 0)}
+	clock := testenv.NewClock(time.Unix(1700000000, 0))
 	ready := newReadiness([]readyCheck{{Name: "redis", Check: cc.check}}, time.Second, readyMaxAge)
-	ready.now = clock.now
+	ready.now = clock.Now
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newReadyCollector(ready))
 	srv := newTestServer(t, httpConfig{Gatherer: reg, Ready: ready})

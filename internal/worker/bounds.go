@@ -1,0 +1,166 @@
+package worker
+
+import (
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+)
+
+// settingRange is the range of one count or duration variable. The ranges
+// are written once, in settingRanges: Validate checks them and the README's
+// configuration table shows them (ConfigTable).
+type settingRange struct {
+	key      string // the variable, without the prefix
+	min, max int64  // a duration's in nanoseconds
+	duration bool   // the variable is a time.Duration
+}
+
+func counts(key string, lo, hi int64) settingRange {
+	return settingRange{key: key, min: lo, max: hi}
+}
+
+func durations(key string, lo, hi time.Duration) settingRange {
+	return settingRange{key: key, min: int64(lo), max: int64(hi), duration: true}
+}
+
+// maxDeferHorizon bounds DEFER_HORIZON. Every call for an aligned rule of
+// hours, days, weeks or months carries each window boundary up to the
+// horizon, so its cost grows with it: for a 10/1h rule, 0.17 ms per call at
+// 24h, 0.5 ms at 744h, 5 ms at 8784h and 72 ms at 100000h
+// (BenchmarkAdmitHorizon). 31 days keeps a call under a millisecond and
+// still reaches the next month's window.
+const maxDeferHorizon = 31 * 24 * time.Hour
+
+// settingRanges are the bounds of every count and duration variable, in the
+// order of Config's fields. TestSettingRangesCoverConfig makes sure every
+// such field has one.
+var settingRanges = []settingRange{
+	durations("DEFER_HORIZON", time.Second, maxDeferHorizon),
+	// Every attempt is one more trip through the retry tiers.
+	counts("MAX_ATTEMPTS", 1, 1000),
+	counts("BATCH_SIZE", 1, 100000),
+	// RETRY_LOOKAHEAD_BYTES bounds the memory; this bounds the entries of
+	// a partition's heap of waiting events.
+	counts("RETRY_LOOKAHEAD", 1, 100000),
+	counts("BATCH_BYTES", 1<<10, 1<<30),
+	counts("RETRY_LOOKAHEAD_BYTES", 1<<10, 1<<30),
+	counts("MAX_MESSAGE_BYTES", 1<<10, 100<<20),
+	// Below 64 KiB a few hundred tenants fill it; the estimate is per entry.
+	counts("LIMITER_CACHE_BYTES", 64<<10, 1<<30),
+	// Below a millisecond a batch hardly waits; past 10s quiet tenants
+	// wait for nothing.
+	durations("BATCH_WAIT", time.Millisecond, 10*time.Second),
+	durations("SHUTDOWN_GRACE", time.Second, 10*time.Minute),
+	// Shorter timeouts fail every call (and run waits for Redis forever);
+	// longer ones hold a batch that long when a server hangs.
+	durations("REDIS_TIMEOUT", 10*time.Millisecond, time.Minute),
+	durations("KAFKA_TIMEOUT", time.Second, 5*time.Minute),
+	durations("KAFKA_SESSION_TIMEOUT", time.Second, 5*time.Minute),
+	// At least the shortest retention a window gets (limit.retention); at
+	// most the longest window.
+	durations("RETENTION", time.Minute, limit.MaxWindow),
+}
+
+// checkRanges checks every variable of settingRanges.
+func (c *Config) checkRanges() error {
+	fields, err := configFields(c)
+	if err != nil {
+		return err
+	}
+	for _, r := range settingRanges {
+		f, ok := fields[r.key]
+		if !ok {
+			return fmt.Errorf("config: no variable %s_%s", EnvPrefix, r.key)
+		}
+		if v := f.Int(); v < r.min || v > r.max {
+			return bad(r.key, "%s is not from %s to %s", r.format(v), r.format(r.min), r.format(r.max))
+		}
+	}
+	return nil
+}
+
+// configFields maps the variable names (without the prefix) to the fields
+// of c that envconfig sets from them.
+func configFields(c *Config) (map[string]reflect.Value, error) {
+	keys, err := ConfigKeys()
+	if err != nil {
+		return nil, err
+	}
+	v := reflect.ValueOf(c).Elem()
+	out := make(map[string]reflect.Value, len(keys))
+	for i := range v.NumField() {
+		if !v.Type().Field(i).IsExported() {
+			continue
+		}
+		if len(out) == len(keys) {
+			return nil, fmt.Errorf("config has more fields than envconfig sees (%d)", len(keys))
+		}
+		out[strings.TrimPrefix(keys[len(out)], EnvPrefix+"_")] = v.Field(i)
+	}
+	if len(out) != len(keys) {
+		return nil, fmt.Errorf("config has %d fields, envconfig sees %d", len(out), len(keys))
+	}
+	return out, nil
+}
+
+// format writes a bound or value as the variable takes it: a Go duration
+// without trailing zero units ("744h", "1m", "10ms"), or a number, for
+// bytes with its KiB, MiB or GiB.
+func (r settingRange) format(v int64) string {
+	if r.duration {
+		s := time.Duration(v).String()
+		if strings.HasSuffix(s, "m0s") {
+			s = strings.TrimSuffix(s, "0s")
+		}
+		if strings.HasSuffix(s, "h0m") {
+			s = strings.TrimSuffix(s, "0m")
+		}
+		return s
+	}
+	s := strconv.FormatInt(v, 10)
+	if strings.HasSuffix(r.key, "_BYTES") {
+		for _, u := range []struct {
+			name string
+			size int64
+		}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+			if v >= u.size && v%u.size == 0 {
+				return fmt.Sprintf("%s (%d %s)", s, v/u.size, u.name)
+			}
+		}
+	}
+	return s
+}
+
+// boundsText is the README table's bounds of a variable (without the
+// prefix), or "" when it has none beyond its description.
+func boundsText(key string) string {
+	for _, r := range settingRanges {
+		if r.key == key {
+			return r.format(r.min) + " to " + r.format(r.max)
+		}
+	}
+	switch key {
+	case "LIMITS":
+		return fmt.Sprintf("limits 0 to 2^%d; windows 1s to %dd (%dw, %dmo); tenants 1 to %d bytes, without = or control characters",
+			bitLen(limit.MaxLimit), int(limit.MaxWindow/(24*time.Hour)), int(limit.MaxWindow/(7*24*time.Hour)),
+			int(limit.MaxWindow/(30*24*time.Hour)), limit.MaxTenantBytes)
+	case "LIMITS_FILE":
+		size := settingRange{key: "LIMITS_FILE_BYTES"}.format(maxLimitsFile)
+		return "a regular file of at most " + size + " bytes, one YAML document; rules as in LIMITS"
+	}
+	return ""
+}
+
+// bitLen returns n's exponent when n is a power of two.
+func bitLen(n int64) int {
+	b := 0
+	for n > 1 {
+		n >>= 1
+		b++
+	}
+	return b
+}
