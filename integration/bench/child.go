@@ -291,7 +291,8 @@ type seedAdmitter struct {
 	window time.Duration
 }
 
-func (a *seedAdmitter) Admit(ctx context.Context, tenants []string) ([]limit.Decision, error) {
+// AdmitCosts counts every event as 1, whatever its cost.
+func (a *seedAdmitter) AdmitCosts(ctx context.Context, tenants []string, _ []limit.Cost) ([]limit.Decision, error) {
 	now := time.Now()
 	out := make([]limit.Decision, len(tenants))
 	secs := int64(a.window / time.Second)
@@ -323,7 +324,8 @@ type rateAdmitter struct {
 	limit  redis_rate.Limit
 }
 
-func (a *rateAdmitter) Admit(ctx context.Context, tenants []string) ([]limit.Decision, error) {
+// AdmitCosts counts every event as 1, whatever its cost.
+func (a *rateAdmitter) AdmitCosts(ctx context.Context, tenants []string, _ []limit.Cost) ([]limit.Decision, error) {
 	now := time.Now()
 	out := make([]limit.Decision, len(tenants))
 	for i, t := range tenants {

@@ -118,8 +118,10 @@ type tenantState struct {
 	key      stateKey
 	frontier string
 	keys     []string // the rules' key prefixes, in rule order
-	// full: no room within the horizon before this time (zero: not known).
-	full time.Time
+	// full: no room within the horizon before this time (zero: not known)
+	// for an event that costs fullCost or more (see fullFor).
+	full     time.Time
+	fullCost Cost
 	// chain: the ttl chain of a one-rule tenant as the last reply gave it;
 	// while now is before its end the script need not read the anchor.
 	chain chain
@@ -224,17 +226,37 @@ type group struct {
 	st     *tenantState
 	// chain is st.chain as read for this call (zero: unknown).
 	chain chain
+	// weighted: the rules count bytes or units (see Weighted); costs are
+	// then the costs of the events idx (else nil).
+	weighted bool
+	costs    []Cost
 }
 
-// Admit decides a batch. The result is index-aligned with tenants; one
+// Admit decides a batch whose events cost nothing but their count: it is
+// AdmitCosts with no costs, for tenants whose rules all count events (a
+// tenant with a byte or unit rule is an error).
+func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, error) {
+	return l.AdmitCosts(ctx, tenants, nil)
+}
+
+// AdmitCosts decides a batch. The result is index-aligned with tenants; one
 // tenant's events are decided in slice order: the first that fit are admitted,
-// the next get the earliest reserved slots, the rest are rejected. The whole
+// the next get the earliest reserved slots, the rest are rejected. An event
+// fits when every rule of its tenant has room for its cost: 1 for a rule
+// that counts events, its Cost (index-aligned with tenants) for a rule that
+// counts bytes or units. An event whose cost is over a rule's whole limit is
+// rejected with its own reason (it would never fit) and the events after it
+// are decided as if it were not there. The whole
 // batch costs one Redis round trip (one per node on Redis Cluster), none for
 // tenants without rules or known to be full up to the horizon. The events
 // of a tenant whose counter keys are broken get Fail decisions, and the
 // other tenants are decided as usual. A non-nil error means Redis trouble
-// and nothing was decided (nor counted): the batch may be retried.
-func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, error) {
+// and nothing was decided (nor counted): the batch may be retried. costs
+// may be nil when no tenant of the batch has a byte or unit rule.
+func (l *Limiter) AdmitCosts(ctx context.Context, tenants []string, costs []Cost) ([]Decision, error) {
+	if costs != nil && len(costs) != len(tenants) {
+		return nil, fmt.Errorf("admit: %d costs for %d events", len(costs), len(tenants))
+	}
 	now := l.opts.Clock()
 	rules := l.rules.Load()
 	out := make([]Decision, len(tenants))
@@ -254,8 +276,15 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 				g.set = ruleSetID(l.opts.WindowKind, g.rules)
 				lastRules, lastSet = g.rules, g.set
 			}
+			g.weighted = Weighted(g.rules)
+			if g.weighted && costs == nil {
+				return nil, fmt.Errorf("admit: tenant %q has a rule counting bytes or units, and the events have no costs", t)
+			}
 			byTenant[t] = g
 			order = append(order, g)
+		}
+		if costs != nil && !g.weigh(i, costs[i], out) {
+			continue
 		}
 		g.idx = append(g.idx, i)
 	}
@@ -263,13 +292,14 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 	l.mu.Lock()
 	for _, g := range order {
 		switch {
+		case len(g.idx) == 0:
 		case len(g.rules) == 0:
 			for _, i := range g.idx {
 				out[i] = Decision{Kind: Admit}
 			}
 		default:
 			g.st = l.stateLocked(g, now)
-			if now.Before(g.st.full) {
+			if now.Before(g.st.full) && g.st.fullFor(g.costs) {
 				// Full up to the horizon: nothing can change before the
 				// horizon reaches a window that was not full.
 				l.metrics.cacheHits.Add(float64(len(g.idx)))
@@ -329,11 +359,15 @@ func (l *Limiter) stateLocked(g *group, now time.Time) *tenantState {
 	return st
 }
 
-// markFull records that g's tenant is full up to the horizon until then:
-// its events are rejected without Redis, and the cache keeps it last.
-func (l *Limiter) markFull(g *group, until time.Time) {
+// markFull records that g's tenant is full up to the horizon until then for
+// events that cost as much as its blocker-th event or more (each event for
+// event rules): they are rejected without Redis, and the cache keeps it last.
+func (l *Limiter) markFull(g *group, until time.Time, blocker int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if g.costs != nil {
+		g.st.fullCost = g.costs[blocker]
+	}
 	l.states.markFull(g.st, until)
 }
 
@@ -550,7 +584,7 @@ func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) erro
 	reason := "no room found within the scan limit"
 	if full := r[len(r)-1]; full > 0 {
 		reason = l.fullReason
-		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon))
+		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon), next)
 	}
 	give(r[len(r)-2], Decision{Kind: Reject, Reason: reason})
 	if next != len(g.idx) {

@@ -194,3 +194,37 @@ func overLimit(rules []Rule, c Cost) string {
 	}
 	return ""
 }
+
+// weigh checks the cost of event i of g, whose tenant's rules count bytes
+// or units, and keeps it in g.costs: it returns false, with the event's
+// decision in out, for a cost that is not valid or is over the whole limit
+// of one of the rules. For a tenant counting events only it keeps nothing.
+func (g *group) weigh(i int, c Cost, out []Decision) bool {
+	if !g.weighted {
+		return true
+	}
+	if err := c.Check(); err != nil {
+		out[i] = Decision{Kind: Reject, Reason: err.Error()}
+		return false
+	}
+	if why := overLimit(g.rules, c); why != "" {
+		out[i] = Decision{Kind: Reject, Reason: why}
+		return false
+	}
+	g.costs = append(g.costs, c)
+	return true
+}
+
+// fullFor reports whether the tenant's state known full holds for events
+// of costs (nil: events only): the window search that found no room up to
+// the horizon was for an event of st.fullCost, so every event that costs at
+// least as much in each measure finds none either. A cheaper event may
+// still fit, and goes to Redis.
+func (st *tenantState) fullFor(costs []Cost) bool {
+	for _, c := range costs {
+		if c.Bytes < st.fullCost.Bytes || c.Units < st.fullCost.Units {
+			return false
+		}
+	}
+	return true
+}
