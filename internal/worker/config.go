@@ -319,6 +319,17 @@ func (c *Config) routingChecks() []func() error {
 		},
 		c.checkLimits,
 		func() error {
+			// Not a check of LIMITS: `gatekeeper usage` reads unit rules
+			// without COST_FROM.
+			if c.limits == nil {
+				return nil
+			}
+			if err := c.CheckUnits(c.limits.rules); err != nil {
+				return bad("COST_FROM", "%v", err)
+			}
+			return nil
+		},
+		func() error {
 			if c.Timezone == "" {
 				return bad("TIMEZONE", "must not be empty (e.g. UTC, Europe/Berlin)")
 			}
@@ -590,9 +601,6 @@ func (c *Config) checkLimits() error {
 		if err := limit.CheckRules(l.rules, limit.WindowKind(c.Window)); err != nil {
 			return bad("LIMITS_FILE", "%s: %v", c.LimitsFile, err)
 		}
-		if err := c.CheckUnits(l.rules); err != nil {
-			return bad("LIMITS_FILE", "%s: %v", c.LimitsFile, err)
-		}
 		c.limits = &l
 	case strings.TrimSpace(c.Limits) == "":
 		return bad("LIMITS", "required unless LIMITS_FILE is set (e.g. *=100/1m;acme=1000/1m)")
@@ -604,9 +612,6 @@ func (c *Config) checkLimits() error {
 		if err := limit.CheckRules(rules, limit.WindowKind(c.Window)); err != nil {
 			return bad("LIMITS", "%v", err)
 		}
-		if err := c.CheckUnits(rules); err != nil {
-			return bad("LIMITS", "%v", err)
-		}
 		c.limits = &loadedLimits{rules: rules}
 	}
 	return nil
@@ -616,7 +621,7 @@ func (c *Config) checkLimits() error {
 // not say where an event's units are.
 func (c *Config) CheckUnits(rules *limit.Rules) error {
 	if c.CostFrom == "" && rules.Counts(limit.Units) {
-		return errors.New("a rule counts units (like 500u/1m) but COST_FROM does not say where an event's cost is")
+		return errors.New("not set, and a rule of the limits counts units (like 500u/1m): set it to where an event's cost is")
 	}
 	return nil
 }

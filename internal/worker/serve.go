@@ -152,7 +152,7 @@ func (w *worker) loadRules() (*Watcher, *limit.Rules, error) {
 			return errors.New("limiter not started")
 		}
 		if err := w.cfg.CheckUnits(r); err != nil {
-			return err
+			return fmt.Errorf("%s_COST_FROM %w", EnvPrefix, err)
 		}
 		return lim.SetRules(r)
 	}, w.log, w.reg)
