@@ -404,7 +404,8 @@ func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
 }
 
 // script returns the KEYS and ARGV of one admit.lua call over groups. The
-// tenants' records go in one argument, a JSON array of numbers (see admit.lua).
+// tenants' records go in one argument, a JSON array of numbers (see admit.lua),
+// followed by the costs of the tenants whose rules count bytes or units.
 func (l *Limiter) script(groups []*group, now, hend time.Time) ([]string, []any) {
 	d := descriptors{index: map[Rule]int{}}
 	ks := make([]string, 0, 2*len(groups))
@@ -425,6 +426,11 @@ func (l *Limiter) script(groups []*group, now, hend time.Time) ([]string, []any)
 			num(int64(l.describe(&d, r, now, hend)))
 			num(g.chain.start)
 			num(g.chain.end)
+		}
+	}
+	for i, g := range groups {
+		if g.costs != nil {
+			appendCosts(num, i+1, g)
 		}
 	}
 	recs = append(recs, ']')

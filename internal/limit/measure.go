@@ -228,3 +228,35 @@ func (st *tenantState) fullFor(costs []Cost) bool {
 	}
 	return true
 }
+
+// appendCosts writes, with num, the costs of the events of g, the ti-th
+// tenant of a script call, for admit.lua (see "Costs" there): ti, then per
+// rule the list it counts by (0: none, an event rule; 1, 2: the lists that
+// follow), then the events' bytes if a rule counts bytes, then their units
+// if a rule counts units.
+func appendCosts(num func(int64), ti int, g *group) {
+	lists := []Measure{}
+	for _, m := range []Measure{Bytes, Units} {
+		for _, r := range g.rules {
+			if r.Measure == m {
+				lists = append(lists, m)
+				break
+			}
+		}
+	}
+	num(int64(ti))
+	for _, r := range g.rules {
+		list := 0
+		for j, m := range lists {
+			if r.Measure == m {
+				list = j + 1
+			}
+		}
+		num(int64(list))
+	}
+	for _, m := range lists {
+		for _, c := range g.costs {
+			num(c.of(m))
+		}
+	}
+}

@@ -1,7 +1,8 @@
 -- admit: batch admission for one or more tenants, each with one or more rules
 -- and n events, in one call. For each tenant it
 --   1. admits the first k of n events that fit in the current window of every
---      rule (all rules or none for each event) and counts them there;
+--      rule (all rules or none for each event) and counts them there; an
+--      event costs an event rule 1, a byte or unit rule its cost (see Costs);
 --   2. reserves slots for the rest, in event order, in the earliest future
 --      windows where every rule has room, up to the horizon: a reserved event
 --      is counted in the windows that contain its due time, so reservations
@@ -45,6 +46,16 @@
 --   number of rules, n events, then per rule: descriptor index (1-based),
 --   cached ttl chain start, cached chain end. (One cjson.decode costs the
 --   script less than a tonumber per number.)
+--   Costs: after the last tenant's record, the same array holds, for each
+--   tenant with a rule that counts bytes or units (and only for those, so a
+--   call of event rules alone carries nothing more): its number in the call
+--   (1-based), then per rule the cost list it counts by (0: none, the rule
+--   counts events, each 1; 1 or 2: the lists that follow), then its lists of
+--   n costs each, in event order: whole numbers, each at most the limit of
+--   every rule that counts by it (the caller rejects the others). The events
+--   of such a tenant are admitted and placed as a prefix: an event goes only
+--   where every rule has room for its cost, and no event goes before an
+--   earlier one of its tenant.
 --   The cached chain (0 0 when unknown; used only for a tenant with one ttl
 --   rule) is what an earlier reply said the tenant's <rule key>:anchor held:
 --   a chain is never moved before its end, so while now < end its start is
@@ -265,6 +276,32 @@ end
 -- The tenants' records (see above).
 local recs = cjson.decode(ARGV[a])
 
+-- weights[ti] holds, for a tenant with costs (see Costs above), per rule
+-- where its cost list starts in recs (the j-th event costs recs[w + j]), or
+-- false for an event rule.
+local weights = {}
+do
+  local p, at_ti = 1, {}
+  for ti = 1, ntenants do
+    at_ti[ti] = p
+    p = p + 2 + 3 * recs[p]
+  end
+  while p <= #recs do
+    local ti = recs[p]
+    local nrules, n = recs[at_ti[ti]], recs[at_ti[ti] + 1]
+    local w, nl = {}, 0
+    for ri = 1, nrules do
+      local l = recs[p + ri]
+      w[ri] = l > 0 and p + nrules + (l - 1) * n or false
+      if l > nl then
+        nl = l
+      end
+    end
+    weights[ti] = w
+    p = p + 1 + nrules + nl * n
+  end
+end
+
 -- reply appends a tenant's decision to out: admitted, the reservations
 -- (due, count, until each), rejected, full_until, then the chains of its
 -- ttl rules.
@@ -290,10 +327,11 @@ local function reply(admitted, res, rest, full, rules)
 end
 
 -- rules_of returns the state of a tenant's rules, whose record entries
--- start at recs[q] and keys at KEYS[k]: ttl rules with their chain, from
--- the cache for a tenant with one rule while the chain runs, else from the
--- anchor; every rule with its current window [cs, ce).
-local function rules_of(k, q, nrules)
+-- start at recs[q] and keys at KEYS[k], and whose costs are w (nil: none):
+-- ttl rules with their chain, from the cache for a tenant with one rule and
+-- no costs while the chain runs, else from the anchor; every rule with its
+-- current window [cs, ce) and its cost list (cost: see weights).
+local function rules_of(k, q, nrules, w)
   local rules = {}
   for ri = 1, nrules do
     local d, cst, cend = descs[recs[q]], recs[q + 1], recs[q + 2]
@@ -301,9 +339,10 @@ local function rules_of(k, q, nrules)
       limit = d.limit, kind = d.kind, step = d.step, base = d.base,
       ret = d.ret, bounds = d.bounds, key = KEYS[k + ri - 1], hint = 1, maxend = 0,
       cached = false, chainend = 0, cs = 0, ce = 0, ts = 0, te = 0,
+      cost = w and w[ri], room = 0, take = 0,
     }
     if r.kind == "t" then
-      if nrules == 1 and cend > now then
+      if nrules == 1 and not w and cend > now then
         r.base, r.chainend, r.cached = cst, cend, true
       else
         anchor(r)
@@ -358,32 +397,83 @@ local function admit_one(r, n, c)
   return admitted
 end
 
--- admit_all admits, for a tenant with several rules, the first of n events
--- that fit in the current window of every rule, and counts them there.
-local function admit_all(rules, n)
-  local admitted = n
+-- fit returns how many of a tenant's events from the pos-th on, at most k,
+-- fit in order in the room of every rule (r.room), and sets each rule's
+-- take to what they cost it: 1 an event for an event rule, their costs for
+-- a rule with a cost list.
+local function fit(rules, pos, k)
   for _, r in ipairs(rules) do
-    local room = r.limit - count_of(wkey(r.key, r.cs))
-    if room < admitted then
-      admitted = room
+    if not r.cost and r.room < k then
+      k = r.room
     end
   end
-  if admitted < 0 then
-    admitted = 0
+  if k < 0 then
+    k = 0
   end
+  for _, r in ipairs(rules) do
+    if r.cost then
+      local s, j, c = 0, 0, r.cost + pos - 1
+      while j < k and s + recs[c + j + 1] <= r.room do
+        s = s + recs[c + j + 1]
+        j = j + 1
+      end
+      k = j
+    end
+  end
+  for _, r in ipairs(rules) do
+    r.take = k
+    if r.cost then
+      local s, c = 0, r.cost + pos - 1
+      for j = 1, k do
+        s = s + recs[c + j]
+      end
+      r.take = s
+    end
+  end
+  return k
+end
+
+-- blocked returns the latest end of the windows [r.ts, r.te) whose room
+-- left (r.room - r.take) is less than the pos-th event costs their rule:
+-- the earliest time at which that event may fit.
+local function blocked(rules, pos)
+  local jump = 0
+  for _, r in ipairs(rules) do
+    local need = 1
+    if r.cost then
+      need = recs[r.cost + pos]
+    end
+    if need > r.room - r.take and r.te > jump then
+      jump = r.te
+    end
+  end
+  return jump
+end
+
+-- admit_all admits, for a tenant with several rules or with costs, the
+-- first of n events that fit in the current window of every rule, and
+-- counts them there.
+local function admit_all(rules, n)
+  for _, r in ipairs(rules) do
+    r.room = r.limit - count_of(wkey(r.key, r.cs))
+  end
+  local admitted = fit(rules, 1, n)
   if admitted > 0 then
     for _, r in ipairs(rules) do
-      add(r, r.cs, r.ce, admitted)
+      if r.take > 0 then
+        add(r, r.cs, r.ce, r.take)
+      end
     end
   end
   return admitted
 end
 
--- reserve reserves rest events, in order, in the earliest windows from
--- first on where every rule has room, up to the horizon, and moves the
--- tenant's frontier (key fkey). It returns the reservations (due, count,
--- until each), what is left and where the search stopped.
-local function reserve(rules, fkey, rest, first)
+-- reserve reserves rest events, the pos-th on, in order, in the earliest
+-- windows from first on where every rule has room for them, up to the
+-- horizon, and moves the tenant's frontier (key fkey). It returns the
+-- reservations (due, count, until each), what is left and where the search
+-- stopped.
+local function reserve(rules, fkey, rest, first, pos)
   local res = none
   local t = first
   if rest > 0 then
@@ -397,9 +487,9 @@ local function reserve(rules, fkey, rest, first)
   local scans = 0
   while rest > 0 and t <= hend and scans < maxscan do
     scans = scans + 1
-    -- The windows of every rule that hold t (kept in r.ts, r.te): the
-    -- least room, the end of the latest full one, the earliest end.
-    local minroom, jump, untilt = math.huge, 0, math.huge
+    -- The windows of every rule that hold t (kept in r.ts, r.te), their
+    -- room (r.room), the earliest end.
+    local untilt = math.huge
     local past = false
     for _, r in ipairs(rules) do
       local s, e = win(r, t)
@@ -408,13 +498,7 @@ local function reserve(rules, fkey, rest, first)
         break
       end
       r.ts, r.te = s, e
-      local room = r.limit - count_of(wkey(r.key, s))
-      if room < minroom then
-        minroom = room
-      end
-      if room <= 0 and e > jump then
-        jump = e
-      end
+      r.room = r.limit - count_of(wkey(r.key, s))
       if e < untilt then
         untilt = e
       end
@@ -423,29 +507,32 @@ local function reserve(rules, fkey, rest, first)
       t = hend + 1
       break
     end
-    if minroom > 0 then
-      local take = minroom
-      if rest < take then
-        take = rest
-      end
+    local take = fit(rules, pos, rest)
+    if take > 0 then
       for _, r in ipairs(rules) do
-        add(r, r.ts, r.te, take)
+        if r.take > 0 then
+          add(r, r.ts, r.te, r.take)
+        end
       end
       res[#res + 1] = t
       res[#res + 1] = take
       res[#res + 1] = untilt
-      rest = rest - take
-      if take == minroom then
-        jump = 0
-        for _, r in ipairs(rules) do
-          if r.limit - count_of(wkey(r.key, r.ts)) <= 0 and r.te > jump then
-            jump = r.te
-          end
+      rest, pos = rest - take, pos + take
+    end
+    if rest > 0 then
+      -- The next event does not fit: on past the windows too full for it.
+      t = blocked(rules, pos)
+    else
+      -- All placed: on past the windows they filled, for the next call.
+      local jump = 0
+      for _, r in ipairs(rules) do
+        if r.room - r.take <= 0 and r.te > jump then
+          jump = r.te
         end
+      end
+      if jump > 0 then
         t = jump
       end
-    else
-      t = jump
     end
   end
   if t > first then
@@ -482,15 +569,15 @@ local function keep_chains(rules)
   end
 end
 
--- decide decides the n events of the tenant whose record starts at recs[p]
--- and keys at KEYS[k] (c: what the fast path counted, if anything), and
--- appends its reply to out.
-local function decide(k, p, nrules, n, c)
+-- decide decides the n events of the tenant whose record starts at recs[p],
+-- keys at KEYS[k] and costs are w (nil: none; c: what the fast path
+-- counted, if anything), and appends its reply to out.
+local function decide(k, p, nrules, n, c, w)
   local fkey = KEYS[k]
-  local rules = rules_of(k + 1, p + 2, nrules)
+  local rules = rules_of(k + 1, p + 2, nrules, w)
   -- 1. admit into the current windows.
   local admitted
-  if nrules == 1 then
+  if nrules == 1 and not w then
     admitted = admit_one(rules[1], n, c)
   else
     admitted = admit_all(rules, n)
@@ -502,7 +589,7 @@ local function decide(k, p, nrules, n, c)
     end
   end
   -- 2. reserve the rest in the earliest future windows with room.
-  local res, rest, t = reserve(rules, fkey, n - admitted, first)
+  local res, rest, t = reserve(rules, fkey, n - admitted, first, admitted + 1)
   keep_chains(rules)
   -- 3. what is left is rejected.
   local full = 0
@@ -540,7 +627,8 @@ local function run(ti, p, k)
     local nrules, n = recs[p], recs[p + 1]
     local mark, o = jn, #out
     local c, done = nil, false
-    if nrules == 1 then
+    local w = weights[ti]
+    if nrules == 1 and not w then
       local d, cst, cend = descs[recs[p + 2]], recs[p + 3], recs[p + 4]
       local cs, ce = nil, nil
       if d.kind ~= "t" then
@@ -574,7 +662,7 @@ local function run(ti, p, k)
     if not done then
       slow[ti] = true
       at[1], at[2], at[3], at[4], at[5] = ti, p, k, mark, o
-      decide(k, p, nrules, n, c)
+      decide(k, p, nrules, n, c, w)
     end
     k, p = k + 1 + nrules, p + 2 + 3 * nrules
   end
