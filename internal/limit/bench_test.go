@@ -71,6 +71,41 @@ func BenchmarkAdmit(b *testing.B) {
 	}
 }
 
+// BenchmarkAdmitBytes compares, in the same run, the batches of
+// BenchmarkAdmit under an event rule alone and under an event rule and a
+// byte rule (events of 100 to 2,000 bytes): the "ratio" metric is the
+// events/s with the byte rule over those without.
+func BenchmarkAdmitBytes(b *testing.B) {
+	rdb := testRedis(b)
+	ctx := context.Background()
+	batches := skewedBatches(64, benchBatch, benchTenants)
+	r := rand.New(rand.NewSource(2))
+	costs := make([][]Cost, len(batches))
+	for i := range costs {
+		costs[i] = make([]Cost, benchBatch)
+		for j := range costs[i] {
+			costs[i][j] = Cost{Bytes: 100 + r.Int63n(1900)}
+		}
+	}
+	perBatch := map[string]float64{}
+	for _, spec := range []string{"*=1000/1m", "*=1000/1m,1MiB/1m"} {
+		l := newTestLimiter(b, rdb, spec, Options{})
+		b.Run(spec, func(b *testing.B) {
+			start := time.Now()
+			for i := 0; i < b.N; i++ {
+				if _, err := l.AdmitCosts(ctx, batches[i%len(batches)], costs[i%len(costs)]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			perBatch[spec] = float64(time.Since(start)) / float64(b.N)
+			b.ReportMetric(float64(benchBatch*b.N)/time.Since(start).Seconds(), "events/s")
+		})
+	}
+	if e, by := perBatch["*=1000/1m"], perBatch["*=1000/1m,1MiB/1m"]; e > 0 && by > 0 {
+		b.Run("ratio", func(b *testing.B) { b.ReportMetric(e/by, "x") })
+	}
+}
+
 // BenchmarkAdmitHorizon measures one call for an aligned 10/1h rule as the
 // deferral horizon grows: the call carries every hour boundary up to the
 // horizon, so its cost grows with DEFER_HORIZON (the reason for its upper

@@ -411,11 +411,13 @@ func (l *Limiter) script(groups []*group, now, hend time.Time) ([]string, []any)
 	ks := make([]string, 0, 2*len(groups))
 	recs := make([]byte, 0, 40*len(groups))
 	recs = append(recs, '[')
+	nums := 0
 	num := func(n int64) {
 		if len(recs) > 1 {
 			recs = append(recs, ',')
 		}
 		recs = strconv.AppendInt(recs, n, 10)
+		nums++
 	}
 	for _, g := range groups {
 		ks = append(ks, g.st.frontier)
@@ -428,10 +430,13 @@ func (l *Limiter) script(groups []*group, now, hend time.Time) ([]string, []any)
 			num(g.chain.end)
 		}
 	}
-	for i, g := range groups {
-		if g.costs != nil {
-			appendCosts(num, i+1, g)
+	if costsAt := nums + 1; weighted(groups) {
+		for i, g := range groups {
+			if g.costs != nil {
+				appendCosts(num, i+1, g)
+			}
 		}
+		num(int64(-costsAt))
 	}
 	recs = append(recs, ']')
 	av := make([]any, 0, 6+len(d.args))

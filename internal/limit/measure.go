@@ -229,6 +229,16 @@ func (st *tenantState) fullFor(costs []Cost) bool {
 	return true
 }
 
+// weighted reports whether one of groups has costs.
+func weighted(groups []*group) bool {
+	for _, g := range groups {
+		if g.costs != nil {
+			return true
+		}
+	}
+	return false
+}
+
 // appendCosts writes, with num, the costs of the events of g, the ti-th
 // tenant of a script call, for admit.lua (see "Costs" there): ti, then per
 // rule the list it counts by (0: none, an event rule; 1, 2: the lists that

@@ -52,7 +52,8 @@
 --   (1-based), then per rule the cost list it counts by (0: none, the rule
 --   counts events, each 1; 1 or 2: the lists that follow), then its lists of
 --   n costs each, in event order: whole numbers, each at most the limit of
---   every rule that counts by it (the caller rejects the others). The events
+--   every rule that counts by it (the caller rejects the others); and last
+--   the negated index (1-based) in the array where these costs begin. The events
 --   of such a tenant are admitted and placed as a prefix: an event goes only
 --   where every rule has room for its cost, and no event goes before an
 --   earlier one of its tenant.
@@ -280,25 +281,23 @@ local recs = cjson.decode(ARGV[a])
 -- where its cost list starts in recs (the j-th event costs recs[w + j]), or
 -- false for an event rule.
 local weights = {}
-do
-  local p, at_ti = 1, {}
+if recs[#recs] < 0 then
+  local p, q = -recs[#recs], 1 -- the first costs, the first record
   for ti = 1, ntenants do
-    at_ti[ti] = p
-    p = p + 2 + 3 * recs[p]
-  end
-  while p <= #recs do
-    local ti = recs[p]
-    local nrules, n = recs[at_ti[ti]], recs[at_ti[ti] + 1]
-    local w, nl = {}, 0
-    for ri = 1, nrules do
-      local l = recs[p + ri]
-      w[ri] = l > 0 and p + nrules + (l - 1) * n or false
-      if l > nl then
-        nl = l
+    if recs[p] == ti then
+      local nrules, n = recs[q], recs[q + 1]
+      local w, nl = {}, 0
+      for ri = 1, nrules do
+        local l = recs[p + ri]
+        w[ri] = l > 0 and p + nrules + (l - 1) * n or false
+        if l > nl then
+          nl = l
+        end
       end
+      weights[ti] = w
+      p = p + 1 + nrules + nl * n
     end
-    weights[ti] = w
-    p = p + 1 + nrules + nl * n
+    q = q + 2 + 3 * recs[q]
   end
 end
 
