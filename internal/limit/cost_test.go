@@ -18,6 +18,30 @@ var costCases = map[string]admitCase{
 	"HorizonAndKnownFull":  testCostHorizonKnownFull,
 	"TTLWindow":            testCostTTL,
 	"Exactness":            testCostExactness,
+	"MixedTenantsOneCall":  testCostMixedTenants,
+}
+
+// testCostMixedTenants: one call holds tenants with and without costs (on
+// one Redis node, one script call): each is decided by its own rules.
+func testCostMixedTenants(t *testing.T, rdb redis.UniversalClient) {
+	clk := newFakeClock(t0.Add(10 * time.Second))
+	l := newTestLimiter(t, rdb, "*=2/1m;acme=1KiB/1m;meter=5u/1m,3/1m", Options{Clock: clk.Now})
+	tenants := []string{"plain", "acme", "plain", "meter", "acme", "plain", "meter", "other"}
+	costs := []Cost{{Bytes: 9000}, {Bytes: 600}, {}, {Units: 3}, {Bytes: 600}, {}, {Units: 3}, {Bytes: 1}}
+	ds, err := l.AdmitCosts(context.Background(), tenants, costs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// plain: 2 a minute whatever the bytes; acme: 600 + 600 > 1KiB; meter:
+	// 3u + 3u > 5u; other: 2 a minute.
+	if got, want := kinds(ds), "aaaaddda"; got != want {
+		t.Errorf("kinds: got %s, want %s", got, want)
+	}
+	for tenant, want := range map[string]int64{"plain": 2, "acme": 600, "meter": 3, "other": 1} {
+		if us := usageOf(t, l, tenant); us[0].Count != want {
+			t.Errorf("tenant %s: got %+v, want a count of %d", tenant, us[0], want)
+		}
+	}
 }
 
 func TestAdmitCostsRedis(t *testing.T) {
