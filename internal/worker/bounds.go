@@ -65,22 +65,28 @@ var settingRanges = []settingRange{
 	durations("RETENTION", time.Minute, limit.MaxWindow),
 }
 
-// checkRanges checks every variable of settingRanges.
-func (c *Config) checkRanges() error {
+// rangeChecks returns one check per variable of settingRanges, so that a
+// caller that keeps only some variables' problems (LoadUsageConfig) still
+// sees those of the variables it keeps.
+func (c *Config) rangeChecks() []func() error {
 	fields, err := configFields(c)
 	if err != nil {
-		return err
+		return []func() error{func() error { return err }}
 	}
+	checks := make([]func() error, 0, len(settingRanges))
 	for _, r := range settingRanges {
-		f, ok := fields[r.key]
-		if !ok {
-			return fmt.Errorf("config: no variable %s_%s", EnvPrefix, r.key)
-		}
-		if v := f.Int(); v < r.min || v > r.max {
-			return bad(r.key, "%s is not from %s to %s", r.format(v), r.format(r.min), r.format(r.max))
-		}
+		checks = append(checks, func() error {
+			f, ok := fields[r.key]
+			if !ok {
+				return fmt.Errorf("config: no variable %s_%s", EnvPrefix, r.key)
+			}
+			if v := f.Int(); v < r.min || v > r.max {
+				return bad(r.key, "%s is not from %s to %s", r.format(v), r.format(r.min), r.format(r.max))
+			}
+			return nil
+		})
 	}
-	return nil
+	return checks
 }
 
 // configFields maps the variable names (without the prefix) to the fields

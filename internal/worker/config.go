@@ -365,7 +365,7 @@ func (c *Config) routingChecks() []func() error {
 // sizeAndTimeChecks check the counts, sizes and durations (settingRanges)
 // and the SASL settings.
 func (c *Config) sizeAndTimeChecks() []func() error {
-	return []func() error{c.checkRanges, c.checkSASL, c.checkTLS}
+	return append(c.rangeChecks(), c.checkSASL, c.checkTLS)
 }
 
 // checkAddrs checks a list of host:port addresses.
