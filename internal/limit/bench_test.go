@@ -72,9 +72,10 @@ func BenchmarkAdmit(b *testing.B) {
 }
 
 // BenchmarkAdmitBytes compares, in the same run, the batches of
-// BenchmarkAdmit under an event rule alone and under an event rule and a
-// byte rule (events of 100 to 2,000 bytes): the "ratio" metric is the
-// events/s with the byte rule over those without.
+// BenchmarkAdmit under an event rule alone, under two event rules, and
+// under an event rule and a byte rule (events of 100 to 2,000 bytes): the
+// "ratio" metric is the events/s with the byte rule over those with the
+// event rule alone, "ratio-two-rules" over those with two event rules.
 func BenchmarkAdmitBytes(b *testing.B) {
 	rdb := testRedis(b)
 	ctx := context.Background()
@@ -88,7 +89,7 @@ func BenchmarkAdmitBytes(b *testing.B) {
 		}
 	}
 	perBatch := map[string]float64{}
-	for _, spec := range []string{"*=1000/1m", "*=1000/1m,1MiB/1m"} {
+	for _, spec := range []string{"*=1000/1m", "*=1000/1m,50000/1d", "*=1000/1m,1MiB/1m"} {
 		l := newTestLimiter(b, rdb, spec, Options{})
 		b.Run(spec, func(b *testing.B) {
 			start := time.Now()
@@ -101,8 +102,9 @@ func BenchmarkAdmitBytes(b *testing.B) {
 			b.ReportMetric(float64(benchBatch*b.N)/time.Since(start).Seconds(), "events/s")
 		})
 	}
-	if e, by := perBatch["*=1000/1m"], perBatch["*=1000/1m,1MiB/1m"]; e > 0 && by > 0 {
+	if e, two, by := perBatch["*=1000/1m"], perBatch["*=1000/1m,50000/1d"], perBatch["*=1000/1m,1MiB/1m"]; e > 0 && two > 0 && by > 0 {
 		b.Run("ratio", func(b *testing.B) { b.ReportMetric(e/by, "x") })
+		b.Run("ratio-two-rules", func(b *testing.B) { b.ReportMetric(two/by, "x") })
 	}
 }
 

@@ -283,10 +283,10 @@ func (l *Limiter) AdmitCosts(ctx context.Context, tenants []string, costs []Cost
 			byTenant[t] = g
 			order = append(order, g)
 		}
-		if costs != nil && !g.weigh(i, costs[i], out) {
-			continue
-		}
 		g.idx = append(g.idx, i)
+	}
+	if costs != nil {
+		weigh(order, costs, out)
 	}
 	var calls []*group
 	l.mu.Lock()

@@ -195,24 +195,35 @@ func overLimit(rules []Rule, c Cost) string {
 	return ""
 }
 
-// weigh checks the cost of event i of g, whose tenant's rules count bytes
-// or units, and keeps it in g.costs: it returns false, with the event's
-// decision in out, for a cost that is not valid or is over the whole limit
-// of one of the rules. For a tenant counting events only it keeps nothing.
-func (g *group) weigh(i int, c Cost, out []Decision) bool {
-	if !g.weighted {
-		return true
+// weigh keeps, for each group of a tenant whose rules count bytes or
+// units, the costs of its events in g.costs (all in one array), and takes
+// out of g.idx, with their decision in out, the events whose cost is not
+// valid or is over the whole limit of one of the rules.
+func weigh(groups []*group, costs []Cost, out []Decision) {
+	var buf []Cost
+	for _, g := range groups {
+		if !g.weighted {
+			continue
+		}
+		if buf == nil {
+			buf = make([]Cost, 0, len(costs))
+		}
+		start, keep := len(buf), g.idx[:0]
+		for _, i := range g.idx {
+			c := costs[i]
+			if err := c.Check(); err != nil {
+				out[i] = Decision{Kind: Reject, Reason: err.Error()}
+				continue
+			}
+			if why := overLimit(g.rules, c); why != "" {
+				out[i] = Decision{Kind: Reject, Reason: why}
+				continue
+			}
+			keep = append(keep, i)
+			buf = append(buf, c)
+		}
+		g.idx, g.costs = keep, buf[start:len(buf):len(buf)]
 	}
-	if err := c.Check(); err != nil {
-		out[i] = Decision{Kind: Reject, Reason: err.Error()}
-		return false
-	}
-	if why := overLimit(g.rules, c); why != "" {
-		out[i] = Decision{Kind: Reject, Reason: why}
-		return false
-	}
-	g.costs = append(g.costs, c)
-	return true
 }
 
 // fullFor reports whether the tenant's state known full holds for events
