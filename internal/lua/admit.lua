@@ -53,10 +53,10 @@
 --   counts events, each 1; 1 or 2: the lists that follow), then its lists of
 --   n costs each, in event order: whole numbers, each at most the limit of
 --   every rule that counts by it (the caller rejects the others); and last
---   the negated index (1-based) in the array where these costs begin. The events
---   of such a tenant are admitted and placed as a prefix: an event goes only
---   where every rule has room for its cost, and no event goes before an
---   earlier one of its tenant.
+--   the negated index (1-based) in the array where these costs begin. The
+--   events of such a tenant are admitted and placed as a prefix: an event
+--   goes only where every rule has room for its cost, and no event goes
+--   before an earlier one of its tenant.
 --   The cached chain (0 0 when unknown; used only for a tenant with one ttl
 --   rule) is what an earlier reply said the tenant's <rule key>:anchor held:
 --   a chain is never moved before its end, so while now < end its start is
@@ -281,7 +281,7 @@ local recs = cjson.decode(ARGV[a])
 -- where its cost list starts in recs (the j-th event costs recs[w + j]), or
 -- false for an event rule.
 local weights = {}
-if recs[#recs] < 0 then
+if (recs[#recs] or 0) < 0 then
   local p, q = -recs[#recs], 1 -- the first costs, the first record
   for ti = 1, ntenants do
     if recs[p] == ti then
