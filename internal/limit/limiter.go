@@ -360,14 +360,13 @@ func (l *Limiter) stateLocked(g *group, now time.Time) *tenantState {
 }
 
 // markFull records that g's tenant is full up to the horizon until then for
-// events that cost as much as its blocker-th event or more (each event for
-// event rules): they are rejected without Redis, and the cache keeps it last.
-func (l *Limiter) markFull(g *group, until time.Time, blocker int) {
+// events that cost as much as the batch's event i (the first that found no
+// room) or more, every event for event rules: they are rejected without
+// Redis, and the cache keeps it last.
+func (l *Limiter) markFull(g *group, until time.Time, i int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if g.costs != nil {
-		g.st.fullCost = g.costs[blocker]
-	}
+	g.st.fullCost = g.costOf(i)
 	l.states.markFull(g.st, until)
 }
 
@@ -593,9 +592,9 @@ func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) erro
 		give(cnt, Decision{Kind: Defer, Due: time.UnixMilli(due), Until: time.UnixMilli(until)})
 	}
 	reason := "no room found within the scan limit"
-	if full := r[len(r)-1]; full > 0 {
+	if full := r[len(r)-1]; full > 0 && next < len(g.idx) {
 		reason = l.fullReason
-		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon), next)
+		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon), g.idx[next])
 	}
 	give(r[len(r)-2], Decision{Kind: Reject, Reason: reason})
 	if next != len(g.idx) {

@@ -226,6 +226,17 @@ func weigh(groups []*group, costs []Cost, out []Decision) {
 	}
 }
 
+// costOf returns the cost of the batch's event i, one of g's (zero when
+// g's rules count events only).
+func (g *group) costOf(i int) Cost {
+	for j, k := range g.idx {
+		if k == i && g.costs != nil {
+			return g.costs[j]
+		}
+	}
+	return Cost{}
+}
+
 // fullFor reports whether the tenant's state known full holds for events
 // of costs (nil: events only): the window search that found no room up to
 // the horizon was for an event of st.fullCost, so every event that costs at

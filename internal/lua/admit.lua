@@ -278,24 +278,28 @@ end
 local recs = cjson.decode(ARGV[a])
 
 -- weights[ti] holds, for a tenant with costs (see Costs above), per rule
--- where its cost list starts in recs (the j-th event costs recs[w + j]), or
--- false for an event rule.
+-- its cost list (a table: the j-th event costs w[ri][j]; rules that count
+-- by one list share it), or false for an event rule.
 local weights = {}
 if (recs[#recs] or 0) < 0 then
   local p, q = -recs[#recs], 1 -- the first costs, the first record
   for ti = 1, ntenants do
     if recs[p] == ti then
       local nrules, n = recs[q], recs[q + 1]
-      local w, nl = {}, 0
+      local w, lists = {}, {}
       for ri = 1, nrules do
         local l = recs[p + ri]
-        w[ri] = l > 0 and p + nrules + (l - 1) * n or false
-        if l > nl then
-          nl = l
+        if l > 0 and not lists[l] then
+          local list, at = {}, p + nrules + (l - 1) * n
+          for j = 1, n do
+            list[j] = recs[at + j]
+          end
+          lists[l] = list
         end
+        w[ri] = l > 0 and lists[l]
       end
       weights[ti] = w
-      p = p + 1 + nrules + nl * n
+      p = p + 1 + nrules + #lists * n
     end
     q = q + 2 + 3 * recs[q]
   end
@@ -410,10 +414,11 @@ local function fit(rules, pos, k)
     k = 0
   end
   for _, r in ipairs(rules) do
-    if r.cost then
-      local s, j, c = 0, 0, r.cost + pos - 1
-      while j < k and s + recs[c + j + 1] <= r.room do
-        s = s + recs[c + j + 1]
+    local c = r.cost
+    if c then
+      local s, j = 0, 0
+      while j < k and s + c[pos + j] <= r.room do
+        s = s + c[pos + j]
         j = j + 1
       end
       k = j
@@ -421,10 +426,11 @@ local function fit(rules, pos, k)
   end
   for _, r in ipairs(rules) do
     r.take = k
-    if r.cost then
-      local s, c = 0, r.cost + pos - 1
-      for j = 1, k do
-        s = s + recs[c + j]
+    local c = r.cost
+    if c then
+      local s = 0
+      for j = pos, pos + k - 1 do
+        s = s + c[j]
       end
       r.take = s
     end
@@ -440,7 +446,7 @@ local function blocked(rules, pos)
   for _, r in ipairs(rules) do
     local need = 1
     if r.cost then
-      need = recs[r.cost + pos]
+      need = r.cost[pos]
     end
     if need > r.room - r.take and r.te > jump then
       jump = r.te
