@@ -61,7 +61,7 @@ type Config struct {
 	TenantFrom string `split_words:"true" default:"key" desc:"where the tenant is: key, header:NAME or json:DOT.PATH"`
 	// CostFrom says where an event's cost in units is, for rules that count
 	// units (5000u/1m): header:<name> or json:<dot.path>. Empty: no units.
-	CostFrom string `split_words:"true" desc:"where an event's cost is, for rules counting units (5000u/1m): header:NAME or json:DOT.PATH; a whole number from 0 to 2^40, else the event is invalid"`
+	CostFrom string `split_words:"true" desc:"where an event's cost in units is, for rules counting units (5000u/1m): header:NAME or json:DOT.PATH; when set, an event without a valid cost is invalid"`
 	// Limits are the rules, e.g. *=100/1m;acme=1000/1m,50000/1d.
 	Limits string `doc_required:"unless LIMITS_FILE" desc:"rules, e.g. *=100/1m;acme=1000/1m,10MiB/1m (* is every other tenant; units s m h d w mo; limits in events, bytes with B KB MB GB TB KiB MiB GiB TiB, or units with u)"`
 	// LimitsFile is a YAML file of rules, reloaded when it changes. It
