@@ -54,9 +54,9 @@ import (
 // The modes. gatekeeper-lib is Gatekeeper's packages wired in-process (for
 // profiling); it is not run unless asked for.
 const (
-	modePassthrough   = "passthrough"
-	modeSeedNaive     = "seed-naive"
-	modeRedisRate     = "redis-rate"
+	modePassthrough     = "passthrough"
+	modeSeedNaive       = "seed-naive"
+	modeRedisRate       = "redis-rate"
 	modeGatekeeper      = "gatekeeper"
 	modeGatekeeperBytes = "gatekeeper-bytes"
 	modeGatekeeperLib   = "gatekeeper-lib"
