@@ -19,6 +19,52 @@ var costCases = map[string]admitCase{
 	"TTLWindow":            testCostTTL,
 	"Exactness":            testCostExactness,
 	"MixedTenantsOneCall":  testCostMixedTenants,
+	"OneRuleFastPath":      testCostFastPath,
+}
+
+// testCostFastPath: a tenant with one byte rule is counted by its batch's
+// total in one command when it all fits; when it does not, that count is
+// taken back and the events are decided one by one.
+func testCostFastPath(t *testing.T, rdb redis.UniversalClient) {
+	clk := newFakeClock(t0.Add(10 * time.Second))
+	l := newTestLimiter(t, rdb, "acme=1000B/1m", Options{Clock: clk.Now, Horizon: time.Hour})
+	steps := []struct {
+		bytes []int64
+		kinds string
+		count int64
+	}{
+		{[]int64{100, 200}, "aa", 300},
+		{[]int64{300, 300, 300}, "aad", 900}, // 1200 counted, taken back
+		{[]int64{100}, "a", 1000},
+		{[]int64{0}, "a", 1000}, // free
+		{[]int64{1}, "d", 1000},
+	}
+	for i, st := range steps {
+		if got := kinds(admitCosts(t, l, "acme", bytesOf(st.bytes...)...)); got != st.kinds {
+			t.Errorf("step %d: got %s, want %s", i, got, st.kinds)
+		}
+		if us := usageOf(t, l, "acme"); us[0].Count != st.count {
+			t.Errorf("step %d: got a count of %d, want %d", i, us[0].Count, st.count)
+		}
+	}
+	// A ttl chain known from an earlier reply: counted in the chained
+	// window, then taken back when it does not fit.
+	tl := newTestLimiter(t, rdb, "acme=1000B/10s", Options{Clock: clk.Now, WindowKind: TTL, Horizon: time.Minute})
+	first := clk.Now()
+	if got := kinds(admitCosts(t, tl, "acme", bytesOf(600, 600)...)); got != "ad" {
+		t.Fatalf("ttl: got %s, want ad", got)
+	}
+	clk.Set(first.Add(11 * time.Second)) // in the chained window holding 600
+	if got := kinds(admitCosts(t, tl, "acme", bytesOf(300)...)); got != "a" {
+		t.Errorf("ttl chained window: got %s, want a", got)
+	}
+	ds := admitCosts(t, tl, "acme", bytesOf(200)...)
+	if kinds(ds) != "d" || !ds[0].Due.Equal(first.Add(20*time.Second)) {
+		t.Errorf("ttl over the room: got %+v, want deferred to %v", ds[0], first.Add(20*time.Second))
+	}
+	if us := usageOf(t, tl, "acme"); us[0].Count != 900 {
+		t.Errorf("ttl usage: got %+v, want 900 bytes", us[0])
+	}
 }
 
 // testCostMixedTenants: one call holds tenants with and without costs (on

@@ -455,6 +455,20 @@ local function blocked(rules, pos)
   return jump
 end
 
+-- total returns the cost of the first n events of cost list c, or more
+-- than most when it passes most (the sum stops there: a sum of costs
+-- could pass 2^53, past which Lua's numbers are not whole).
+local function total(c, n, most)
+  local s = 0
+  for j = 1, n do
+    s = s + c[j]
+    if s > most then
+      return s
+    end
+  end
+  return s
+end
+
 -- admit_all admits, for a tenant with several rules or with costs, the
 -- first of n events that fit in the current window of every rule, and
 -- counts them there.
@@ -623,9 +637,10 @@ local slow = {}
 -- Fast path, inline (most tenants take it, and here a Lua call or a table
 -- write shows): a tenant with one rule whose current window is known
 -- without reading Redis (aligned; ttl with a cached chain that already
--- covers the current window) is counted optimistically; when everything
--- fits and no window opens in a cached chain, that is the whole decision.
--- Otherwise decide goes on from the count made.
+-- covers the current window) is counted optimistically, by the events'
+-- total cost for a rule with costs; when everything fits and no window
+-- opens in a cached chain, that is the whole decision. Otherwise decide
+-- goes on from the count made (with costs, from the count taken back).
 local function run(ti, p, k)
   local recs, descs, out, journal, keys = recs, descs, out, journal, KEYS -- registers, not upvalues
   for ti = ti, ntenants do
@@ -633,7 +648,7 @@ local function run(ti, p, k)
     local mark, o = jn, #out
     local c, done = nil, false
     local w = weights[ti]
-    if nrules == 1 and not w then
+    if nrules == 1 then
       local d, cst, cend = descs[recs[p + 2]], recs[p + 3], recs[p + 4]
       local cs, ce = nil, nil
       if d.kind ~= "t" then
@@ -643,14 +658,18 @@ local function run(ti, p, k)
         cs = cst + math.floor((now - cst) / d.step) * d.step
         ce = cs + d.step
       end
-      if cs and (not cend or ce <= cend) then
+      local by = n -- what the events cost the rule
+      if w then
+        by = total(w[1], n, d.limit)
+      end
+      if cs and (not cend or ce <= cend) and by <= d.limit then
         local key = keys[k + 1] .. ":" .. cs -- wkey, inline
-        c = redis.pcall("HINCRBY", key, "count", n)
+        c = redis.pcall("HINCRBY", key, "count", by)
         if type(c) == "table" then -- it wrote nothing
           error({key = key, why = fault(c.err), msg = c.err, at = {ti, p, k, mark, o}})
         end
-        if c <= d.limit and (c ~= n or not cend) then
-          if c == n then
+        if c <= d.limit and (c ~= by or not cend) then
+          if c == by then
             opened(key, ce, d.ret)
           end
           out[o + 1], out[o + 2], out[o + 3], out[o + 4] = n, 0, 0, 0
@@ -658,6 +677,14 @@ local function run(ti, p, k)
             out[o + 5], out[o + 6] = cst, cend
           end
           done = true
+        elseif w then
+          -- Costs are decided from the counts as they were: take this back.
+          if c == by then
+            redis.call("DEL", key)
+          else
+            redis.call("HINCRBY", key, "count", -by)
+          end
+          c = nil
         else
           journal[jn + 1], journal[jn + 2], journal[jn + 3] = c == n and 1 or 2, key, -n -- incr, inline
           jn = jn + 3
@@ -674,8 +701,9 @@ local function run(ti, p, k)
 end
 
 -- undo_call takes back every write of the call: the journal's, and the
--- count of each tenant decided in the fast path, n events in the window
--- that holds now, found from the tenants' records and replies in out.
+-- count of each tenant decided in the fast path, n events (or their total
+-- cost) in the window that holds now, found from the tenants' records and
+-- replies in out.
 local function undo_call()
   undo(0)
   local p, k, o = 1, 1, 1
@@ -691,7 +719,11 @@ local function undo_call()
         cs = recs[p + 3] + math.floor((now - recs[p + 3]) / d.step) * d.step
       end
       local key = wkey(KEYS[k + 1], cs)
-      if redis.call("HINCRBY", key, "count", -n) <= 0 then
+      local by = n
+      if weights[ti] then
+        by = total(weights[ti][1], n, d.limit)
+      end
+      if redis.call("HINCRBY", key, "count", -by) <= 0 then
         redis.call("DEL", key)
       end
     end
