@@ -72,10 +72,10 @@ func BenchmarkAdmit(b *testing.B) {
 }
 
 // BenchmarkAdmitBytes compares, in the same run, the batches of
-// BenchmarkAdmit under an event rule alone, under two event rules, and
-// under an event rule and a byte rule (events of 100 to 2,000 bytes): the
-// "ratio" metric is the events/s with the byte rule over those with the
-// event rule alone, "ratio-two-rules" over those with two event rules.
+// BenchmarkAdmit under an event rule alone, two event rules, an event rule
+// and a byte rule, and a byte rule alone (events of 100 to 2,000 bytes,
+// about as many bytes a minute as events): each "ratio" metric is the
+// events/s under a rule set over those under the event rule alone.
 func BenchmarkAdmitBytes(b *testing.B) {
 	rdb := testRedis(b)
 	ctx := context.Background()
@@ -88,8 +88,9 @@ func BenchmarkAdmitBytes(b *testing.B) {
 			costs[i][j] = Cost{Bytes: 100 + r.Int63n(1900)}
 		}
 	}
+	specs := []string{"*=1000/1m", "*=1000/1m,50000/1d", "*=1000/1m,1MiB/1m", "*=1MiB/1m"}
 	perBatch := map[string]float64{}
-	for _, spec := range []string{"*=1000/1m", "*=1000/1m,50000/1d", "*=1000/1m,1MiB/1m"} {
+	for _, spec := range specs {
 		l := newTestLimiter(b, rdb, spec, Options{})
 		b.Run(spec, func(b *testing.B) {
 			start := time.Now()
@@ -102,9 +103,10 @@ func BenchmarkAdmitBytes(b *testing.B) {
 			b.ReportMetric(float64(benchBatch*b.N)/time.Since(start).Seconds(), "events/s")
 		})
 	}
-	if e, two, by := perBatch["*=1000/1m"], perBatch["*=1000/1m,50000/1d"], perBatch["*=1000/1m,1MiB/1m"]; e > 0 && two > 0 && by > 0 {
-		b.Run("ratio", func(b *testing.B) { b.ReportMetric(e/by, "x") })
-		b.Run("ratio-two-rules", func(b *testing.B) { b.ReportMetric(two/by, "x") })
+	for _, spec := range specs[1:] {
+		if base, x := perBatch[specs[0]], perBatch[spec]; base > 0 && x > 0 {
+			b.Run("ratio:"+spec, func(b *testing.B) { b.ReportMetric(base/x, "x") })
+		}
 	}
 }
 
