@@ -291,8 +291,13 @@ type seedAdmitter struct {
 	window time.Duration
 }
 
-// AdmitCosts counts every event as 1, whatever its cost.
-func (a *seedAdmitter) AdmitCosts(ctx context.Context, tenants []string, _ []limit.Cost) ([]limit.Decision, error) {
+// AdmitFrom is Admit: the seed's script keeps no replay record, and it counts every event
+// as 1, whatever its cost.
+func (a *seedAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, tenants []string, _ []limit.Cost) ([]limit.Decision, error) {
+	return a.Admit(ctx, tenants)
+}
+
+func (a *seedAdmitter) Admit(ctx context.Context, tenants []string) ([]limit.Decision, error) {
 	now := time.Now()
 	out := make([]limit.Decision, len(tenants))
 	secs := int64(a.window / time.Second)
@@ -324,8 +329,13 @@ type rateAdmitter struct {
 	limit  redis_rate.Limit
 }
 
-// AdmitCosts counts every event as 1, whatever its cost.
-func (a *rateAdmitter) AdmitCosts(ctx context.Context, tenants []string, _ []limit.Cost) ([]limit.Decision, error) {
+// AdmitFrom is Admit: redis_rate keeps no replay record, and it counts every event
+// as 1, whatever its cost.
+func (a *rateAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, tenants []string, _ []limit.Cost) ([]limit.Decision, error) {
+	return a.Admit(ctx, tenants)
+}
+
+func (a *rateAdmitter) Admit(ctx context.Context, tenants []string) ([]limit.Decision, error) {
 	now := time.Now()
 	out := make([]limit.Decision, len(tenants))
 	for i, t := range tenants {

@@ -200,7 +200,12 @@ func (r *run) finish(params dupParams) outcome {
 	}
 	fig := tally(res, source, out, f.Downstream, window)
 	fig.Foreign = foreign
-	if fig.RedisCounted, err = redisCounted(ctx, f.Prefix); err != nil {
+	retry, err := readAll(ctx, f.Retry)
+	if err != nil {
+		t.Errorf("read the first retry tier: %v", err)
+	}
+	fig.RetryDups = retryDups(retry)
+	if fig.RedisCounted, fig.RedisByTenant, err = redisCounted(ctx, f.Prefix); err != nil {
 		t.Errorf("read the window counts: %v", err)
 	}
 	r.mu.Lock()

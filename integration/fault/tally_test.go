@@ -37,7 +37,21 @@ type figures struct {
 	// events counted twice (a replayed call or a redelivered batch decided
 	// again, G9), less means events forwarded without being counted.
 	Counts, RedisCounted int
-	Reasons              map[string]int
+	// CountsByTenant and RedisByTenant split Counts and RedisCounted by
+	// tenant (G9 is checked per tenant: one tenant's phantom counts must
+	// not hide behind another's missing ones).
+	CountsByTenant, RedisByTenant map[string]int
+	// SourceDupCounts is what the extra source copies (SourceDups) count:
+	// each is a position of its own, decided and counted again, estimated
+	// as what its first copy counted (included in Counts and CountsByTenant).
+	SourceDupCounts int
+	// RetryDups counts the extra copies of a trip (id, gk-attempt, gk-due)
+	// in the first retry tier: a write retried after the broker appended
+	// it. The Retrier checks the copies of a trip in one batch once; copies
+	// in two batches that come back after their slot are two positions,
+	// each checked (and counted) as new: at most one count each.
+	RetryDups int
+	Reasons   map[string]int
 	// NormalDeferred counts the events of normal tenants (well under the
 	// limit) that went through the retry path, by produce time since the
 	// load started (4 s buckets): none in a steady state.
@@ -72,6 +86,25 @@ func countsOf(e outEvent, downstream string) int {
 	default:
 		return attempts
 	}
+}
+
+// retryDups returns the extra copies of a trip in retry, the records of the
+// first retry tier (see figures.RetryDups).
+func retryDups(retry []outEvent) int {
+	type tripKey struct {
+		id      int
+		attempt string
+		due     int64
+	}
+	seen, n := map[tripKey]bool{}, 0
+	for _, e := range retry {
+		k := tripKey{e.id, e.attempt, e.due.UnixMilli()}
+		if seen[k] {
+			n++
+		}
+		seen[k] = true
+	}
+	return n
 }
 
 // windowOf returns the limit window (index of an epoch-aligned window of
@@ -115,10 +148,15 @@ func tally(res loadResult, source, out []outEvent, downstream string, win time.D
 	outCopies := map[int]int{}
 	first := map[int]outEvent{} // first downstream copy
 	perWindow := map[string]int{}
+	f.CountsByTenant = map[string]int{}
 	for _, e := range out {
 		outCopies[e.id]++
 		if outCopies[e.id] == 1 {
-			f.Counts += countsOf(e, downstream)
+			n := countsOf(e, downstream)
+			extra := max(srcCopies[e.id]-1, 0) * n
+			f.Counts += n + extra
+			f.SourceDupCounts += extra
+			f.CountsByTenant[e.tenant] += n + extra
 		}
 		if e.topic != downstream {
 			f.DLQ++

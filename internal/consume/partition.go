@@ -34,8 +34,10 @@ type partition struct {
 
 // handle calls the Handler with msgs until it returns nil (true), or until
 // stop is done (false): then nothing of msgs may be committed. A failing
-// batch is retried as it is, after a capped exponential backoff.
+// batch is retried as it is, after a capped exponential backoff. The
+// Handler's context carries the committed offset (CommittedOffset).
 func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message) bool {
+	hctx = WithCommittedOffset(hctx, p.committed)
 	for attempt := 0; ; attempt++ {
 		err := p.handler.Handle(hctx, msgs)
 		if err == nil {

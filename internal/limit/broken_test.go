@@ -132,13 +132,14 @@ func TestFailedCallCountsNothing(t *testing.T) {
 				g.chain = g.st.chain
 			}
 			l.mu.Unlock()
-			ks, av := l.script(groups, now, now.Add(l.opts.Horizon))
+			ks, av := l.script(groups, now, now.Add(l.opts.Horizon), Source{})
+			// The tenants' records come last but for the replay argument (none).
 			var recs []int64
-			if err := json.Unmarshal(av[len(av)-1].([]byte), &recs); err != nil {
+			if err := json.Unmarshal(av[len(av)-2].([]byte), &recs); err != nil {
 				t.Fatal(err)
 			}
 			recs[len(recs)-3] = 99 // bad's rule is descriptor 99
-			av[len(av)-1], _ = json.Marshal(recs)
+			av[len(av)-2], _ = json.Marshal(recs)
 			if err := l.admit.Run(ctx, rdb, ks, av...).Err(); err == nil {
 				t.Fatal("script with a bad record: got no error, want one")
 			}

@@ -20,6 +20,33 @@ var costCases = map[string]admitCase{
 	"Exactness":            testCostExactness,
 	"MixedTenantsOneCall":  testCostMixedTenants,
 	"OneRuleFastPath":      testCostFastPath,
+	"Replayed":             testCostReplayed,
+}
+
+// testCostReplayed: a replayed event gets its first decision back and
+// counts nothing; the new events of the batch are decided at their own
+// costs (the replayed ones' costs taken out of the lists).
+func testCostReplayed(t *testing.T, rdb redis.UniversalClient) {
+	clk := newFakeClock(t0.Add(10 * time.Second))
+	l := newTestLimiter(t, rdb, "acme=1000B/1m,10/1m", Options{Clock: clk.Now, Horizon: time.Hour})
+	ctx := context.Background()
+	ds, err := l.AdmitFrom(ctx, src(0, 10, 2), repeat("acme", 2), bytesOf(400, 500))
+	if err != nil || kinds(ds) != "aa" {
+		t.Fatalf("first batch: got %v, %v, want aa", kinds(ds), err)
+	}
+	// Offset 11 again, then 12 (300: over the 100 left) and 13 (50: after it).
+	ds, err = l.AdmitFrom(ctx, src(0, 11, 3), repeat("acme", 3), bytesOf(500, 300, 50))
+	if err != nil || kinds(ds) != "add" {
+		t.Fatalf("replaying batch: got %v, %v, want add", kinds(ds), err)
+	}
+	checkDues(t, ds, t0.Add(time.Minute), t0.Add(time.Minute))
+	if us := usageOf(t, l, "acme"); us[0].Count != 900 || us[1].Count != 2 {
+		t.Errorf("usage now: got %+v, want 900 bytes and 2 events (the replay counted nothing)", us)
+	}
+	clk.Add(time.Minute)
+	if us := usageOf(t, l, "acme"); us[0].Count != 350 || us[1].Count != 2 {
+		t.Errorf("usage at 10:01: got %+v, want 350 bytes (300 + 50) and 2 events", us)
+	}
 }
 
 // testCostFastPath: a tenant with one byte rule is counted by its batch's

@@ -101,6 +101,21 @@ func (k keys) frontier(tenant, set string) string {
 	return k.tenant(tenant) + ":frontier:" + set
 }
 
+// replay returns the key of the replay record of a source partition on a
+// single Redis, where one script call decides a whole batch:
+// <prefix>:replay:<topic>:<partition>. Kafka topic names hold only
+// [A-Za-z0-9._-], so the key is unambiguous.
+func (k keys) replay(topic string, partition int) string {
+	return k.prefix + ":replay:" + topic + ":" + strconv.Itoa(partition)
+}
+
+// tenantReplay returns the key of the replay record of a tenant's events of
+// a source partition, for Redis Cluster, where each script call decides one
+// tenant and touches only its slot: <prefix>:{<tenant>}:replay:<topic>:<partition>.
+func (k keys) tenantReplay(tenant, topic string, partition int) string {
+	return k.tenant(tenant) + ":replay:" + topic + ":" + strconv.Itoa(partition)
+}
+
 // ruleSetID names a rule set, for frontier keys and the local cache.
 func ruleSetID(kind WindowKind, rules []Rule) string {
 	parts := make([]string, len(rules))

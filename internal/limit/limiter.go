@@ -105,6 +105,7 @@ type Limiter struct {
 
 	mu     sync.Mutex
 	states *stateCache
+	sent   sentOffsets
 }
 
 // stateKey names a tenant under one rule set (the rules' windows name its keys).
@@ -232,14 +233,21 @@ type group struct {
 	costs    []Cost
 }
 
-// Admit decides a batch whose events cost nothing but their count: it is
-// AdmitCosts with no costs, for tenants whose rules all count events (a
-// tenant with a byte or unit rule is an error).
+// Admit decides a batch that names no source and whose events cost nothing
+// but their count: it is AdmitFrom with a zero Source and no costs (a
+// tenant with a byte or unit rule is then an error), and a replay of it is
+// counted again.
 func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, error) {
-	return l.AdmitCosts(ctx, tenants, nil)
+	return l.AdmitFrom(ctx, Source{}, tenants, nil)
 }
 
-// AdmitCosts decides a batch. The result is index-aligned with tenants; one
+// AdmitCosts decides a batch that names no source: it is AdmitFrom with a
+// zero Source.
+func (l *Limiter) AdmitCosts(ctx context.Context, tenants []string, costs []Cost) ([]Decision, error) {
+	return l.AdmitFrom(ctx, Source{}, tenants, costs)
+}
+
+// AdmitFrom decides a batch. The result is index-aligned with tenants; one
 // tenant's events are decided in slice order: the first that fit are admitted,
 // the next get the earliest reserved slots, the rest are rejected. An event
 // fits when every rule of its tenant has room for its cost: 1 for a rule
@@ -253,13 +261,75 @@ func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, erro
 // other tenants are decided as usual. A non-nil error means Redis trouble
 // and nothing was decided (nor counted): the batch may be retried. costs
 // may be nil when no tenant of the batch has a byte or unit rule.
-func (l *Limiter) AdmitCosts(ctx context.Context, tenants []string, costs []Cost) ([]Decision, error) {
+//
+// With a Source, an event whose position was decided by Redis before (from
+// the source's Low offset on, see Source) gets that decision back and
+// counts nothing; the others are decided as above, in order.
+func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string, costs []Cost) ([]Decision, error) {
+	if err := checkSource(src, tenants); err != nil {
+		return nil, err
+	}
 	if costs != nil && len(costs) != len(tenants) {
 		return nil, fmt.Errorf("admit: %d costs for %d events", len(costs), len(tenants))
 	}
 	now := l.opts.Clock()
-	rules := l.rules.Load()
 	out := make([]Decision, len(tenants))
+	order, err := l.groups(tenants, costs == nil)
+	if err != nil {
+		return nil, err
+	}
+	if costs != nil {
+		weigh(order, costs, out)
+	}
+	var calls []*group
+	l.mu.Lock()
+	for _, g := range order {
+		switch {
+		case len(g.idx) == 0:
+		case len(g.rules) == 0:
+			for _, i := range g.idx {
+				out[i] = Decision{Kind: Admit}
+			}
+		default:
+			g.st = l.stateLocked(g, now)
+			if now.Before(g.st.full) && g.st.fullFor(g.costs) && !l.sent.mayReplay(src, g.idx) {
+				// Full up to the horizon: nothing can change before the
+				// horizon reaches a window that was not full.
+				l.metrics.cacheHits.Add(float64(len(g.idx)))
+				for _, i := range g.idx {
+					out[i] = Decision{Kind: Reject, Reason: l.fullReason}
+				}
+				continue
+			}
+			g.chain = g.st.chain
+			calls = append(calls, g)
+		}
+	}
+	l.sent.mark(src, calls)
+	l.mu.Unlock()
+	if len(calls) == 0 {
+		return out, nil
+	}
+	replies, err := l.call(ctx, now, calls, src)
+	if err != nil {
+		return nil, err
+	}
+	for j, g := range calls {
+		if err := l.apply(g, replies[j], now, out); err != nil {
+			return nil, err
+		}
+	}
+	if l.opts.WindowKind == TTL {
+		l.cacheChains(calls, replies)
+	}
+	return out, nil
+}
+
+// groups returns the events of tenants grouped by tenant, in the order of
+// their first events, with their rules; an error when noCosts and a tenant
+// has a rule counting bytes or units.
+func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
+	rules := l.rules.Load()
 	byTenant := make(map[string]*group, len(tenants)/2)
 	var order []*group
 	// Most tenants share one rule list (the "*" rules, one slice): name it
@@ -277,7 +347,7 @@ func (l *Limiter) AdmitCosts(ctx context.Context, tenants []string, costs []Cost
 				lastRules, lastSet = g.rules, g.set
 			}
 			g.weighted = Weighted(g.rules)
-			if g.weighted && costs == nil {
+			if g.weighted && noCosts {
 				return nil, fmt.Errorf("admit: tenant %q has a rule counting bytes or units, and the events have no costs", t)
 			}
 			byTenant[t] = g
@@ -285,50 +355,7 @@ func (l *Limiter) AdmitCosts(ctx context.Context, tenants []string, costs []Cost
 		}
 		g.idx = append(g.idx, i)
 	}
-	if costs != nil {
-		weigh(order, costs, out)
-	}
-	var calls []*group
-	l.mu.Lock()
-	for _, g := range order {
-		switch {
-		case len(g.idx) == 0:
-		case len(g.rules) == 0:
-			for _, i := range g.idx {
-				out[i] = Decision{Kind: Admit}
-			}
-		default:
-			g.st = l.stateLocked(g, now)
-			if now.Before(g.st.full) && g.st.fullFor(g.costs) {
-				// Full up to the horizon: nothing can change before the
-				// horizon reaches a window that was not full.
-				l.metrics.cacheHits.Add(float64(len(g.idx)))
-				for _, i := range g.idx {
-					out[i] = Decision{Kind: Reject, Reason: l.fullReason}
-				}
-				continue
-			}
-			g.chain = g.st.chain
-			calls = append(calls, g)
-		}
-	}
-	l.mu.Unlock()
-	if len(calls) == 0 {
-		return out, nil
-	}
-	replies, err := l.call(ctx, now, calls)
-	if err != nil {
-		return nil, err
-	}
-	for j, g := range calls {
-		if err := l.apply(g, replies[j], now, out); err != nil {
-			return nil, err
-		}
-	}
-	if l.opts.WindowKind == TTL {
-		l.cacheChains(calls, replies)
-	}
-	return out, nil
+	return order, nil
 }
 
 // cacheChains keeps the ttl chains of the one-rule tenants in replies (the
@@ -405,7 +432,7 @@ func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
 // script returns the KEYS and ARGV of one admit.lua call over groups. The
 // tenants' records go in one argument, a JSON array of numbers (see admit.lua),
 // followed by the costs of the tenants whose rules count bytes or units.
-func (l *Limiter) script(groups []*group, now, hend time.Time) ([]string, []any) {
+func (l *Limiter) script(groups []*group, now, hend time.Time, src Source) ([]string, []any) {
 	d := descriptors{index: map[Rule]int{}}
 	ks := make([]string, 0, 2*len(groups))
 	recs := make([]byte, 0, 40*len(groups))
@@ -442,20 +469,20 @@ func (l *Limiter) script(groups []*group, now, hend time.Time) ([]string, []any)
 	av = append(av, now.UnixMilli(), hend.UnixMilli(), l.opts.MaxScan, len(d.index), len(groups))
 	av = append(av, d.args...)
 	av = append(av, recs)
-	return ks, av
+	return l.replayArgs(ks, av, groups, src)
 }
 
 // call runs admit.lua: one call for the batch on a single node; on Redis
 // Cluster one call per tenant (each tenant's keys share a slot), pipelined so
 // that go-redis sends one round trip per node, the nodes in parallel.
-func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([]reply, error) {
+func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src Source) ([]reply, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
 	start := time.Now()
 	defer func() { l.metrics.redisSeconds.WithLabelValues("admit").Observe(time.Since(start).Seconds()) }()
 	hend := now.Add(l.opts.Horizon)
 	if !l.cluster {
-		ks, av := l.script(calls, now, hend)
+		ks, av := l.script(calls, now, hend, src)
 		res, err := l.admit.Run(ctx, l.rdb, ks, av...).Result()
 		if err != nil {
 			l.metrics.redisErrors.Inc()
@@ -466,7 +493,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([]re
 	cmds := make([]*redis.Cmd, len(calls))
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range calls {
-			ks, av := l.script(calls[i:i+1], now, hend)
+			ks, av := l.script(calls[i:i+1], now, hend, src)
 			cmds[i] = l.admit.EvalSha(ctx, p, ks, av...)
 		}
 		return nil
@@ -477,7 +504,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([]re
 		_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i := range calls {
 				if cmds[i].Err() != nil && redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
-					ks, av := l.script(calls[i:i+1], now, hend)
+					ks, av := l.script(calls[i:i+1], now, hend, src)
 					cmds[i] = l.admit.Eval(ctx, p, ks, av...)
 				}
 			}
@@ -502,10 +529,12 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group) ([]re
 var errReply = errors.New("admit: unexpected script reply")
 
 // reply is one tenant's part of admit.lua's reply: its numbers, or, when a
-// broken key failed the tenant, the reason.
+// broken key failed the tenant, the reason; and its events found in the
+// replay record, which the numbers are not about.
 type reply struct {
-	n      []int64
-	failed string
+	n        []int64
+	failed   string
+	replayed []replayed
 }
 
 // chainNumbers is how many numbers a tenant's reply ends with: the ttl chain
@@ -520,7 +549,8 @@ func (l *Limiter) chainNumbers(g *group) int {
 // parseReplies splits admit.lua's flat reply into one reply per group:
 // admitted, reservations, 3 numbers per reservation, rejected, full_until,
 // then the ttl chain (start, end) of each rule when the window is ttl; or,
-// for a tenant that failed, -1, the broken key and what is wrong with it.
+// for a tenant that failed, -1, the broken key and what is wrong with it;
+// then the events found in the replay record (see parseReplayed).
 func (l *Limiter) parseReplies(res any, groups []*group) ([]reply, error) {
 	arr, ok := res.([]any)
 	if !ok {
@@ -558,16 +588,18 @@ func (l *Limiter) parseReplies(res any, groups []*group) ([]reply, error) {
 		}
 		out[i].n, arr = flat[start:len(flat):len(flat)], arr[n:]
 	}
-	if len(arr) != 0 {
-		return nil, fmt.Errorf("%w: %d values left over", errReply, len(arr))
+	if err := l.parseReplayed(arr, groups, out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
 
-// apply turns one tenant's reply into decisions, in the tenant's event order.
+// apply turns one tenant's reply into decisions, in the tenant's event order:
+// its replayed events get their recorded decisions, the others the reply's.
 func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) error {
+	idx := l.applyReplayed(g, rep.replayed, out)
 	if rep.failed != "" {
-		for _, i := range g.idx {
+		for _, i := range idx {
 			out[i] = Decision{Kind: Fail, Reason: rep.failed}
 		}
 		return nil
@@ -581,8 +613,8 @@ func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) erro
 	r = r[:len(r)-chains]
 	next := 0
 	give := func(n int64, d Decision) {
-		for ; n > 0 && next < len(g.idx); n-- {
-			out[g.idx[next]] = d
+		for ; n > 0 && next < len(idx); n-- {
+			out[idx[next]] = d
 			next++
 		}
 	}
@@ -591,14 +623,14 @@ func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) erro
 		due, cnt, until := r[2+3*i], r[3+3*i], r[4+3*i]
 		give(cnt, Decision{Kind: Defer, Due: time.UnixMilli(due), Until: time.UnixMilli(until)})
 	}
-	reason := "no room found within the scan limit"
-	if full := r[len(r)-1]; full > 0 && next < len(g.idx) {
+	reason := scanReason
+	if full := r[len(r)-1]; full > 0 && next < len(idx) {
 		reason = l.fullReason
-		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon), g.idx[next])
+		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon), idx[next])
 	}
 	give(r[len(r)-2], Decision{Kind: Reject, Reason: reason})
-	if next != len(g.idx) {
-		return fmt.Errorf("%w: %d decisions for %d events of tenant %q", errReply, next, len(g.idx), g.tenant)
+	if next != len(idx) {
+		return fmt.Errorf("%w: %d decisions for %d events of tenant %q", errReply, next, len(idx), g.tenant)
 	}
 	return nil
 }

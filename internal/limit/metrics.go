@@ -15,6 +15,7 @@ type metrics struct {
 	// (plain, or full: known full up to the horizon).
 	cacheEvictions *prometheus.CounterVec
 	cacheBytes     prometheus.Gauge
+	replayed       prometheus.Counter
 }
 
 // newMetrics builds the limiter's collectors and registers them with reg; a
@@ -42,11 +43,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "gatekeeper_limiter_cache_bytes",
 			Help: "Estimated heap bytes of the tenant states the limiter remembers (at most its cache budget).",
 		}),
+		replayed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gatekeeper_replayed_decisions_total",
+			Help: "Events decided again (a retried script call, a redelivered batch) that got their recorded decision back and were not counted again.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.redisSeconds, m.redisErrors, m.cacheHits, m.cacheEvictions, m.cacheBytes} {
+	for _, c := range []prometheus.Collector{m.redisSeconds, m.redisErrors, m.cacheHits, m.cacheEvictions, m.cacheBytes, m.replayed} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("limiter metrics: %w", err)
 		}

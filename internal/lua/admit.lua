@@ -35,6 +35,8 @@
 --   script only adds its two suffixes to a rule key (wkey, anchor_key, below:
 --   limit.WindowSep and limit.AnchorSuffix), and TestAdmitScriptKeys checks
 --   that the keys it writes are the ones keys.go builds.
+--   Then, when the caller names the call's source partition, the replay
+--   record key, last (see Replay record below).
 -- ARGV[1] now (unix ms)      ARGV[2] horizon end (now + horizon, unix ms)
 -- ARGV[3] most windows one tenant may scan
 -- ARGV[4] number of rule descriptors   ARGV[5] number of tenants
@@ -63,6 +65,7 @@
 --   still the anchor's and the anchor need not be read. The end may since have
 --   grown; the script reads the anchor before writing it, and before trusting
 --   the cache to open a window (a lost anchor then starts a new chain).
+--   Then, with a source partition, the replay arguments (see Replay record).
 -- Reply: one flat array, per tenant in order:
 --   admitted, reservations, due_1, count_1, until_1, ..., rejected, full_until,
 --   then chain start, chain end per rule for ttl rules
@@ -73,6 +76,8 @@
 --   anchor's (another caller extended it); it is never higher.
 --   A tenant whose keys failed it is instead: -1, the key, what is wrong
 --   with it ("has the wrong type", "holds a count that is not an integer").
+--   With a source partition the reply ends with the replayed events (see
+--   Replay record).
 --
 -- Failures. Redis does not roll a script back, so the script keeps a journal
 -- of its writes and takes them back itself: a call never half-applies. (The
@@ -302,6 +307,255 @@ if (recs[#recs] or 0) < 0 then
       p = p + 1 + nrules + #lists * n
     end
     q = q + 2 + 3 * recs[q]
+  end
+end
+
+-- Replay record (G9: count once). When the caller names where the call's
+-- events were consumed from, the arguments after the tenants' records are
+--   ARGV[a+1] low: the source partition's committed offset as the caller
+--             knows it (no replay reaches below it), or "" when the call
+--             names no source (then nothing below applies and no key is added)
+--   ARGV[a+2] the record's lifetime (ms)
+--   ARGV[a+3] ARGV[a+4] lo and hi: the lowest and the highest offset of the
+--             call's events
+--   ARGV[a+5] the events' offsets minus lo, a JSON array of one array per
+--             tenant, in the call's order (each tenant's events in order)
+-- and the last key is the record: <prefix>:replay:<topic>:<partition> (on
+-- Redis Cluster <prefix>:{<tenant>}:replay:<topic>:<partition>, so that it
+-- shares the tenant's slot). An event whose offset the record holds gets
+-- the decision recorded for it and counts nothing; the others are decided
+-- as above (a tenant's n is then the number of its new events) and their
+-- decisions are appended to the record, which forgets offsets below low.
+--
+-- The record is a string of chunks, one per call that decided something:
+--   "<lo> <hi> <l1> <l2>\n" then l1 bytes of offsets and l2 of exceptions
+-- lo and hi are that call's, offsets its ARGV[a+5] (without the replayed
+-- events, if any), and exceptions a JSON array holding, for each tenant
+-- whose new events were not all admitted, its number in the call, then its
+-- reply's admitted, reservations, (due, count, until) per reservation,
+-- rejected and full_until; or its number and -1 when it failed (a failure
+-- counted nothing, so it is not recorded). A call without replays stores
+-- its offsets argument as it came: only the exceptions are built.
+-- A chunk whose hi is below low is dropped when the record is written.
+--
+-- The reply then ends, after every tenant's part, with the number of
+-- replayed events and, per replayed event: its position in the call's event
+-- order (0-based), its decision (1 admit, 2 defer, 3 reject: the horizon
+-- is full, 4 reject: the scan limit was reached), due and until (defer).
+local low = ARGV[a + 1]
+local rkey = nil
+if low ~= "" then
+  low = tonumber(low)
+  rkey = KEYS[#KEYS]
+end
+
+-- chunks_of returns the chunks of record rec: {lo, hi, h (where the header
+-- starts), s (where the offsets start), l1, l2}. A damaged record is read
+-- up to the damage.
+local function chunks_of(rec)
+  local cs, i = {}, 1
+  while i <= #rec do
+    local lo, hi, l1, l2, s = string.match(rec, "^(%d+) (%d+) (%d+) (%d+)\n()", i)
+    if not lo then
+      break
+    end
+    local c = {lo = tonumber(lo), hi = tonumber(hi), h = i, s = s, l1 = tonumber(l1), l2 = tonumber(l2)}
+    i = s + c.l1 + c.l2
+    if i - 1 > #rec then
+      break
+    end
+    cs[#cs + 1] = c
+  end
+  return cs
+end
+
+-- The recorded decision of an admitted event, shared.
+local admitted_once = {1, 0, 0}
+
+-- learn adds the decisions of chunk c of record rec to found, by offset:
+-- {code, due, until} as the reply gives them.
+local function learn(rec, c, found)
+  local offs = cjson.decode(string.sub(rec, c.s, c.s + c.l1 - 1))
+  local ex = cjson.decode(string.sub(rec, c.s + c.l1, c.s + c.l1 + c.l2 - 1))
+  local exc, i = {}, 1
+  while i <= #ex do
+    if ex[i + 1] == -1 then
+      exc[ex[i]] = false
+      i = i + 2
+    else
+      exc[ex[i]] = i + 1
+      i = i + 5 + 3 * ex[i + 2]
+    end
+  end
+  local lo = c.lo
+  for ti = 1, #offs do
+    local l, x = offs[ti], exc[ti]
+    if x == nil then
+      for j = 1, #l do
+        found[lo + l[j]] = admitted_once
+      end
+    elseif x then
+      local j, nres = 1, ex[x + 1]
+      for _ = 1, ex[x] do
+        found[lo + l[j]] = admitted_once
+        j = j + 1
+      end
+      for r = 0, nres - 1 do
+        local d = {2, ex[x + 2 + 3 * r], ex[x + 4 + 3 * r]}
+        for _ = 1, ex[x + 3 + 3 * r] do
+          found[lo + l[j]] = d
+          j = j + 1
+        end
+      end
+      local d = {4, 0, 0}
+      if ex[x + 3 + 3 * nres] > 0 then
+        d[1] = 3
+      end
+      for _ = 1, ex[x + 2 + 3 * nres] do
+        found[lo + l[j]] = d
+        j = j + 1
+      end
+    end
+  end
+end
+
+-- unreplayed returns the cost lists w of a tenant (see weights) without
+-- the costs of its replayed events: those of its offsets l (minus clo)
+-- that found holds. Rules that share a list share the new one.
+local function unreplayed(w, l, found, clo)
+  local out, made = {}, {}
+  for ri = 1, #w do
+    local c = w[ri]
+    if c and not made[c] then
+      local f = {}
+      for j = 1, #l do
+        if not found[clo + l[j]] then
+          f[#f + 1] = c[j]
+        end
+      end
+      made[c] = f
+    end
+    out[ri] = c and made[c]
+  end
+  return out
+end
+
+-- replays looks the call's events up in the chunks that may hold them: it
+-- returns the replayed ones (position, code, due, until each) and the
+-- offsets of the others (as in ARGV[a+5]), and sets each tenant's n in
+-- recs to its new events. It returns nil when no chunk's offsets overlap
+-- the call's.
+local function replays(rec, chunks)
+  local clo, chi = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local found = nil
+  for _, c in ipairs(chunks) do
+    if c.lo <= chi and c.hi >= clo then
+      found = found or {}
+      learn(rec, c, found)
+    end
+  end
+  if not found then
+    return nil
+  end
+  local offs = cjson.decode(ARGV[a + 5])
+  local rep, fresh = {}, {}
+  local pos, p = 0, 1
+  for ti = 1, ntenants do
+    local l, keep = offs[ti], {}
+    for j = 1, #l do
+      local d = found[clo + l[j]]
+      if d then
+        local r = #rep
+        rep[r + 1], rep[r + 2], rep[r + 3], rep[r + 4] = pos, d[1], d[2], d[3]
+      else
+        keep[#keep + 1] = l[j]
+      end
+      pos = pos + 1
+    end
+    fresh[ti] = keep
+    recs[p + 1] = #keep
+    if weights[ti] and #keep < #l then
+      weights[ti] = unreplayed(weights[ti], l, found, clo)
+    end
+    p = p + 2 + 3 * recs[p]
+  end
+  return rep, fresh
+end
+
+-- exceptions returns the exceptions of a decided call (see Replay record).
+local function exceptions()
+  local ex, o, p = {}, 1, 1
+  for ti = 1, ntenants do
+    local nrules, n = recs[p], recs[p + 1]
+    if out[o] == -1 then
+      ex[#ex + 1], ex[#ex + 2] = ti, -1
+      o = o + 3
+    else
+      local w = 4 + 3 * out[o + 1]
+      if out[o] ~= n then
+        ex[#ex + 1] = ti
+        for i = o, o + w - 1 do
+          ex[#ex + 1] = out[i]
+        end
+      end
+      o = o + w
+      if descs[recs[p + 2]].kind == "t" then
+        o = o + 2 * nrules
+      end
+    end
+    p = p + 2 + 3 * nrules
+  end
+  return ex
+end
+
+-- The record as read, its chunks, the replayed events and what the call
+-- records of its own (see replay_phase).
+local record, chunks, replayed = "", none, none
+local rec_offs, nfresh = nil, 0
+
+-- replay_phase reads the record and takes the replayed events out of the
+-- call. A record key of the wrong type is taken for an empty record (the
+-- write replaces it).
+local function replay_phase()
+  local v = redis.pcall("GET", rkey)
+  if type(v) == "string" then
+    record = v
+  end
+  chunks = chunks_of(record)
+  rec_offs, nfresh = ARGV[a + 5], 1
+  local rep, fresh = replays(record, chunks)
+  if rep and #rep > 0 then
+    replayed, nfresh = rep, 0
+    for ti = 1, #fresh do
+      nfresh = nfresh + #fresh[ti]
+    end
+    if nfresh > 0 then
+      rec_offs = cjson.encode(fresh) -- (an empty list comes out as {}: read back the same)
+    end
+  end
+end
+
+-- keep_record writes the record: the chunks that may still be replayed and
+-- this call's, when the call decided something new or a chunk was dropped.
+local function keep_record()
+  local parts, dropped = {}, false
+  for _, c in ipairs(chunks) do
+    if c.hi >= low then
+      parts[#parts + 1] = string.sub(record, c.h, c.s + c.l1 + c.l2 - 1)
+    else
+      dropped = true
+    end
+  end
+  if nfresh > 0 then
+    local x = cjson.encode(exceptions())
+    parts[#parts + 1] = ARGV[a + 3] .. " " .. ARGV[a + 4] .. " " .. #rec_offs .. " " .. #x .. "\n" .. rec_offs .. x
+  elseif not dropped then
+    return
+  end
+  if #parts == 0 then
+    redis.call("DEL", rkey)
+  else
+    redis.call("SET", rkey, table.concat(parts), "PX", ARGV[a + 2])
   end
 end
 
@@ -630,6 +884,21 @@ local at = {0, 0, 0, 0, 0}
 -- (see undo_call).
 local slow = {}
 
+-- idle replies for a tenant without new events (the ti-th, record at
+-- recs[p], reply at out[o + 1]): nothing decided, its ttl chains as cached.
+local function idle(ti, p, o)
+  slow[ti] = true -- nothing to take back
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 0, 0, 0, 0
+  if descs[recs[p + 2]].kind == "t" then
+    o = o + 4
+    for q = p + 3, p + 3 * recs[p], 3 do
+      out[o + 1], out[o + 2] = recs[q], recs[q + 1]
+      o = o + 2
+    end
+  end
+  return true
+end
+
 -- run decides the tenants from the ti-th on (record at recs[p], first key
 -- KEYS[k]). An error stops it at the failing tenant, which the loop below
 -- fails alone, or the whole call with it.
@@ -648,7 +917,10 @@ local function run(ti, p, k)
     local mark, o = jn, #out
     local c, done = nil, false
     local w = weights[ti]
-    if nrules == 1 then
+    if n == 0 then
+      -- Every event of the tenant was replayed: nothing to decide.
+      done = idle(ti, p, o)
+    elseif nrules == 1 then
       local d, cst, cend = descs[recs[p + 2]], recs[p + 3], recs[p + 4]
       local cs, ce = nil, nil
       if d.kind ~= "t" then
@@ -758,11 +1030,32 @@ local function failure(e)
   return nil, msg
 end
 
+-- finish records the call's decisions and ends the reply with the
+-- replayed events; a failure to write the record takes the call back.
+local function finish()
+  if rkey then
+    local ok, e = pcall(keep_record)
+    if not ok then
+      undo_call()
+      return redis.error_reply(tostring(type(e) == "table" and (e.err or e.msg) or e))
+    end
+  end
+  local o = #out
+  out[o + 1] = #replayed / 4
+  for i = 1, #replayed do
+    out[o + 1 + i] = replayed[i]
+  end
+  return out
+end
+
+if rkey then
+  replay_phase()
+end
 local ti, p, k = 1, 1, 1
 while true do
   local ok, e = pcall(run, ti, p, k)
   if ok then
-    return out
+    return finish()
   end
   local key, why = failure(e)
   if not key then

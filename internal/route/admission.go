@@ -17,13 +17,17 @@ import (
 // The result is index-aligned with tenants, one tenant's events decided in
 // slice order. costs, index-aligned with tenants, says what each event costs
 // the rules that count bytes or units (event rules count 1 an event); an
-// event over a rule's whole limit is rejected. A non-nil error means Redis trouble and nothing was decided:
+// event over a rule's whole limit is rejected. src says where the events
+// were consumed from (their offsets, index-aligned with tenants): an event
+// decided again after a replay gets its first decision back, uncounted (see
+// limit.Source); a zero src names no source. A non-nil error means Redis
+// trouble and nothing was decided:
 // the batch is tried again. A limit.Fail decision (a broken counter key of
 // the event's tenant, which trying again does not mend) sends the event to
 // the dead-letter topic with the decision's reason.
 // Implementations must be safe for concurrent use.
 type Admitter interface {
-	AdmitCosts(ctx context.Context, tenants []string, costs []limit.Cost) ([]limit.Decision, error)
+	AdmitFrom(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error)
 }
 
 // Values of OnRedisError (GATEKEEPER_ON_REDIS_ERROR).
@@ -89,16 +93,18 @@ func validPolicy(p string) error {
 // admit returns the decisions for tenants. Under RedisForward a failing Admit
 // yields unchecked=true and no decisions. Under RedisPause it retries with
 // backoff until Admit works or ctx ends, calling SetReady(false) once it
-// fails and SetReady(true) once it works again. costs are the events' costs,
-// index-aligned with tenants. first locates the batch in logs.
-func (a *Admission) admit(ctx context.Context, tenants []string, costs []limit.Cost, first kafka.Message) (ds []limit.Decision, unchecked bool, err error) {
+// fails and SetReady(true) once it works again. costs are the events'
+// costs, index-aligned with tenants. Every attempt names the same src, so
+// an attempt whose call ran in Redis although it failed here (a timeout) is
+// not counted again by the next. first locates the batch in logs.
+func (a *Admission) admit(ctx context.Context, tenants []string, costs []limit.Cost, src limit.Source, first kafka.Message) (ds []limit.Decision, unchecked bool, err error) {
 	if len(tenants) == 0 {
 		return nil, false, nil
 	}
 	log := a.logger()
 	failing := false
 	for attempt := 0; ; attempt++ {
-		ds, err := a.Admitter.AdmitCosts(ctx, tenants, costs)
+		ds, err := a.Admitter.AdmitFrom(ctx, src, tenants, costs)
 		if err == nil {
 			if len(ds) != len(tenants) {
 				return nil, false, fmt.Errorf("admit: %d decisions for %d events", len(ds), len(tenants))
@@ -132,6 +138,24 @@ func (a *Admission) admit(ctx context.Context, tenants []string, costs []limit.C
 			return nil, false, fmt.Errorf("admit: %w (last error: %v)", serr, err)
 		}
 	}
+}
+
+// source returns where the events msgs[i], i in idx, were consumed from,
+// for replay-safe counting: their partition (msgs holds one partition's
+// batch), their offsets, and as the low bound the committed offset that
+// the consumer put in ctx. Without one (a Handler not called by a consumer
+// of package consume) it names no source: nothing bounds what a record
+// would have to remember.
+func source(ctx context.Context, msgs []kafka.Message, idx []int) limit.Source {
+	low, ok := consume.CommittedOffset(ctx)
+	if !ok || len(idx) == 0 {
+		return limit.Source{}
+	}
+	src := limit.Source{Topic: msgs[idx[0]].Topic, Partition: msgs[idx[0]].Partition, Low: low, Offsets: make([]int64, len(idx))}
+	for j, i := range idx {
+		src.Offsets[j] = msgs[i].Offset
+	}
+	return src
 }
 
 func (a *Admission) ready(ok bool) {

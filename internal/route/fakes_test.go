@@ -57,23 +57,31 @@ func (w *fakeWriter) last(t *testing.T) []kafka.Message {
 	return calls[len(calls)-1]
 }
 
-// fakeAdmitter answers AdmitCosts with decide, recording the tenants and
-// costs of each call.
+// fakeAdmitter answers AdmitFrom with decide, recording the tenants, the
+// costs and the source of each call.
 type fakeAdmitter struct {
-	mu     sync.Mutex
-	calls  [][]string
-	costs  [][]limit.Cost
-	decide func(n int, tenants []string) ([]limit.Decision, error)
+	mu      sync.Mutex
+	calls   [][]string
+	costs   [][]limit.Cost
+	sources []limit.Source
+	decide  func(n int, tenants []string) ([]limit.Decision, error)
+	// from, if set, answers instead of decide, with the call's source.
+	from func(n int, src limit.Source, tenants []string) ([]limit.Decision, error)
 }
 
-func (a *fakeAdmitter) AdmitCosts(ctx context.Context, tenants []string, costs []limit.Cost) ([]limit.Decision, error) {
+func (a *fakeAdmitter) AdmitFrom(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error) {
 	a.mu.Lock()
 	n := len(a.calls)
 	a.calls = append(a.calls, append([]string(nil), tenants...))
 	a.costs = append(a.costs, append([]limit.Cost(nil), costs...))
+	src.Offsets = append([]int64(nil), src.Offsets...)
+	a.sources = append(a.sources, src)
 	a.mu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if a.from != nil {
+		return a.from(n, src, tenants)
 	}
 	return a.decide(n, tenants)
 }
@@ -82,6 +90,12 @@ func (a *fakeAdmitter) Costs() [][]limit.Cost {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return append([][]limit.Cost(nil), a.costs...)
+}
+
+func (a *fakeAdmitter) Sources() []limit.Source {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]limit.Source(nil), a.sources...)
 }
 
 func (a *fakeAdmitter) Calls() [][]string {

@@ -67,7 +67,7 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 	counts := map[string]int{}
 	tenants, costs, valid := g.extract(msgs, items, counts, log)
 
-	ds, unchecked, err := g.admit(ctx, tenants, costs, msgs[0])
+	ds, unchecked, err := g.admit(ctx, tenants, costs, source(ctx, msgs, valid), msgs[0])
 	if err != nil {
 		return fmt.Errorf("gate: %w", err)
 	}

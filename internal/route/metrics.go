@@ -47,6 +47,11 @@ type Metrics struct {
 	// because their gk-sig was missing or did not match, by reason:
 	// "missing" or "mismatch".
 	SigFailures *prometheus.CounterVec
+	// LateReservations counts deferred events that came back from the retry
+	// tier after their reserved slot had ended (a partition that waited for
+	// an owner, a lagging consumer) and were checked again as new: each
+	// holds a second slot, its first one spent.
+	LateReservations prometheus.Counter
 }
 
 // NewMetrics builds the collectors and registers them with reg; a nil reg
@@ -94,11 +99,16 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name:      "retry_sig_failures_total",
 			Help:      "Events from a retry tier dead-lettered because gk-sig was missing or did not match (GATEKEEPER_RETRY_SECRET set), by reason.",
 		}, []string{"reason"}),
+		LateReservations: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gatekeeper",
+			Name:      "late_reservations_total",
+			Help:      "Deferred events that came back after their reserved slot had ended and were checked again as new (their first slot stays spent).",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.Decisions, m.EventsIn, m.EventsOut, m.RedisUnchecked, m.BatchSize, m.Oversized, m.WritesFailing, m.SigFailures} {
+	for _, c := range []prometheus.Collector{m.Decisions, m.EventsIn, m.EventsOut, m.RedisUnchecked, m.BatchSize, m.Oversized, m.WritesFailing, m.SigFailures, m.LateReservations} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register route metrics: %w", err)
 		}
@@ -133,6 +143,13 @@ func (m *Metrics) sigFailure(reason string, n int) {
 		return
 	}
 	m.SigFailures.WithLabelValues(reason).Add(float64(n))
+}
+
+func (m *Metrics) late(n int) {
+	if m == nil || n == 0 {
+		return
+	}
+	m.LateReservations.Add(float64(n))
 }
 
 func (m *Metrics) unchecked(n int) {

@@ -86,7 +86,9 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 		}
 	}
 
-	ds, unchecked, err := r.admit(ctx, b.tenants, b.costs, msgs[0])
+	// A re-check's identity is its position in the retry tier, unique per
+	// trip: deferred again and late again, it is a new decision.
+	ds, unchecked, err := r.admit(ctx, b.tenants, b.costs, source(ctx, msgs, b.checked), msgs[0])
 	if err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
@@ -108,6 +110,7 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 	if unchecked {
 		r.Metrics.unchecked(len(b.readmit))
 	}
+	r.Metrics.late(len(b.tenants))
 	return nil
 }
 
@@ -115,16 +118,33 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 type retryBatch struct {
 	items       []Item         // index-aligned with the batch
 	readmit     []pendingRetry // events to admit again, in batch order
-	tenants     []string       // their tenants, index-aligned with readmit
-	costs       []limit.Cost   // their costs, index-aligned with readmit
+	tenants     []string       // the tenants of the distinct trips among them, in order
+	costs       []limit.Cost   // their costs, index-aligned with tenants
+	checked     []int          // and the indexes in the batch of their first copies
+	trips       map[trip]int   // the index in tenants of each trip
 	counts      map[string]int // gatekeeper_decisions_total by label
 	sigFailures map[string]int // gatekeeper_retry_sig_failures_total by reason
 }
 
-// pendingRetry is an event to admit again: msgs[i], deferred as d.
+// pendingRetry is an event to admit again: msgs[i], deferred as d, whose
+// decision is the j-th of the Admit call.
 type pendingRetry struct {
-	i int
-	d Deferral
+	i, j int
+	d    Deferral
+}
+
+// trip names one trip of a deferred event through the retry tiers: its
+// origin, attempt, tenant and due time (copies of a trip share all their gk-
+// headers). A write to a retry tier retried after the broker appended it
+// leaves two copies of a trip at two positions; when both come back after
+// their slot in one batch they are checked (and counted) once.
+type trip struct {
+	topic     string
+	partition int
+	offset    int64
+	attempt   int
+	tenant    string
+	due       int64
 }
 
 // classify sets b.items[i] for m, read from a retry tier, unless m is to be
@@ -188,27 +208,37 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, now time.Time)
 		b.items[i] = r.deadLetter(m, err.Error())
 		return nil
 	}
-	b.readmit = append(b.readmit, pendingRetry{i: i, d: d})
-	b.tenants = append(b.tenants, d.Tenant)
-	b.costs = append(b.costs, cost)
+	k := trip{d.OriginTopic, d.OriginPartition, d.OriginOffset, d.Attempt, d.Tenant, d.Due.UnixMilli()}
+	j, ok := b.trips[k]
+	if !ok {
+		if b.trips == nil {
+			b.trips = map[trip]int{}
+		}
+		j = len(b.tenants)
+		b.trips[k] = j
+		b.tenants = append(b.tenants, d.Tenant)
+		b.costs = append(b.costs, cost)
+		b.checked = append(b.checked, i)
+	}
+	b.readmit = append(b.readmit, pendingRetry{i: i, j: j, d: d})
 	return nil
 }
 
 // decide sets the items of the events admitted again from their decisions
-// ds (index-aligned with b.readmit); unchecked means Redis failed under
+// ds (one per distinct trip: p.j); unchecked means Redis failed under
 // RedisForward and they go downstream.
 func (r *Retrier) decide(b *retryBatch, msgs []kafka.Message, ds []limit.Decision, unchecked bool) error {
 	maxAttempts := r.MaxAttempts
 	if maxAttempts == 0 {
 		maxAttempts = DefaultMaxAttempts
 	}
-	for j, p := range b.readmit {
+	for _, p := range b.readmit {
 		m := msgs[p.i]
 		if unchecked {
 			b.items[p.i] = Item{Msg: m, Outcome: Forward}
 			continue
 		}
-		d := ds[j]
+		d := ds[p.j]
 		switch d.Kind {
 		case limit.Admit:
 			b.counts[d.Kind.String()]++
