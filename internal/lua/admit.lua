@@ -693,16 +693,21 @@ local function fit(rules, pos, k)
 end
 
 -- blocked returns the latest end of the windows [r.ts, r.te) whose room
--- left (r.room - r.take) is less than the pos-th event costs their rule:
--- the earliest time at which that event may fit.
-local function blocked(rules, pos)
+-- left (r.room less what was just taken: r.take for a rule with costs,
+-- take for an event rule) is less than the pos-th event costs their rule
+-- (1 for every rule when there is no such event): the earliest time at
+-- which that event may fit, or 0.
+local function blocked(rules, pos, take, next)
   local jump = 0
   for _, r in ipairs(rules) do
-    local need = 1
+    local need, left = 1, r.room - take
     if r.cost then
-      need = r.cost[pos]
+      left = r.room - r.take
+      if next then
+        need = r.cost[pos]
+      end
     end
-    if need > r.room - r.take and r.te > jump then
+    if need > left and r.te > jump then
       jump = r.te
     end
   end
@@ -742,11 +747,11 @@ local function admit_all(rules, n)
 end
 
 -- reserve reserves rest events, the pos-th on, in order, in the earliest
--- windows from first on where every rule has room for them, up to the
--- horizon, and moves the tenant's frontier (key fkey). It returns the
--- reservations (due, count, until each), what is left and where the search
--- stopped.
-local function reserve(rules, fkey, rest, first, pos)
+-- windows from first on where every rule has room for them (w: the
+-- tenant has costs), up to the horizon, and moves the tenant's frontier
+-- (key fkey). It returns the reservations (due, count, until each), what
+-- is left and where the search stopped.
+local function reserve(rules, fkey, rest, first, pos, w)
   local res = none
   local t = first
   if rest > 0 then
@@ -761,8 +766,8 @@ local function reserve(rules, fkey, rest, first, pos)
   while rest > 0 and t <= hend and scans < maxscan do
     scans = scans + 1
     -- The windows of every rule that hold t (kept in r.ts, r.te), their
-    -- room (r.room), the earliest end.
-    local untilt = math.huge
+    -- room (r.room), the least room, the earliest end.
+    local minroom, untilt = math.huge, math.huge
     local past = false
     for _, r in ipairs(rules) do
       local s, e = win(r, t)
@@ -771,7 +776,11 @@ local function reserve(rules, fkey, rest, first, pos)
         break
       end
       r.ts, r.te = s, e
-      r.room = r.limit - count_of(wkey(r.key, s))
+      local room = r.limit - count_of(wkey(r.key, s))
+      r.room = room
+      if room < minroom then
+        minroom = room
+      end
       if e < untilt then
         untilt = e
       end
@@ -780,11 +789,18 @@ local function reserve(rules, fkey, rest, first, pos)
       t = hend + 1
       break
     end
-    local take = fit(rules, pos, rest)
+    -- Event rules alone: as many as the least room (fit, inline).
+    local take = rest
+    if w then
+      take = fit(rules, pos, rest)
+    elseif minroom < take then
+      take = minroom > 0 and minroom or 0
+    end
     if take > 0 then
       for _, r in ipairs(rules) do
-        if r.take > 0 then
-          add(r, r.ts, r.te, r.take)
+        local by = r.cost and r.take or take
+        if by > 0 then
+          add(r, r.ts, r.te, by)
         end
       end
       res[#res + 1] = t
@@ -792,20 +808,11 @@ local function reserve(rules, fkey, rest, first, pos)
       res[#res + 1] = untilt
       rest, pos = rest - take, pos + take
     end
-    if rest > 0 then
-      -- The next event does not fit: on past the windows too full for it.
-      t = blocked(rules, pos)
-    else
-      -- All placed: on past the windows they filled, for the next call.
-      local jump = 0
-      for _, r in ipairs(rules) do
-        if r.room - r.take <= 0 and r.te > jump then
-          jump = r.te
-        end
-      end
-      if jump > 0 then
-        t = jump
-      end
+    -- On past the windows too full for the next event; when all are
+    -- placed, past those they filled, for the next call.
+    local jump = blocked(rules, pos, take, rest > 0)
+    if jump > 0 then
+      t = jump
     end
   end
   if t > first then
@@ -862,7 +869,7 @@ local function decide(k, p, nrules, n, c, w)
     end
   end
   -- 2. reserve the rest in the earliest future windows with room.
-  local res, rest, t = reserve(rules, fkey, n - admitted, first, admitted + 1)
+  local res, rest, t = reserve(rules, fkey, n - admitted, first, admitted + 1, w)
   keep_chains(rules)
   -- 3. what is left is rejected.
   local full = 0
