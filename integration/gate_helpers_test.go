@@ -151,7 +151,7 @@ func headerInt(t testing.TB, m kafka.Message, k string) int64 {
 // counterWindow is one aligned counter window read from Redis.
 type counterWindow struct {
 	Key, Tenant   string
-	Window        string // the rule's window as written: "1m", "1h"
+	Window        string // the rule's counter: "1m", "1h", "1m/bytes" (limit.Rule.Counter)
 	Count         int64
 	Start, Expire int64 // unix ms
 }
@@ -166,7 +166,7 @@ func readWindows(t testing.TB, addr, prefix string) []counterWindow {
 	defer cancel()
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	defer rdb.Close()
-	re := regexp.MustCompile(`^` + regexp.QuoteMeta(prefix) + `:\{([^}]*)\}:(\d+[a-z]+):(\d+)$`)
+	re := regexp.MustCompile(`^` + regexp.QuoteMeta(prefix) + `:\{([^}]*)\}:(\d+[a-z]+(?:/bytes|/units)?):(\d+)$`)
 	var out []counterWindow
 	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
 	for iter.Next(ctx) {

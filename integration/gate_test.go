@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/route"
 )
 
 // TestGateExactLimitsThreeReplicas runs three gatekeepers in one consumer
@@ -17,13 +19,15 @@ import (
 // of any tenant and rule counts more than its limit (read from the Redis
 // window keys), downstream holds no more of a tenant than the sum of its
 // limits over the windows the run touched, every routed event was counted,
-// and every deferred event is due after it was first seen.
+// and every deferred event is due after it was first seen. Tenant bulk is
+// limited in bytes (key, value and headers) as well as in events, and its
+// byte rule binds first.
 func TestGateExactLimitsThreeReplicas(t *testing.T) {
 	t.Parallel()
 	const parts, n = 6, 3000
 	f := newFlow(t, parts)
 	env := f.env(t,
-		"GATEKEEPER_LIMITS", "*=40/1m;heavy=60/1m,100/1h",
+		"GATEKEEPER_LIMITS", "*=40/1m;heavy=60/1m,100/1h;bulk=1000/1m,400B/1m",
 		"GATEKEEPER_WINDOW", "aligned",
 		"GATEKEEPER_TENANT_FROM", "key",
 		"GATEKEEPER_ROLES", "gate")
@@ -38,7 +42,7 @@ func TestGateExactLimitsThreeReplicas(t *testing.T) {
 	owned := waitSharedGeneration(t, group, f.Source, parts, procs...)
 	t.Logf("partitions per member: %v", owned)
 
-	gen := newEventGen(parts, []string{"heavy", "alpha", "bravo", "charlie"}, []int{4, 2, 2, 2})
+	gen := newEventGen(parts, []string{"heavy", "alpha", "bravo", "charlie", "bulk"}, []int{4, 2, 2, 2, 2})
 	msgs := gen.next(n)
 	t0 := time.Now()
 	produce(t, f.Source, msgs)
@@ -72,13 +76,20 @@ func TestGateExactLimitsThreeReplicas(t *testing.T) {
 	// Downstream per tenant within the sum of the limits of the windows touched.
 	minutes := t1.UnixMilli()/60_000 - t0.UnixMilli()/60_000 + 1
 	hours := t1.UnixMilli()/3_600_000 - t0.UnixMilli()/3_600_000 + 1
-	bound := map[string]int64{"heavy": min(60*minutes, 100*hours), "alpha": 40 * minutes, "bravo": 40 * minutes, "charlie": 40 * minutes}
+	bound := map[string]int64{"heavy": min(60*minutes, 100*hours), "alpha": 40 * minutes, "bravo": 40 * minutes, "charlie": 40 * minutes,
+		"bulk": 1000 * minutes}
 	down, deferred := map[string]int64{}, map[string]int64{}
+	downBytes, deferredBytes := map[string]int64{}, map[string]int64{}
 	for _, m := range o.down {
 		down[string(m.Key)]++
+		downBytes[string(m.Key)] += route.EventBytes(m)
 	}
 	for _, m := range o.retry {
 		deferred[string(m.Key)]++
+		deferredBytes[string(m.Key)] += route.EventBytes(m)
+	}
+	if downBytes["bulk"] > 400*minutes {
+		t.Errorf("tenant bulk downstream: got %d bytes, want at most %d (%d minute windows touched)", downBytes["bulk"], 400*minutes, minutes)
 	}
 	for _, tenant := range slices.Sorted(maps.Keys(bound)) {
 		if down[tenant] > bound[tenant] {
@@ -92,8 +103,9 @@ func TestGateExactLimitsThreeReplicas(t *testing.T) {
 	t.Logf("admitted %v, deferred %v, bounds %v", down, deferred, bound)
 
 	// Every window of every rule within its limit, in Redis.
-	limits := map[string]map[string]int64{ // tenant -> window -> limit
+	limits := map[string]map[string]int64{ // tenant -> counter -> limit
 		"heavy": {"1m": 60, "1h": 100}, "alpha": {"1m": 40}, "bravo": {"1m": 40}, "charlie": {"1m": 40},
+		"bulk": {"1m": 1000, "1m/bytes": 400},
 	}
 	windows := readWindows(t, redisAddr(), prefix)
 	sums := map[string]int64{} // tenant + " " + window -> counted events
@@ -117,7 +129,11 @@ func TestGateExactLimitsThreeReplicas(t *testing.T) {
 			k := tenant + " " + window
 			// Each admitted or deferred event was counted (in its window or
 			// its reserved one), so the fleet forwarded nothing uncounted.
-			if routed := down[tenant] + deferred[tenant]; sums[k] < routed {
+			routed := down[tenant] + deferred[tenant]
+			if strings.HasSuffix(window, "/bytes") {
+				routed = downBytes[tenant] + deferredBytes[tenant]
+			}
+			if sums[k] < routed {
 				t.Errorf("tenant %s window %s: counted %d in %d windows, want at least the %d routed", tenant, window, sums[k], nwin[k], routed)
 			}
 			if nwin[k] < 2 {
@@ -126,8 +142,36 @@ func TestGateExactLimitsThreeReplicas(t *testing.T) {
 		}
 	}
 	t.Logf("%d windows; counted per tenant and rule %v", len(windows), sums)
+	checkBytesPacked(t, windows, "bulk", 400, slices.Concat(o.down, o.retry))
 
 	checkDeferrals(t, f, o.retry, 24*time.Hour)
+}
+
+// checkBytesPacked checks that a tenant's byte windows hold the most that
+// fits in order: each window but the last holds more than limit less the
+// largest of the tenant's events (an event goes to a later window only when
+// it does not fit, in order, in the room left).
+func checkBytesPacked(t *testing.T, windows []counterWindow, tenant string, limit int64, routed []kafka.Message) {
+	t.Helper()
+	var largest int64
+	for _, m := range routed {
+		if string(m.Key) == tenant {
+			largest = max(largest, route.EventBytes(m))
+		}
+	}
+	var ws []counterWindow
+	for _, w := range windows {
+		if w.Tenant == tenant && strings.HasSuffix(w.Window, "/bytes") {
+			ws = append(ws, w)
+		}
+	}
+	slices.SortFunc(ws, func(a, b counterWindow) int { return int(a.Start - b.Start) })
+	for i, w := range ws {
+		if i < len(ws)-1 && w.Count <= limit-largest {
+			t.Errorf("window %s: holds %d bytes, want more than %d (limit %d less the largest event, %d bytes)",
+				w.Key, w.Count, limit-largest, limit, largest)
+		}
+	}
 }
 
 // checkDeferrals checks the gk- headers of deferred events: due after first

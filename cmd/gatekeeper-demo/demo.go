@@ -34,6 +34,7 @@ var demoTenants = []demoTenant{
 	{Name: "flood", Rule: "20/1s", Rate: 100, About: "100/s, far over its limit"},
 	{Name: "steady", Rule: "50/1s", Rate: 20, About: "20/s, under its limit"},
 	{Name: "bursty", Rule: "30/5s", Burst: 60, Every: 10 * time.Second, About: "bursts of 60 every 10s"},
+	{Name: "bulk", Rule: "4KiB/1s", Rate: 30, Size: 256, About: "30/s of 256 bytes, over its 4KiB/1s"},
 }
 
 const (

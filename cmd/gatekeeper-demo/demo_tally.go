@@ -322,12 +322,30 @@ func (t *tally) summary(now time.Time) *demoSummary {
 	}
 	for _, c := range s.Tenants {
 		for _, rule := range t.rules.For(c.Tenant) {
-			ck := checkWindows(rule, spans[c.Tenant], t.loc)
+			ck := checkRule(rule, demoSize(c.Tenant), spans[c.Tenant], t.loc)
 			ck.Tenant = c.Tenant
 			s.Checks = append(s.Checks, ck)
 		}
 	}
 	return s
+}
+
+// checkRule checks a rule of a tenant whose events are size bytes each
+// (0: not known): a byte rule is checked as a limit of whole events, and
+// Max and Worst are given in bytes.
+func checkRule(rule limit.Rule, size int, spans [][2]time.Time, loc *time.Location) ruleCheck {
+	if rule.Measure != limit.Bytes {
+		return checkWindows(rule, spans, loc)
+	}
+	if size <= 0 {
+		// No size known: nothing to check against.
+		return ruleCheck{Rule: rule, Held: true}
+	}
+	events := rule
+	events.Limit /= int64(size)
+	ck := checkWindows(events, spans, loc)
+	ck.Rule, ck.Max, ck.Worst = rule, ck.Max*size, ck.Worst*size
+	return ck
 }
 
 // checkWindows checks that the events, each counted at some unknown time

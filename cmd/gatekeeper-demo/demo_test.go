@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -255,6 +257,42 @@ func TestDemoRedisScripts(t *testing.T) {
 			if err != nil || len(u) != 1 || u[0].Count != 2 {
 				t.Errorf("aligned usage: got %+v, %v; want one rule with count 2", u, err)
 			}
+		}
+	}
+}
+
+func TestCheckRuleBytes(t *testing.T) {
+	rule := limit.Rule{Limit: 1000, Count: 1, Unit: limit.Second, Measure: limit.Bytes}
+	base := time.Date(2026, 1, 1, 0, 0, 10, 0, time.UTC)
+	spans := func(n int) [][2]time.Time {
+		out := make([][2]time.Time, n)
+		for i := range out {
+			out[i] = [2]time.Time{base, base}
+		}
+		return out
+	}
+	// Events of 300 bytes: three fit in 1000 bytes, four do not.
+	if got := checkRule(rule, 300, spans(3), time.UTC); !got.Held || got.Max != 900 {
+		t.Errorf("three events of 300 bytes: got held %v, max %d; want held, max 900", got.Held, got.Max)
+	}
+	if got := checkRule(rule, 300, spans(4), time.UTC); got.Held || got.Worst != 1200 {
+		t.Errorf("four events of 300 bytes: got held %v, worst %d; want not held, worst 1200", got.Held, got.Worst)
+	}
+}
+
+func TestDemoEventSize(t *testing.T) {
+	for _, seq := range []int{1, 42, 999999} {
+		ev := demoEvent{Tenant: "bulk", ID: fmt.Sprintf("bulk-%06d", seq), Seq: seq}
+		v, err := ev.value(256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := len(ev.ID) + len(v); got != 256 {
+			t.Errorf("seq %d: got %d bytes (key and value), want 256", seq, got)
+		}
+		var back demoEvent
+		if err := json.Unmarshal(v, &back); err != nil || back.Seq != seq {
+			t.Errorf("seq %d: value %s reads back as %+v, %v", seq, v, back, err)
 		}
 	}
 }

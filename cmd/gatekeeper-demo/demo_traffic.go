@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -18,7 +19,21 @@ type demoTenant struct {
 	Rate  float64
 	Burst int
 	Every time.Duration
+	// Size, if set, is the bytes of each of its events (key and value, no
+	// headers), for a rule that counts bytes.
+	Size  int
 	About string // how it behaves, for the view
+}
+
+// demoSize returns the bytes of each event of the demo tenant named name,
+// or 0 when its events are not of one size.
+func demoSize(name string) int {
+	for _, t := range demoTenants {
+		if t.Name == name {
+			return t.Size
+		}
+	}
+	return 0
 }
 
 // offeredBy returns how many events the tenant has offered after elapsed.
@@ -38,6 +53,23 @@ type demoEvent struct {
 	Tenant string `json:"tenant"`
 	ID     string `json:"id"`
 	Seq    int    `json:"seq"`
+	// Pad brings the event to its tenant's Size.
+	Pad string `json:"pad,omitempty"`
+}
+
+// value returns the JSON value of ev, padded so that the event (its key ID
+// and the value) is size bytes when size is set and large enough.
+func (ev demoEvent) value(size int) ([]byte, error) {
+	v, err := json.Marshal(ev)
+	if err != nil || size == 0 {
+		return v, err
+	}
+	// The pad field adds 9 bytes (,"pad":"") and then one per character.
+	if n := size - len(ev.ID) - len(v) - len(`,"pad":""`); n >= 0 {
+		ev.Pad = strings.Repeat("x", n)
+		return json.Marshal(ev)
+	}
+	return v, nil
 }
 
 // demoProducer writes the synthetic traffic to the source topic and records
@@ -77,7 +109,7 @@ func (p *demoProducer) Run(ctx, stop context.Context, start time.Time, tenants [
 		for i, t := range tenants {
 			for want := t.offeredBy(now.Sub(start)); sent[i] < want; sent[i]++ {
 				ev := demoEvent{Tenant: t.Name, ID: fmt.Sprintf("%s-%06d", t.Name, sent[i]+1), Seq: sent[i] + 1}
-				v, err := json.Marshal(ev)
+				v, err := ev.value(t.Size)
 				if err != nil {
 					return err
 				}

@@ -291,8 +291,9 @@ type seedAdmitter struct {
 	window time.Duration
 }
 
-// AdmitFrom is Admit: the seed's script keeps no replay record.
-func (a *seedAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, tenants []string) ([]limit.Decision, error) {
+// AdmitFrom is Admit: the seed's script keeps no replay record, and it counts every event
+// as 1, whatever its cost.
+func (a *seedAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, tenants []string, _ []limit.Cost) ([]limit.Decision, error) {
 	return a.Admit(ctx, tenants)
 }
 
@@ -328,8 +329,9 @@ type rateAdmitter struct {
 	limit  redis_rate.Limit
 }
 
-// AdmitFrom is Admit: redis_rate keeps no replay record.
-func (a *rateAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, tenants []string) ([]limit.Decision, error) {
+// AdmitFrom is Admit: redis_rate keeps no replay record, and it counts every event
+// as 1, whatever its cost.
+func (a *rateAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, tenants []string, _ []limit.Cost) ([]limit.Decision, error) {
 	return a.Admit(ctx, tenants)
 }
 

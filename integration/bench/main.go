@@ -9,7 +9,10 @@
 //   - redis-rate: one go-redis/redis_rate Allow (GCRA) per event, then
 //     forward or divert;
 //   - gatekeeper: the real binary (cmd/gatekeeper) as shipped, configured
-//     only by its environment.
+//     only by its environment;
+//   - gatekeeper-bytes: the same binary with a byte rule beside the event
+//     rule on every tenant (the bytes of about as many events), so that
+//     every event's cost is counted too.
 //
 // Modes 1-3 run in a child process of this command (it re-executes itself
 // with -child MODE), Gatekeeper as its own binary, so that each mode's peak
@@ -51,14 +54,15 @@ import (
 // The modes. gatekeeper-lib is Gatekeeper's packages wired in-process (for
 // profiling); it is not run unless asked for.
 const (
-	modePassthrough   = "passthrough"
-	modeSeedNaive     = "seed-naive"
-	modeRedisRate     = "redis-rate"
-	modeGatekeeper    = "gatekeeper"
-	modeGatekeeperLib = "gatekeeper-lib"
+	modePassthrough     = "passthrough"
+	modeSeedNaive       = "seed-naive"
+	modeRedisRate       = "redis-rate"
+	modeGatekeeper      = "gatekeeper"
+	modeGatekeeperBytes = "gatekeeper-bytes"
+	modeGatekeeperLib   = "gatekeeper-lib"
 )
 
-var allModes = []string{modePassthrough, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperLib}
+var allModes = []string{modePassthrough, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperLib}
 
 type options struct {
 	Brokers      []string
@@ -105,7 +109,7 @@ func main() {
 	fs.Float64Var(&o.Deferred, "deferred", 1.0/3, "share of events the per-tenant limit leaves over it (diverted)")
 	fs.IntVar(&o.Batch, "batch", 500, "consumer batch size of every mode (GATEKEEPER_BATCH_SIZE)")
 	fs.IntVar(&o.Rounds, "rounds", 1, "times every mode drains the main data set, the modes interleaved; each is reported by its median round")
-	modes := fs.String("modes", "passthrough,seed-naive,redis-rate,gatekeeper", "modes to run: "+strings.Join(allModes, ","))
+	modes := fs.String("modes", "passthrough,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes", "modes to run: "+strings.Join(allModes, ","))
 	fs.StringVar(&o.Window, "window", "ttl", "Gatekeeper's GATEKEEPER_WINDOW: ttl (the seed's window, as seed-naive counts) or aligned")
 	fs.DurationVar(&o.WindowLen, "window-len", time.Hour, "length of the limit's window (every mode)")
 	fs.IntVar(&o.LiveEvents, "live-events", 10000, "events of the paced latency phase after each drain (0: none)")
@@ -272,10 +276,10 @@ func newDriver(ctx context.Context, o options) (d *driver, closeDriver func(), e
 	return d, func() { unlock(); d.rdb.Close() }, nil
 }
 
-// buildGatekeeper builds ./cmd/gatekeeper into the work directory when the
-// gatekeeper mode runs and no binary was given.
+// buildGatekeeper builds ./cmd/gatekeeper into the work directory when a
+// gatekeeper binary mode runs and no binary was given.
 func (d *driver) buildGatekeeper(ctx context.Context) error {
-	if !slices.Contains(d.o.Modes, modeGatekeeper) || d.o.GKBin != "" {
+	if !slices.Contains(d.o.Modes, modeGatekeeper) && !slices.Contains(d.o.Modes, modeGatekeeperBytes) || d.o.GKBin != "" {
 		return nil
 	}
 	bin, err := filepath.Abs(filepath.Join(d.o.Work, "gatekeeper"))

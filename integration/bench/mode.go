@@ -144,10 +144,22 @@ func (d *driver) startChild(mr modeRun, nm modeNames) (*child, error) {
 	return ch, nil
 }
 
+// benchLimits is the LIMITS of a gatekeeper mode: the limit in events, and
+// for gatekeeper-bytes beside it the bytes of as many events (the value's
+// size and 64 bytes for the key and headers), so that both rules bind at
+// about the same point and every event's bytes are counted.
+func benchLimits(mr modeRun, unit string) string {
+	rules := fmt.Sprintf("*=%d/%s", mr.limit, unit)
+	if mr.mode == modeGatekeeperBytes {
+		rules += fmt.Sprintf(",%dB/%s", int64(mr.limit)*int64(mr.wl.EventSize+64), unit)
+	}
+	return rules
+}
+
 // childCommand is the command of mr's mode.
 func (d *driver) childCommand(mr modeRun, nm modeNames) *exec.Cmd {
 	o := d.o
-	if mr.mode == modeGatekeeper {
+	if mr.mode == modeGatekeeper || mr.mode == modeGatekeeperBytes {
 		cmd := exec.Command(o.GKBin)
 		cmd.Env = gatekeeperEnv(map[string]string{
 			"KAFKA_BROKERS":    strings.Join(o.Brokers, ","),
@@ -156,7 +168,7 @@ func (d *driver) childCommand(mr modeRun, nm modeNames) *exec.Cmd {
 			"DOWNSTREAM_TOPIC": nm.out,
 			"REDIS_ADDRS":      o.Redis,
 			"REDIS_KEY_PREFIX": nm.base,
-			"LIMITS":           fmt.Sprintf("*=%d/%s", mr.limit, ruleUnit(o.WindowLen)),
+			"LIMITS":           benchLimits(mr, ruleUnit(o.WindowLen)),
 			"WINDOW":           o.Window,
 			"BATCH_SIZE":       strconv.Itoa(mr.batch),
 			"HTTP_ADDR":        "127.0.0.1:0",

@@ -71,6 +71,45 @@ func BenchmarkAdmit(b *testing.B) {
 	}
 }
 
+// BenchmarkAdmitBytes compares, in the same run, the batches of
+// BenchmarkAdmit under an event rule alone, two event rules, an event rule
+// and a byte rule, and a byte rule alone (events of 100 to 2,000 bytes,
+// about as many bytes a minute as events): each "ratio" metric is the
+// events/s under a rule set over those under the event rule alone.
+func BenchmarkAdmitBytes(b *testing.B) {
+	rdb := testRedis(b)
+	ctx := context.Background()
+	batches := skewedBatches(64, benchBatch, benchTenants)
+	r := rand.New(rand.NewSource(2))
+	costs := make([][]Cost, len(batches))
+	for i := range costs {
+		costs[i] = make([]Cost, benchBatch)
+		for j := range costs[i] {
+			costs[i][j] = Cost{Bytes: 100 + r.Int63n(1900)}
+		}
+	}
+	specs := []string{"*=1000/1m", "*=1000/1m,50000/1d", "*=1000/1m,1MiB/1m", "*=1MiB/1m"}
+	perBatch := map[string]float64{}
+	for _, spec := range specs {
+		l := newTestLimiter(b, rdb, spec, Options{})
+		b.Run(spec, func(b *testing.B) {
+			start := time.Now()
+			for i := 0; i < b.N; i++ {
+				if _, err := l.AdmitCosts(ctx, batches[i%len(batches)], costs[i%len(costs)]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			perBatch[spec] = float64(time.Since(start)) / float64(b.N)
+			b.ReportMetric(float64(benchBatch*b.N)/time.Since(start).Seconds(), "events/s")
+		})
+	}
+	for _, spec := range specs[1:] {
+		if base, x := perBatch[specs[0]], perBatch[spec]; base > 0 && x > 0 {
+			b.Run("ratio:"+spec, func(b *testing.B) { b.ReportMetric(base/x, "x") })
+		}
+	}
+}
+
 // BenchmarkAdmitHorizon measures one call for an aligned 10/1h rule as the
 // deferral horizon grows: the call carries every hour boundary up to the
 // horizon, so its cost grows with DEFER_HORIZON (the reason for its upper
@@ -101,7 +140,7 @@ func BenchmarkAdmitFrom(b *testing.B) {
 	start := time.Now()
 	for i := 0; i < b.N; i++ {
 		s := src(max(0, int64(i-1)*benchBatch), int64(i)*benchBatch, benchBatch)
-		if _, err := l.AdmitFrom(ctx, s, batches[i%len(batches)]); err != nil {
+		if _, err := l.AdmitFrom(ctx, s, batches[i%len(batches)], nil); err != nil {
 			b.Fatal(err)
 		}
 	}

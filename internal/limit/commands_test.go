@@ -62,7 +62,7 @@ func TestReplayRecordCommands(t *testing.T) {
 			if withSource {
 				s = src(max(0, int64(i-1)*benchBatch), int64(i)*benchBatch, benchBatch)
 			}
-			if _, err := l.AdmitFrom(ctx, s, batch); err != nil {
+			if _, err := l.AdmitFrom(ctx, s, batch, nil); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -13,14 +13,15 @@ import (
 // (wkey and anchor_key there). TestAdmitScriptKeys runs the script against a
 // real Redis and holds the keys it writes to the keys built here.
 //
-//	<prefix>:{<tenant>}:<window>              rule key (keys.rule)
+//	<prefix>:{<tenant>}:<counter>             rule key (keys.rule)
 //	<rule key>:<window start ms>              a window's count (keys.window)
 //	<rule key>:anchor                         a ttl chain (keys.anchor)
 //	<prefix>:{<tenant>}:frontier:<rule set>   search frontier (keys.frontier)
 //
-// <window> is the rule's window as written ("1m" for the rule "1000/1m"), with
-// "/ttl" added for ttl windows. The limit is not part of the key: a tenant has
-// one rule per window, and when an operator changes a limit, the new limit
+// <counter> is the rule's window as written ("1m" for the rule "1000/1m"), then
+// "/bytes" for a byte rule ("10MiB/1m") or "/units" for a unit rule ("500u/1m"),
+// then "/ttl" for ttl windows (see Rule.Counter). The limit is not part of the key: a tenant has
+// one rule per measure and window, and when an operator changes a limit, the new limit
 // applies to what the window already counted (raising 5/1m to 50/1m
 // mid-window admits 45 more, lowering it to 2/1m admits none). The tenant
 // sits in a {hash tag} so that all keys of a tenant live in one Redis Cluster
@@ -73,9 +74,9 @@ func (k keys) tenant(tenant string) string {
 	return k.prefix + ":{" + encodeTenant(tenant) + "}"
 }
 
-// rule returns the prefix of a rule's window keys: <prefix>:{<tenant>}:<window>.
+// rule returns the prefix of a rule's window keys: <prefix>:{<tenant>}:<counter>.
 func (k keys) rule(tenant string, r Rule) string {
-	s := k.tenant(tenant) + ":" + r.WindowName()
+	s := k.tenant(tenant) + ":" + r.Counter()
 	if k.kind == TTL {
 		s += "/ttl"
 	}

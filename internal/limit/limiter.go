@@ -119,8 +119,10 @@ type tenantState struct {
 	key      stateKey
 	frontier string
 	keys     []string // the rules' key prefixes, in rule order
-	// full: no room within the horizon before this time (zero: not known).
-	full time.Time
+	// full: no room within the horizon before this time (zero: not known)
+	// for an event that costs fullCost or more (see fullFor).
+	full     time.Time
+	fullCost Cost
 	// chain: the ttl chain of a one-rule tenant as the last reply gave it;
 	// while now is before its end the script need not read the anchor.
 	chain chain
@@ -225,65 +227,72 @@ type group struct {
 	st     *tenantState
 	// chain is st.chain as read for this call (zero: unknown).
 	chain chain
+	// weighted: the rules count bytes or units (see Weighted); costs are
+	// then the costs of the events idx (else nil).
+	weighted bool
+	costs    []Cost
 }
 
-// Admit decides a batch that names no source: it is AdmitFrom with a zero
-// Source, and a replay of it is counted again.
+// Admit decides a batch that names no source and whose events cost nothing
+// but their count: it is AdmitFrom with a zero Source and no costs (a
+// tenant with a byte or unit rule is then an error), and a replay of it is
+// counted again.
 func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, error) {
-	return l.AdmitFrom(ctx, Source{}, tenants)
+	return l.AdmitFrom(ctx, Source{}, tenants, nil)
+}
+
+// AdmitCosts decides a batch that names no source: it is AdmitFrom with a
+// zero Source.
+func (l *Limiter) AdmitCosts(ctx context.Context, tenants []string, costs []Cost) ([]Decision, error) {
+	return l.AdmitFrom(ctx, Source{}, tenants, costs)
 }
 
 // AdmitFrom decides a batch. The result is index-aligned with tenants; one
 // tenant's events are decided in slice order: the first that fit are admitted,
-// the next get the earliest reserved slots, the rest are rejected. The whole
+// the next get the earliest reserved slots, the rest are rejected. An event
+// fits when every rule of its tenant has room for its cost: 1 for a rule
+// that counts events, its Cost (index-aligned with tenants) for a rule that
+// counts bytes or units. An event whose cost is over a rule's whole limit is
+// rejected with its own reason (it would never fit) and the events after it
+// are decided as if it were not there. The whole
 // batch costs one Redis round trip (one per node on Redis Cluster), none for
 // tenants without rules or known to be full up to the horizon. The events
 // of a tenant whose counter keys are broken get Fail decisions, and the
 // other tenants are decided as usual. A non-nil error means Redis trouble
-// and nothing was decided (nor counted): the batch may be retried.
+// and nothing was decided (nor counted): the batch may be retried. costs
+// may be nil when no tenant of the batch has a byte or unit rule.
 //
 // With a Source, an event whose position was decided by Redis before (from
 // the source's Low offset on, see Source) gets that decision back and
 // counts nothing; the others are decided as above, in order.
-func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string) ([]Decision, error) {
+func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string, costs []Cost) ([]Decision, error) {
 	if err := checkSource(src, tenants); err != nil {
 		return nil, err
 	}
+	if costs != nil && len(costs) != len(tenants) {
+		return nil, fmt.Errorf("admit: %d costs for %d events", len(costs), len(tenants))
+	}
 	now := l.opts.Clock()
-	rules := l.rules.Load()
 	out := make([]Decision, len(tenants))
-	byTenant := make(map[string]*group, len(tenants)/2)
-	var order []*group
-	// Most tenants share one rule list (the "*" rules, one slice): name it
-	// once per batch rather than once per tenant.
-	var lastRules []Rule
-	var lastSet string
-	for i, t := range tenants {
-		g := byTenant[t]
-		if g == nil {
-			g = &group{tenant: t, rules: rules.For(t)}
-			if len(g.rules) > 0 && len(lastRules) == len(g.rules) && &lastRules[0] == &g.rules[0] {
-				g.set = lastSet
-			} else {
-				g.set = ruleSetID(l.opts.WindowKind, g.rules)
-				lastRules, lastSet = g.rules, g.set
-			}
-			byTenant[t] = g
-			order = append(order, g)
-		}
-		g.idx = append(g.idx, i)
+	order, err := l.groups(tenants, costs == nil)
+	if err != nil {
+		return nil, err
+	}
+	if costs != nil {
+		weigh(order, costs, out)
 	}
 	var calls []*group
 	l.mu.Lock()
 	for _, g := range order {
 		switch {
+		case len(g.idx) == 0:
 		case len(g.rules) == 0:
 			for _, i := range g.idx {
 				out[i] = Decision{Kind: Admit}
 			}
 		default:
 			g.st = l.stateLocked(g, now)
-			if now.Before(g.st.full) && !l.sent.mayReplay(src, g.idx) {
+			if now.Before(g.st.full) && g.st.fullFor(g.costs) && !l.sent.mayReplay(src, g.idx) {
 				// Full up to the horizon: nothing can change before the
 				// horizon reaches a window that was not full.
 				l.metrics.cacheHits.Add(float64(len(g.idx)))
@@ -316,6 +325,39 @@ func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string) (
 	return out, nil
 }
 
+// groups returns the events of tenants grouped by tenant, in the order of
+// their first events, with their rules; an error when noCosts and a tenant
+// has a rule counting bytes or units.
+func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
+	rules := l.rules.Load()
+	byTenant := make(map[string]*group, len(tenants)/2)
+	var order []*group
+	// Most tenants share one rule list (the "*" rules, one slice): name it
+	// once per batch rather than once per tenant.
+	var lastRules []Rule
+	var lastSet string
+	for i, t := range tenants {
+		g := byTenant[t]
+		if g == nil {
+			g = &group{tenant: t, rules: rules.For(t)}
+			if len(g.rules) > 0 && len(lastRules) == len(g.rules) && &lastRules[0] == &g.rules[0] {
+				g.set = lastSet
+			} else {
+				g.set = ruleSetID(l.opts.WindowKind, g.rules)
+				lastRules, lastSet = g.rules, g.set
+			}
+			g.weighted = Weighted(g.rules)
+			if g.weighted && noCosts {
+				return nil, fmt.Errorf("admit: tenant %q has a rule counting bytes or units, and the events have no costs", t)
+			}
+			byTenant[t] = g
+			order = append(order, g)
+		}
+		g.idx = append(g.idx, i)
+	}
+	return order, nil
+}
+
 // cacheChains keeps the ttl chains of the one-rule tenants in replies (the
 // last two numbers of each reply).
 func (l *Limiter) cacheChains(calls []*group, replies []reply) {
@@ -344,11 +386,14 @@ func (l *Limiter) stateLocked(g *group, now time.Time) *tenantState {
 	return st
 }
 
-// markFull records that g's tenant is full up to the horizon until then:
-// its events are rejected without Redis, and the cache keeps it last.
-func (l *Limiter) markFull(g *group, until time.Time) {
+// markFull records that g's tenant is full up to the horizon until then for
+// events that cost as much as the batch's event i (the first that found no
+// room) or more, every event for event rules: they are rejected without
+// Redis, and the cache keeps it last.
+func (l *Limiter) markFull(g *group, until time.Time, i int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	g.st.fullCost = g.costOf(i)
 	l.states.markFull(g.st, until)
 }
 
@@ -385,17 +430,20 @@ func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
 }
 
 // script returns the KEYS and ARGV of one admit.lua call over groups. The
-// tenants' records go in one argument, a JSON array of numbers (see admit.lua).
+// tenants' records go in one argument, a JSON array of numbers (see admit.lua),
+// followed by the costs of the tenants whose rules count bytes or units.
 func (l *Limiter) script(groups []*group, now, hend time.Time, src Source) ([]string, []any) {
 	d := descriptors{index: map[Rule]int{}}
 	ks := make([]string, 0, 2*len(groups))
 	recs := make([]byte, 0, 40*len(groups))
 	recs = append(recs, '[')
+	nums := 0
 	num := func(n int64) {
 		if len(recs) > 1 {
 			recs = append(recs, ',')
 		}
 		recs = strconv.AppendInt(recs, n, 10)
+		nums++
 	}
 	for _, g := range groups {
 		ks = append(ks, g.st.frontier)
@@ -407,6 +455,14 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src Source) ([]st
 			num(g.chain.start)
 			num(g.chain.end)
 		}
+	}
+	if costsAt := nums + 1; weighted(groups) {
+		for i, g := range groups {
+			if g.costs != nil {
+				appendCosts(num, i+1, g)
+			}
+		}
+		num(int64(-costsAt))
 	}
 	recs = append(recs, ']')
 	av := make([]any, 0, 6+len(d.args))
@@ -568,9 +624,9 @@ func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) erro
 		give(cnt, Decision{Kind: Defer, Due: time.UnixMilli(due), Until: time.UnixMilli(until)})
 	}
 	reason := scanReason
-	if full := r[len(r)-1]; full > 0 {
+	if full := r[len(r)-1]; full > 0 && next < len(idx) {
 		reason = l.fullReason
-		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon))
+		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon), idx[next])
 	}
 	give(r[len(r)-2], Decision{Kind: Reject, Reason: reason})
 	if next != len(idx) {
@@ -580,9 +636,11 @@ func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) erro
 }
 
 // Usage is the state of one rule's current window for one tenant: the seed's
-// "current access count". It is a value type.
+// "current access count". Count, Limit and Remaining are in the rule's Unit:
+// "events", "bytes" or "units". It is a value type.
 type Usage struct {
 	Rule      string    `json:"rule"`
+	Unit      string    `json:"unit"`
 	Count     int64     `json:"count"`
 	Limit     int64     `json:"limit"`
 	Remaining int64     `json:"remaining"`
@@ -649,7 +707,7 @@ func (l *Limiter) Usage(ctx context.Context, tenant string) (_ []Usage, err erro
 		return nil, fmt.Errorf("usage: %w", err)
 	}
 	for i, r := range rules {
-		u := Usage{Rule: r.String(), Limit: r.Limit, Reset: now}
+		u := Usage{Rule: r.String(), Unit: r.Measure.String(), Limit: r.Limit, Reset: now}
 		if l.opts.WindowKind == Aligned {
 			_, u.Reset = WindowBounds(r, now, l.opts.Location)
 		}

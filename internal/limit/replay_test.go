@@ -48,7 +48,7 @@ func src(low, from int64, n int) Source {
 
 func admitFrom(t *testing.T, l *Limiter, s Source, tenants []string) []Decision {
 	t.Helper()
-	ds, err := l.AdmitFrom(context.Background(), s, tenants)
+	ds, err := l.AdmitFrom(context.Background(), s, tenants, nil)
 	if err != nil {
 		t.Fatalf("AdmitFrom(%s/%d from %d): %v", s.Topic, s.Partition, s.Offsets[0], err)
 	}
@@ -246,7 +246,7 @@ func testReplayTimeoutThenRetry(t *testing.T, rdb redis.UniversalClient) {
 	c.AddHook(&lostReply{})
 	s := src(0, 40, 5)
 	tenants := repeat("a", 5)
-	if _, err := l.AdmitFrom(context.Background(), s, tenants); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := l.AdmitFrom(context.Background(), s, tenants, nil); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("first call: got %v, want the lost reply", err)
 	}
 	if got, want := countsOf(t, rdb, l), int64(5); got != want {
@@ -328,7 +328,7 @@ func TestAdmitFromBadSource(t *testing.T) {
 		"negative": {Topic: "in", Offsets: []int64{1, -1}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if _, err := l.AdmitFrom(context.Background(), s, []string{"a", "b"}); err == nil {
+			if _, err := l.AdmitFrom(context.Background(), s, []string{"a", "b"}, nil); err == nil {
 				t.Errorf("got no error, want one for %v", fmt.Sprint(s.Offsets))
 			}
 		})

@@ -82,16 +82,29 @@ func (u Unit) nominal() time.Duration {
 	return 0
 }
 
-// Rule is one limit: at most Limit events per Count Units.
+// Rule is one limit: at most Limit of its Measure (events, bytes or units)
+// per Count Units.
 type Rule struct {
 	Limit int64
 	Count int
 	Unit  Unit
+	// Measure is what the rule counts; the zero value counts events.
+	Measure Measure
 }
 
-// String returns the rule as written in LIMITS, e.g. "1000/1m".
+// String returns the rule as written in LIMITS, e.g. "1000/1m", "10MiB/1m"
+// or "5000u/1m" (a byte limit with the largest suffix that writes it whole).
 func (r Rule) String() string {
-	return strconv.FormatInt(r.Limit, 10) + "/" + r.WindowName()
+	return r.Measure.format(r.Limit) + "/" + r.WindowName()
+}
+
+// Counter names what the rule counts in its window, the rule's part of every
+// counter key: its window as written ("1m") for events, with "/bytes" or
+// "/units" added for the other measures, so that a tenant may count events,
+// bytes and units over the same window. The limit is not part of it, so that
+// a changed limit applies to the counts already in the window.
+func (r Rule) Counter() string {
+	return r.WindowName() + r.Measure.keySuffix()
 }
 
 // WindowName returns the rule's window as written in LIMITS, e.g. "1m". It is the
@@ -161,6 +174,9 @@ func (rs *Rules) Tenants() []string {
 // ParseRules parses a LIMITS spec: `tenant=rule,rule;tenant=rule`, where a rule
 // is `<limit>/<count><unit>` (units s, m, h, d, w, mo; a count of 1 may be left
 // out) and the tenant `*` stands for every tenant without rules of its own.
+// A limit counts events ("1000"), bytes ("10MiB", "500KB": see parseLimit)
+// or units of the events' cost ("5000u"); a tenant has at most one rule per
+// measure and window.
 // Errors quote the bad part. Tenants are taken as written, spaces trimmed;
 // they must pass checkTenant.
 func ParseRules(spec string) (*Rules, error) {
@@ -186,10 +202,8 @@ func ParseRules(spec string) (*Rules, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%q: %w", part, err)
 			}
-			for _, o := range rules {
-				if o.Count == r.Count && o.Unit == r.Unit {
-					return nil, fmt.Errorf("%q: two rules for window %d%s", part, r.Count, r.Unit)
-				}
+			if err := checkTwice(rules, r); err != nil {
+				return nil, fmt.Errorf("%q: %w", part, err)
 			}
 			rules = append(rules, r)
 		}
@@ -211,6 +225,20 @@ func ParseRules(spec string) (*Rules, error) {
 	return rs, nil
 }
 
+// checkTwice reports a rule counting the same measure over the same window
+// as one of rules: its counts would share a key.
+func checkTwice(rules []Rule, r Rule) error {
+	for _, o := range rules {
+		if o.Counter() == r.Counter() {
+			if r.Measure == Events {
+				return fmt.Errorf("two rules for window %d%s", r.Count, r.Unit)
+			}
+			return fmt.Errorf("two %s rules for window %d%s", r.Measure, r.Count, r.Unit)
+		}
+	}
+	return nil
+}
+
 // checkTenant checks a non-empty tenant name of a rule: at most
 // MaxTenantBytes, no control characters (they would reach logs and
 // terminals), and no "=" (LIMITS separates tenant and rules with it, so
@@ -227,16 +255,18 @@ func checkTenant(t string) error {
 	return nil
 }
 
-// parseRule parses `<limit>/<count><unit>`: a limit from 0 (nothing is
-// admitted) to MaxLimit, and a window from 1s to MaxWindow.
+// parseRule parses `<limit>/<count><unit>`, where the limit is a number of
+// events, of bytes (with a suffix: B, kB or KB, MB, GB, TB, KiB, MiB, GiB,
+// TiB) or of units (with the suffix u), from 0 (nothing is admitted) to
+// MaxLimit (MaxBytesLimit for bytes); and a window from 1s to MaxWindow.
 func parseRule(s string) (Rule, error) {
 	slash := strings.Index(s, "/")
 	if slash < 0 {
 		return Rule{}, fmt.Errorf("rule %q: want <limit>/<window>, e.g. 100/1m", s)
 	}
-	limit, err := strconv.ParseInt(strings.TrimSpace(s[:slash]), 10, 64)
-	if err != nil || limit < 0 || limit > MaxLimit {
-		return Rule{}, fmt.Errorf("rule %q: limit %q is not a whole number from 0 to 2^40", s, s[:slash])
+	limit, measure, err := parseLimit(strings.TrimSpace(s[:slash]))
+	if err != nil {
+		return Rule{}, fmt.Errorf("rule %q: %w", s, err)
 	}
 	w := strings.TrimSpace(s[slash+1:])
 	i := 0
@@ -258,7 +288,7 @@ func parseRule(s string) (Rule, error) {
 	if most := int(MaxWindow / unit.nominal()); count > most {
 		return Rule{}, fmt.Errorf("rule %q: window longer than a year (at most %d%s; the longest windows are 366d, 52w, 12mo)", s, most, unit)
 	}
-	return Rule{Limit: limit, Count: count, Unit: unit}, nil
+	return Rule{Limit: limit, Count: count, Unit: unit, Measure: measure}, nil
 }
 
 // NewRules builds rules from lists of rule strings ("100/1m"): fallback for
@@ -278,10 +308,8 @@ func NewRules(fallback []string, byTenant map[string][]string) (*Rules, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", who, err)
 			}
-			for _, o := range out {
-				if o.Count == r.Count && o.Unit == r.Unit {
-					return nil, fmt.Errorf("%s: two rules for window %d%s", who, r.Count, r.Unit)
-				}
+			if err := checkTwice(out, r); err != nil {
+				return nil, fmt.Errorf("%s: %w", who, err)
 			}
 			out = append(out, r)
 		}

@@ -17,10 +17,10 @@ func TestParseRules(t *testing.T) {
 		tenant string
 		want   []Rule
 	}{
-		{"acme", []Rule{{1000, 1, Minute}, {50000, 1, Day}}},
-		{"trial", []Rule{{10, 1, Second}}},
-		{"big co", []Rule{{5, 2, Hour}, {7, 1, Month}}},
-		{"someone else", []Rule{{100, 1, Minute}}},
+		{"acme", []Rule{{1000, 1, Minute, Events}, {50000, 1, Day, Events}}},
+		{"trial", []Rule{{10, 1, Second, Events}}},
+		{"big co", []Rule{{5, 2, Hour, Events}, {7, 1, Month, Events}}},
+		{"someone else", []Rule{{100, 1, Minute, Events}}},
 	}
 	for _, tt := range tests {
 		if diff := cmp.Diff(tt.want, rs.For(tt.tenant)); diff != "" {
@@ -113,7 +113,7 @@ func TestCheckRulesAligned(t *testing.T) {
 }
 
 func FuzzParseRules(f *testing.F) {
-	for _, s := range []string{"*=100/1m;acme=1000/1m,50000/1d;trial=10/1s", "a=1/mo", "x=0/1w", "a=b=1/1s", ";;", "a=1/99999999999s"} {
+	for _, s := range []string{"*=100/1m;acme=1000/1m,50000/1d;trial=10/1s", "a=1/mo", "x=0/1w", "a=b=1/1s", ";;", "a=1/99999999999s", "a=1000/1m,10MiB/1m,2GiB/1d;*=5u/1s,500KB/1s"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, spec string) {
@@ -141,10 +141,10 @@ func TestNewRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]Rule{{10, 1, Second}, {500, 1, Day}}, rs.For("weird tenant/with:chars{}")); diff != "" {
+	if diff := cmp.Diff([]Rule{{10, 1, Second, Events}, {500, 1, Day, Events}}, rs.For("weird tenant/with:chars{}")); diff != "" {
 		t.Errorf("tenant rules (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]Rule{{100, 1, Minute}}, rs.For("other")); diff != "" {
+	if diff := cmp.Diff([]Rule{{100, 1, Minute, Events}}, rs.For("other")); diff != "" {
 		t.Errorf("fallback (-want +got):\n%s", diff)
 	}
 	for _, bad := range []struct {

@@ -91,13 +91,14 @@ func newStateCache(budget int64, m *metrics) *stateCache {
 }
 
 // Estimated heap bytes of one state besides its strings: the tenantState
-// (144-byte size class) and its map slot (key and pointer, 40 bytes, and a
-// control byte); each key adds 16 bytes to the keys slice's array. A Go
+// (160-byte size class, with the cost it is known full for) and its map
+// slot (key and pointer, 40 bytes, and a control byte); each key adds 16
+// bytes to the keys slice's array. A Go
 // map's table is between 7/16 and 7/8 full when it grows; deleted slots
 // may make it double once more before stateCache copies it (after as many
 // deletions as entries), so a slot costs at most about 41*32/7 bytes.
 const (
-	stateFixedBytes = 144 + 41*32/7
+	stateFixedBytes = 160 + 41*32/7
 	stateKeyBytes   = 16
 )
 

@@ -1,7 +1,8 @@
 -- admit: batch admission for one or more tenants, each with one or more rules
 -- and n events, in one call. For each tenant it
 --   1. admits the first k of n events that fit in the current window of every
---      rule (all rules or none for each event) and counts them there;
+--      rule (all rules or none for each event) and counts them there; an
+--      event costs an event rule 1, a byte or unit rule its cost (see Costs);
 --   2. reserves slots for the rest, in event order, in the earliest future
 --      windows where every rule has room, up to the horizon: a reserved event
 --      is counted in the windows that contain its due time, so reservations
@@ -47,6 +48,17 @@
 --   number of rules, n events, then per rule: descriptor index (1-based),
 --   cached ttl chain start, cached chain end. (One cjson.decode costs the
 --   script less than a tonumber per number.)
+--   Costs: after the last tenant's record, the same array holds, for each
+--   tenant with a rule that counts bytes or units (and only for those, so a
+--   call of event rules alone carries nothing more): its number in the call
+--   (1-based), then per rule the cost list it counts by (0: none, the rule
+--   counts events, each 1; 1 or 2: the lists that follow), then its lists of
+--   n costs each, in event order: whole numbers, each at most the limit of
+--   every rule that counts by it (the caller rejects the others); and last
+--   the negated index (1-based) in the array where these costs begin. The
+--   events of such a tenant are admitted and placed as a prefix: an event
+--   goes only where every rule has room for its cost, and no event goes
+--   before an earlier one of its tenant.
 --   The cached chain (0 0 when unknown; used only for a tenant with one ttl
 --   rule) is what an earlier reply said the tenant's <rule key>:anchor held:
 --   a chain is never moved before its end, so while now < end its start is
@@ -270,6 +282,34 @@ end
 -- The tenants' records (see above).
 local recs = cjson.decode(ARGV[a])
 
+-- weights[ti] holds, for a tenant with costs (see Costs above), per rule
+-- its cost list (a table: the j-th event costs w[ri][j]; rules that count
+-- by one list share it), or false for an event rule.
+local weights = {}
+if (recs[#recs] or 0) < 0 then
+  local p, q = -recs[#recs], 1 -- the first costs, the first record
+  for ti = 1, ntenants do
+    if recs[p] == ti then
+      local nrules, n = recs[q], recs[q + 1]
+      local w, lists = {}, {}
+      for ri = 1, nrules do
+        local l = recs[p + ri]
+        if l > 0 and not lists[l] then
+          local list, at = {}, p + nrules + (l - 1) * n
+          for j = 1, n do
+            list[j] = recs[at + j]
+          end
+          lists[l] = list
+        end
+        w[ri] = l > 0 and lists[l]
+      end
+      weights[ti] = w
+      p = p + 1 + nrules + #lists * n
+    end
+    q = q + 2 + 3 * recs[q]
+  end
+end
+
 -- Replay record (G9: count once). When the caller names where the call's
 -- events were consumed from, the arguments after the tenants' records are
 --   ARGV[a+1] low: the source partition's committed offset as the caller
@@ -379,6 +419,27 @@ local function learn(rec, c, found)
   end
 end
 
+-- unreplayed returns the cost lists w of a tenant (see weights) without
+-- the costs of its replayed events: those of its offsets l (minus clo)
+-- that found holds. Rules that share a list share the new one.
+local function unreplayed(w, l, found, clo)
+  local out, made = {}, {}
+  for ri = 1, #w do
+    local c = w[ri]
+    if c and not made[c] then
+      local f = {}
+      for j = 1, #l do
+        if not found[clo + l[j]] then
+          f[#f + 1] = c[j]
+        end
+      end
+      made[c] = f
+    end
+    out[ri] = c and made[c]
+  end
+  return out
+end
+
 -- replays looks the call's events up in the chunks that may hold them: it
 -- returns the replayed ones (position, code, due, until each) and the
 -- offsets of the others (as in ARGV[a+5]), and sets each tenant's n in
@@ -413,6 +474,9 @@ local function replays(rec, chunks)
     end
     fresh[ti] = keep
     recs[p + 1] = #keep
+    if weights[ti] and #keep < #l then
+      weights[ti] = unreplayed(weights[ti], l, found, clo)
+    end
     p = p + 2 + 3 * recs[p]
   end
   return rep, fresh
@@ -520,10 +584,11 @@ local function reply(admitted, res, rest, full, rules)
 end
 
 -- rules_of returns the state of a tenant's rules, whose record entries
--- start at recs[q] and keys at KEYS[k]: ttl rules with their chain, from
--- the cache for a tenant with one rule while the chain runs, else from the
--- anchor; every rule with its current window [cs, ce).
-local function rules_of(k, q, nrules)
+-- start at recs[q] and keys at KEYS[k], and whose costs are w (nil: none):
+-- ttl rules with their chain, from the cache for a tenant with one rule and
+-- no costs while the chain runs, else from the anchor; every rule with its
+-- current window [cs, ce) and its cost list (cost: see weights).
+local function rules_of(k, q, nrules, w)
   local rules = {}
   for ri = 1, nrules do
     local d, cst, cend = descs[recs[q]], recs[q + 1], recs[q + 2]
@@ -531,9 +596,10 @@ local function rules_of(k, q, nrules)
       limit = d.limit, kind = d.kind, step = d.step, base = d.base,
       ret = d.ret, bounds = d.bounds, key = KEYS[k + ri - 1], hint = 1, maxend = 0,
       cached = false, chainend = 0, cs = 0, ce = 0, ts = 0, te = 0,
+      cost = w and w[ri], room = 0, take = 0,
     }
     if r.kind == "t" then
-      if nrules == 1 and cend > now then
+      if nrules == 1 and not w and cend > now then
         r.base, r.chainend, r.cached = cst, cend, true
       else
         anchor(r)
@@ -588,32 +654,104 @@ local function admit_one(r, n, c)
   return admitted
 end
 
--- admit_all admits, for a tenant with several rules, the first of n events
--- that fit in the current window of every rule, and counts them there.
-local function admit_all(rules, n)
-  local admitted = n
+-- fit returns how many of a tenant's events from the pos-th on, at most k,
+-- fit in order in the room of every rule (r.room), and sets each rule's
+-- take to what they cost it: 1 an event for an event rule, their costs for
+-- a rule with a cost list.
+local function fit(rules, pos, k)
   for _, r in ipairs(rules) do
-    local room = r.limit - count_of(wkey(r.key, r.cs))
-    if room < admitted then
-      admitted = room
+    if not r.cost and r.room < k then
+      k = r.room
     end
   end
-  if admitted < 0 then
-    admitted = 0
+  if k < 0 then
+    k = 0
   end
+  for _, r in ipairs(rules) do
+    local c = r.cost
+    if c then
+      local s, j = 0, 0
+      while j < k and s + c[pos + j] <= r.room do
+        s = s + c[pos + j]
+        j = j + 1
+      end
+      k = j
+    end
+  end
+  for _, r in ipairs(rules) do
+    r.take = k
+    local c = r.cost
+    if c then
+      local s = 0
+      for j = pos, pos + k - 1 do
+        s = s + c[j]
+      end
+      r.take = s
+    end
+  end
+  return k
+end
+
+-- blocked returns the latest end of the windows [r.ts, r.te) whose room
+-- left (r.room less what was just taken: r.take for a rule with costs,
+-- take for an event rule) is less than the pos-th event costs their rule
+-- (1 for every rule when there is no such event): the earliest time at
+-- which that event may fit, or 0.
+local function blocked(rules, pos, take, next)
+  local jump = 0
+  for _, r in ipairs(rules) do
+    local need, left = 1, r.room - take
+    if r.cost then
+      left = r.room - r.take
+      if next then
+        need = r.cost[pos]
+      end
+    end
+    if need > left and r.te > jump then
+      jump = r.te
+    end
+  end
+  return jump
+end
+
+-- total returns the cost of the first n events of cost list c, or more
+-- than most when it passes most (the sum stops there: a sum of costs
+-- could pass 2^53, past which Lua's numbers are not whole).
+local function total(c, n, most)
+  local s = 0
+  for j = 1, n do
+    s = s + c[j]
+    if s > most then
+      return s
+    end
+  end
+  return s
+end
+
+-- admit_all admits, for a tenant with several rules or with costs, the
+-- first of n events that fit in the current window of every rule, and
+-- counts them there.
+local function admit_all(rules, n)
+  for _, r in ipairs(rules) do
+    r.room = r.limit - count_of(wkey(r.key, r.cs))
+  end
+  local admitted = fit(rules, 1, n)
   if admitted > 0 then
     for _, r in ipairs(rules) do
-      add(r, r.cs, r.ce, admitted)
+      if r.take > 0 then
+        add(r, r.cs, r.ce, r.take)
+      end
     end
   end
   return admitted
 end
 
--- reserve reserves rest events, in order, in the earliest windows from
--- first on where every rule has room, up to the horizon, and moves the
--- tenant's frontier (key fkey). It returns the reservations (due, count,
--- until each), what is left and where the search stopped.
-local function reserve(rules, fkey, rest, first)
+-- reserve reserves rest events, the pos-th on, in order, in the earliest
+-- windows from first on where every rule has room for them (w: the
+-- tenant has costs), up to the horizon, and moves the tenant's frontier
+-- (key fkey). It returns the reservations (due, count, until each), what
+-- is left and where the search stopped.
+local function reserve(rules, fkey, rest, first, pos, w)
   local res = none
   local t = first
   if rest > 0 then
@@ -627,9 +765,9 @@ local function reserve(rules, fkey, rest, first)
   local scans = 0
   while rest > 0 and t <= hend and scans < maxscan do
     scans = scans + 1
-    -- The windows of every rule that hold t (kept in r.ts, r.te): the
-    -- least room, the end of the latest full one, the earliest end.
-    local minroom, jump, untilt = math.huge, 0, math.huge
+    -- The windows of every rule that hold t (kept in r.ts, r.te), their
+    -- room (r.room), the least room, the earliest end.
+    local minroom, untilt = math.huge, math.huge
     local past = false
     for _, r in ipairs(rules) do
       local s, e = win(r, t)
@@ -639,11 +777,9 @@ local function reserve(rules, fkey, rest, first)
       end
       r.ts, r.te = s, e
       local room = r.limit - count_of(wkey(r.key, s))
+      r.room = room
       if room < minroom then
         minroom = room
-      end
-      if room <= 0 and e > jump then
-        jump = e
       end
       if e < untilt then
         untilt = e
@@ -653,28 +789,29 @@ local function reserve(rules, fkey, rest, first)
       t = hend + 1
       break
     end
-    if minroom > 0 then
-      local take = minroom
-      if rest < take then
-        take = rest
-      end
+    -- Event rules alone: as many as the least room (fit, inline).
+    local take = rest
+    if w then
+      take = fit(rules, pos, rest)
+    elseif minroom < take then
+      take = minroom > 0 and minroom or 0
+    end
+    if take > 0 then
       for _, r in ipairs(rules) do
-        add(r, r.ts, r.te, take)
+        local by = r.cost and r.take or take
+        if by > 0 then
+          add(r, r.ts, r.te, by)
+        end
       end
       res[#res + 1] = t
       res[#res + 1] = take
       res[#res + 1] = untilt
-      rest = rest - take
-      if take == minroom then
-        jump = 0
-        for _, r in ipairs(rules) do
-          if r.limit - count_of(wkey(r.key, r.ts)) <= 0 and r.te > jump then
-            jump = r.te
-          end
-        end
-        t = jump
-      end
-    else
+      rest, pos = rest - take, pos + take
+    end
+    -- On past the windows too full for the next event; when all are
+    -- placed, past those they filled, for the next call.
+    local jump = blocked(rules, pos, take, rest > 0)
+    if jump > 0 then
       t = jump
     end
   end
@@ -712,15 +849,15 @@ local function keep_chains(rules)
   end
 end
 
--- decide decides the n events of the tenant whose record starts at recs[p]
--- and keys at KEYS[k] (c: what the fast path counted, if anything), and
--- appends its reply to out.
-local function decide(k, p, nrules, n, c)
+-- decide decides the n events of the tenant whose record starts at recs[p],
+-- keys at KEYS[k] and costs are w (nil: none; c: what the fast path
+-- counted, if anything), and appends its reply to out.
+local function decide(k, p, nrules, n, c, w)
   local fkey = KEYS[k]
-  local rules = rules_of(k + 1, p + 2, nrules)
+  local rules = rules_of(k + 1, p + 2, nrules, w)
   -- 1. admit into the current windows.
   local admitted
-  if nrules == 1 then
+  if nrules == 1 and not w then
     admitted = admit_one(rules[1], n, c)
   else
     admitted = admit_all(rules, n)
@@ -732,7 +869,7 @@ local function decide(k, p, nrules, n, c)
     end
   end
   -- 2. reserve the rest in the earliest future windows with room.
-  local res, rest, t = reserve(rules, fkey, n - admitted, first)
+  local res, rest, t = reserve(rules, fkey, n - admitted, first, admitted + 1, w)
   keep_chains(rules)
   -- 3. what is left is rejected.
   local full = 0
@@ -776,15 +913,17 @@ end
 -- Fast path, inline (most tenants take it, and here a Lua call or a table
 -- write shows): a tenant with one rule whose current window is known
 -- without reading Redis (aligned; ttl with a cached chain that already
--- covers the current window) is counted optimistically; when everything
--- fits and no window opens in a cached chain, that is the whole decision.
--- Otherwise decide goes on from the count made.
+-- covers the current window) is counted optimistically, by the events'
+-- total cost for a rule with costs; when everything fits and no window
+-- opens in a cached chain, that is the whole decision. Otherwise decide
+-- goes on from the count made (with costs, from the count taken back).
 local function run(ti, p, k)
   local recs, descs, out, journal, keys = recs, descs, out, journal, KEYS -- registers, not upvalues
   for ti = ti, ntenants do
     local nrules, n = recs[p], recs[p + 1]
     local mark, o = jn, #out
     local c, done = nil, false
+    local w = weights[ti]
     if n == 0 then
       -- Every event of the tenant was replayed: nothing to decide.
       done = idle(ti, p, o)
@@ -798,14 +937,18 @@ local function run(ti, p, k)
         cs = cst + math.floor((now - cst) / d.step) * d.step
         ce = cs + d.step
       end
-      if cs and (not cend or ce <= cend) then
+      local by = n -- what the events cost the rule
+      if w then
+        by = total(w[1], n, d.limit)
+      end
+      if cs and (not cend or ce <= cend) and by <= d.limit then
         local key = keys[k + 1] .. ":" .. cs -- wkey, inline
-        c = redis.pcall("HINCRBY", key, "count", n)
+        c = redis.pcall("HINCRBY", key, "count", by)
         if type(c) == "table" then -- it wrote nothing
           error({key = key, why = fault(c.err), msg = c.err, at = {ti, p, k, mark, o}})
         end
-        if c <= d.limit and (c ~= n or not cend) then
-          if c == n then
+        if c <= d.limit and (c ~= by or not cend) then
+          if c == by then
             opened(key, ce, d.ret)
           end
           out[o + 1], out[o + 2], out[o + 3], out[o + 4] = n, 0, 0, 0
@@ -813,6 +956,14 @@ local function run(ti, p, k)
             out[o + 5], out[o + 6] = cst, cend
           end
           done = true
+        elseif w then
+          -- Costs are decided from the counts as they were: take this back.
+          if c == by then
+            redis.call("DEL", key)
+          else
+            redis.call("HINCRBY", key, "count", -by)
+          end
+          c = nil
         else
           journal[jn + 1], journal[jn + 2], journal[jn + 3] = c == n and 1 or 2, key, -n -- incr, inline
           jn = jn + 3
@@ -822,15 +973,16 @@ local function run(ti, p, k)
     if not done then
       slow[ti] = true
       at[1], at[2], at[3], at[4], at[5] = ti, p, k, mark, o
-      decide(k, p, nrules, n, c)
+      decide(k, p, nrules, n, c, w)
     end
     k, p = k + 1 + nrules, p + 2 + 3 * nrules
   end
 end
 
 -- undo_call takes back every write of the call: the journal's, and the
--- count of each tenant decided in the fast path, n events in the window
--- that holds now, found from the tenants' records and replies in out.
+-- count of each tenant decided in the fast path, n events (or their total
+-- cost) in the window that holds now, found from the tenants' records and
+-- replies in out.
 local function undo_call()
   undo(0)
   local p, k, o = 1, 1, 1
@@ -846,7 +998,11 @@ local function undo_call()
         cs = recs[p + 3] + math.floor((now - recs[p + 3]) / d.step) * d.step
       end
       local key = wkey(KEYS[k + 1], cs)
-      if redis.call("HINCRBY", key, "count", -n) <= 0 then
+      local by = n
+      if weights[ti] then
+        by = total(weights[ti][1], n, d.limit)
+      end
+      if redis.call("HINCRBY", key, "count", -by) <= 0 then
         redis.call("DEL", key)
       end
     end

@@ -15,16 +15,19 @@ import (
 
 // Admitter decides a batch of events by tenant; *limit.Limiter implements it.
 // The result is index-aligned with tenants, one tenant's events decided in
-// slice order. src says where the events were consumed from (their offsets,
-// index-aligned with tenants): an event decided again after a replay gets
-// its first decision back, uncounted (see limit.Source); a zero src names
-// no source. A non-nil error means Redis trouble and nothing was decided:
+// slice order. costs, index-aligned with tenants, says what each event costs
+// the rules that count bytes or units (event rules count 1 an event); an
+// event over a rule's whole limit is rejected. src says where the events
+// were consumed from (their offsets, index-aligned with tenants): an event
+// decided again after a replay gets its first decision back, uncounted (see
+// limit.Source); a zero src names no source. A non-nil error means Redis
+// trouble and nothing was decided:
 // the batch is tried again. A limit.Fail decision (a broken counter key of
 // the event's tenant, which trying again does not mend) sends the event to
 // the dead-letter topic with the decision's reason.
 // Implementations must be safe for concurrent use.
 type Admitter interface {
-	AdmitFrom(ctx context.Context, src limit.Source, tenants []string) ([]limit.Decision, error)
+	AdmitFrom(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error)
 }
 
 // Values of OnRedisError (GATEKEEPER_ON_REDIS_ERROR).
@@ -49,6 +52,9 @@ type Admission struct {
 	// Router writes the outcomes; its Topics name the retry tiers and the
 	// destinations.
 	Router *Router
+	// CostFrom reads what each event costs (GATEKEEPER_COST_FROM): nil reads
+	// its bytes only. An event whose cost cannot be read is invalid.
+	CostFrom *CostFrom
 	// OnRedisError is RedisPause (also when empty) or RedisForward.
 	OnRedisError string
 	// Clock: nil means time.Now. Use the Router's clock (for the Retrier,
@@ -87,17 +93,18 @@ func validPolicy(p string) error {
 // admit returns the decisions for tenants. Under RedisForward a failing Admit
 // yields unchecked=true and no decisions. Under RedisPause it retries with
 // backoff until Admit works or ctx ends, calling SetReady(false) once it
-// fails and SetReady(true) once it works again. Every attempt names the
-// same src, so an attempt whose call ran in Redis although it failed here (a
-// timeout) is not counted again by the next. first locates the batch in logs.
-func (a *Admission) admit(ctx context.Context, tenants []string, src limit.Source, first kafka.Message) (ds []limit.Decision, unchecked bool, err error) {
+// fails and SetReady(true) once it works again. costs are the events'
+// costs, index-aligned with tenants. Every attempt names the same src, so
+// an attempt whose call ran in Redis although it failed here (a timeout) is
+// not counted again by the next. first locates the batch in logs.
+func (a *Admission) admit(ctx context.Context, tenants []string, costs []limit.Cost, src limit.Source, first kafka.Message) (ds []limit.Decision, unchecked bool, err error) {
 	if len(tenants) == 0 {
 		return nil, false, nil
 	}
 	log := a.logger()
 	failing := false
 	for attempt := 0; ; attempt++ {
-		ds, err := a.Admitter.AdmitFrom(ctx, src, tenants)
+		ds, err := a.Admitter.AdmitFrom(ctx, src, tenants, costs)
 		if err == nil {
 			if len(ds) != len(tenants) {
 				return nil, false, fmt.Errorf("admit: %d decisions for %d events", len(ds), len(tenants))

@@ -1,8 +1,10 @@
 // Package route turns admission decisions into Kafka writes.
 //
 // A [Gate] handles batches from the source topics: it derives each event's
-// tenant with an [Extractor], asks an [Admitter] (the limiter) about the whole
-// batch in one call, and hands the outcome of every event to a [Router], which
+// tenant with an [Extractor] and its cost with a [CostFrom] (its bytes, and
+// the units it carries when GATEKEEPER_COST_FROM is set; an event without a
+// tenant or a readable cost is invalid), asks an [Admitter] (the limiter)
+// about the whole batch in one call, and hands the outcome of every event to a [Router], which
 // writes admitted events to the downstream topic, deferred events to a retry
 // tier topic and rejected, failed (a broken counter key of their tenant) or
 // invalid events to the dead-letter topic, in one acknowledged write per

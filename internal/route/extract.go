@@ -38,6 +38,9 @@ type Extractor struct {
 	path   []string // for fromJSON
 	segs   [][]byte // for fromJSON: path as bytes, for case-insensitive matching
 	dotted string   // for fromJSON: the path as written, for reasons
+	// number: the field is a cost, a JSON number returned as written (see
+	// CostFrom), not a tenant.
+	number bool
 }
 
 // ParseTenantFrom parses a tenant source: "key", "header:<name>" or
@@ -250,8 +253,14 @@ func (e *Extractor) keyMatches(raw []byte, escaped bool, depth int) (bool, error
 }
 
 // leaf reads the tenant field's value, which starts at the next non-space
-// byte of s.
+// byte of s; or, for a cost (e.number), the number it holds as written.
 func (e *Extractor) leaf(s *jsonText) (string, error) {
+	if e.number {
+		if c := s.next(); c != '-' && (c < '0' || c > '9') {
+			return "", fmt.Errorf("json path %q is not a number", e.dotted)
+		}
+		return string(s.literal()), nil
+	}
 	switch c := s.next(); {
 	case c == '"':
 		raw, escaped := s.str()

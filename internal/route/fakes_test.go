@@ -57,21 +57,23 @@ func (w *fakeWriter) last(t *testing.T) []kafka.Message {
 	return calls[len(calls)-1]
 }
 
-// fakeAdmitter answers AdmitFrom with decide, recording the tenants and
-// the source of each call.
+// fakeAdmitter answers AdmitFrom with decide, recording the tenants, the
+// costs and the source of each call.
 type fakeAdmitter struct {
 	mu      sync.Mutex
 	calls   [][]string
+	costs   [][]limit.Cost
 	sources []limit.Source
 	decide  func(n int, tenants []string) ([]limit.Decision, error)
 	// from, if set, answers instead of decide, with the call's source.
 	from func(n int, src limit.Source, tenants []string) ([]limit.Decision, error)
 }
 
-func (a *fakeAdmitter) AdmitFrom(ctx context.Context, src limit.Source, tenants []string) ([]limit.Decision, error) {
+func (a *fakeAdmitter) AdmitFrom(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error) {
 	a.mu.Lock()
 	n := len(a.calls)
 	a.calls = append(a.calls, append([]string(nil), tenants...))
+	a.costs = append(a.costs, append([]limit.Cost(nil), costs...))
 	src.Offsets = append([]int64(nil), src.Offsets...)
 	a.sources = append(a.sources, src)
 	a.mu.Unlock()
@@ -82,6 +84,12 @@ func (a *fakeAdmitter) AdmitFrom(ctx context.Context, src limit.Source, tenants 
 		return a.from(n, src, tenants)
 	}
 	return a.decide(n, tenants)
+}
+
+func (a *fakeAdmitter) Costs() [][]limit.Cost {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([][]limit.Cost(nil), a.costs...)
 }
 
 func (a *fakeAdmitter) Sources() []limit.Source {

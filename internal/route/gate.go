@@ -65,9 +65,9 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 	items := itemPool.get(len(msgs))
 	defer itemPool.put(items)
 	counts := map[string]int{}
-	tenants, valid := g.extract(msgs, items, counts, log)
+	tenants, costs, valid := g.extract(msgs, items, counts, log)
 
-	ds, unchecked, err := g.admit(ctx, tenants, source(ctx, msgs, valid), msgs[0])
+	ds, unchecked, err := g.admit(ctx, tenants, costs, source(ctx, msgs, valid), msgs[0])
 	if err != nil {
 		return fmt.Errorf("gate: %w", err)
 	}
@@ -103,14 +103,20 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 	return nil
 }
 
-// extract works out the tenant of each of msgs. It returns the tenants found
-// and the indexes in msgs of their events; an event without a tenant gets its
-// item (dead-lettered, or forwarded in shadow mode) and is counted invalid.
-func (g *Gate) extract(msgs []kafka.Message, items []Item, counts map[string]int, log *slog.Logger) (tenants []string, valid []int) {
+// extract works out the tenant and the cost of each of msgs. It returns the
+// tenants found, the events' costs and the indexes in msgs of their events;
+// an event without a tenant or a cost gets its item (dead-lettered, or
+// forwarded in shadow mode) and is counted invalid.
+func (g *Gate) extract(msgs []kafka.Message, items []Item, counts map[string]int, log *slog.Logger) (tenants []string, costs []limit.Cost, valid []int) {
 	tenants = make([]string, 0, len(msgs))
+	costs = make([]limit.Cost, 0, len(msgs))
 	valid = make([]int, 0, len(msgs)) // indexes of msgs with a tenant
 	for i, m := range msgs {
 		tenant, err := g.Extractor.Tenant(m)
+		var cost limit.Cost
+		if err == nil {
+			cost, err = g.CostFrom.Cost(m)
+		}
 		if err != nil {
 			counts[DecisionInvalid]++
 			log.Debug("invalid event", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "reason", err.Error())
@@ -122,9 +128,10 @@ func (g *Gate) extract(msgs []kafka.Message, items []Item, counts map[string]int
 			continue
 		}
 		tenants = append(tenants, tenant)
+		costs = append(costs, cost)
 		valid = append(valid, i)
 	}
-	return tenants, valid
+	return tenants, costs, valid
 }
 
 // decided returns the item of event m of tenant after decision d (Admit,

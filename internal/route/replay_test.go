@@ -75,7 +75,7 @@ func TestAdmissionRetryAfterLostReplyRedis(t *testing.T) {
 			lim, _ := redisLimiter(t, ctx, rdb, "*=2/1m", func() time.Time { return now })
 			f := newGate(t, nil)
 			f.admitter.from = func(n int, src limit.Source, tenants []string) ([]limit.Decision, error) {
-				ds, err := lim.AdmitFrom(ctx, src, tenants)
+				ds, err := lim.AdmitFrom(ctx, src, tenants, nil)
 				if n == 0 && err == nil {
 					return nil, context.DeadlineExceeded // it ran; the reply is lost
 				}

@@ -29,7 +29,9 @@ var ErrEarly = errors.New("released before its time")
 // written, headers unchanged, to the tier of its remaining delay. From the
 // first tier (released at gk-due) a message inside its reserved slot
 // (before gk-reserved) goes downstream uncounted, gk- headers kept; after the
-// slot it is admitted again: admitted goes downstream, deferred goes back to
+// slot it is admitted again, at the cost read from it as from a source
+// event (an event whose cost cannot be read any more goes to the dead-letter
+// topic): admitted goes downstream, deferred goes back to
 // a retry tier with gk-attempt+1 (or to the dead-letter topic with reason
 // "max attempts" past MaxAttempts), rejected and failed (a broken counter
 // key) go to the dead-letter topic.
@@ -86,7 +88,7 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 
 	// A re-check's identity is its position in the retry tier, unique per
 	// trip: deferred again and late again, it is a new decision.
-	ds, unchecked, err := r.admit(ctx, b.tenants, source(ctx, msgs, b.checked), msgs[0])
+	ds, unchecked, err := r.admit(ctx, b.tenants, b.costs, source(ctx, msgs, b.checked), msgs[0])
 	if err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
@@ -117,6 +119,7 @@ type retryBatch struct {
 	items       []Item         // index-aligned with the batch
 	readmit     []pendingRetry // events to admit again, in batch order
 	tenants     []string       // the tenants of the distinct trips among them, in order
+	costs       []limit.Cost   // their costs, index-aligned with tenants
 	checked     []int          // and the indexes in the batch of their first copies
 	trips       map[trip]int   // the index in tenants of each trip
 	counts      map[string]int // gatekeeper_decisions_total by label
@@ -197,6 +200,14 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, now time.Time)
 		b.items[i] = Item{Msg: m, Outcome: Forward}
 		return nil
 	}
+	// The cost is read again from the event as the source had it (its
+	// gk- headers are not counted); a changed COST_FROM may find none.
+	cost, err := r.CostFrom.Cost(m)
+	if err != nil {
+		b.counts[DecisionInvalid]++
+		b.items[i] = r.deadLetter(m, err.Error())
+		return nil
+	}
 	k := trip{d.OriginTopic, d.OriginPartition, d.OriginOffset, d.Attempt, d.Tenant, d.Due.UnixMilli()}
 	j, ok := b.trips[k]
 	if !ok {
@@ -206,6 +217,7 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, now time.Time)
 		j = len(b.tenants)
 		b.trips[k] = j
 		b.tenants = append(b.tenants, d.Tenant)
+		b.costs = append(b.costs, cost)
 		b.checked = append(b.checked, i)
 	}
 	b.readmit = append(b.readmit, pendingRetry{i: i, j: j, d: d})

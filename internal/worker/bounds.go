@@ -151,9 +151,11 @@ func boundsText(key string) string {
 	}
 	switch key {
 	case "LIMITS":
-		return fmt.Sprintf("limits 0 to 2^%d; windows 1s to %dd (%dw, %dmo); tenants 1 to %d bytes, without = or control characters",
-			bitLen(limit.MaxLimit), int(limit.MaxWindow/(24*time.Hour)), int(limit.MaxWindow/(7*24*time.Hour)),
+		return fmt.Sprintf("limits 0 to 2^%d (bytes: 0B to 2^%d, 1PiB); windows 1s to %dd (%dw, %dmo); tenants 1 to %d bytes, without = or control characters",
+			bitLen(limit.MaxLimit), bitLen(limit.MaxBytesLimit), int(limit.MaxWindow/(24*time.Hour)), int(limit.MaxWindow/(7*24*time.Hour)),
 			int(limit.MaxWindow/(30*24*time.Hour)), limit.MaxTenantBytes)
+	case "COST_FROM":
+		return fmt.Sprintf("a cost is a whole number 0 to 2^%d in plain decimal; header names not starting with gk-", bitLen(limit.MaxCost))
 	case "LIMITS_FILE":
 		size := settingRange{key: "LIMITS_FILE_BYTES"}.format(maxLimitsFile)
 		return "a regular file of at most " + size + " bytes, one YAML document; rules as in LIMITS"

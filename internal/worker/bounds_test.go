@@ -145,7 +145,8 @@ func TestConfigTableBounds(t *testing.T) {
 		"| `GATEKEEPER_DEFER_HORIZON` | Duration | `24h` | 1s to 744h |",
 		"| `GATEKEEPER_REDIS_TIMEOUT` | Duration | `2s` | 10ms to 1m |",
 		"| `GATEKEEPER_MAX_MESSAGE_BYTES` | Integer | `1048576` | 1024 (1 KiB) to 104857600 (100 MiB) |",
-		"| `GATEKEEPER_LIMITS` | String | required unless LIMITS_FILE | limits 0 to 2^40; windows 1s to 366d (52w, 12mo); tenants 1 to 256 bytes, without = or control characters |",
+		"| `GATEKEEPER_LIMITS` | String | required unless LIMITS_FILE | limits 0 to 2^40 (bytes: 0B to 2^50, 1PiB); windows 1s to 366d (52w, 12mo); tenants 1 to 256 bytes, without = or control characters |",
+		"| `GATEKEEPER_COST_FROM` | String | none | a cost is a whole number 0 to 2^40 in plain decimal; header names not starting with gk- |",
 		"| `GATEKEEPER_LIMITS_FILE` | String | none | a regular file of at most 1048576 (1 MiB) bytes, one YAML document; rules as in LIMITS |",
 	} {
 		if !strings.Contains(table, row) {

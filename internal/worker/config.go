@@ -59,8 +59,11 @@ type Config struct {
 	RedisKeyPrefix string `split_words:"true" default:"gk" desc:"prefix of every counter key"`
 	// TenantFrom says where an event's tenant is: key, header:<name> or json:<dot.path>.
 	TenantFrom string `split_words:"true" default:"key" desc:"where the tenant is: key, header:NAME or json:DOT.PATH"`
+	// CostFrom says where an event's cost in units is, for rules that count
+	// units (5000u/1m): header:<name> or json:<dot.path>. Empty: no units.
+	CostFrom string `split_words:"true" desc:"where an event's cost in units is, for rules counting units (5000u/1m): header:NAME or json:DOT.PATH; when set, an event without a valid cost is invalid"`
 	// Limits are the rules, e.g. *=100/1m;acme=1000/1m,50000/1d.
-	Limits string `doc_required:"unless LIMITS_FILE" desc:"rules, e.g. *=100/1m;acme=1000/1m,50000/1d (* is every other tenant; units s m h d w mo)"`
+	Limits string `doc_required:"unless LIMITS_FILE" desc:"rules, e.g. *=100/1m;acme=1000/1m,10MiB/1m (* is every other tenant; units s m h d w mo; limits in events, bytes with B KB MB GB TB KiB MiB GiB TiB, or units with u)"`
 	// LimitsFile is a YAML file of rules, reloaded when it changes. It
 	// replaces LIMITS; setting both is an error.
 	LimitsFile string `split_words:"true" desc:"YAML file of rules, reloaded on change (instead of LIMITS)"`
@@ -303,12 +306,29 @@ func (c *Config) routingChecks() []func() error {
 			return nil
 		},
 		func() error {
+			if _, err := route.ParseCostFrom(c.CostFrom); err != nil {
+				return bad("COST_FROM", "%v", err)
+			}
+			return nil
+		},
+		func() error {
 			if c.Window != string(limit.Aligned) && c.Window != string(limit.TTL) {
 				return bad("WINDOW", "%q is not aligned or ttl", c.Window)
 			}
 			return nil
 		},
 		c.checkLimits,
+		func() error {
+			// Not a check of LIMITS: `gatekeeper usage` reads unit rules
+			// without COST_FROM.
+			if c.limits == nil {
+				return nil
+			}
+			if err := c.CheckUnits(c.limits.rules); err != nil {
+				return bad("COST_FROM", "%v", err)
+			}
+			return nil
+		},
 		func() error {
 			if c.Timezone == "" {
 				return bad("TIMEZONE", "must not be empty (e.g. UTC, Europe/Berlin)")
@@ -593,6 +613,15 @@ func (c *Config) checkLimits() error {
 			return bad("LIMITS", "%v", err)
 		}
 		c.limits = &loadedLimits{rules: rules}
+	}
+	return nil
+}
+
+// CheckUnits reports rules that count units (5000u/1m) when COST_FROM does
+// not say where an event's units are.
+func (c *Config) CheckUnits(rules *limit.Rules) error {
+	if c.CostFrom == "" && rules.Counts(limit.Units) {
+		return errors.New("not set, and a rule of the limits counts units (like 500u/1m): set it to where an event's cost is")
 	}
 	return nil
 }

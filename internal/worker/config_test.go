@@ -38,7 +38,7 @@ func TestConfigKeys(t *testing.T) {
 	want := []string{
 		// DESIGN.md's contract: these names are relied on by operators.
 		"KAFKA_BROKERS", "GROUP_ID", "SOURCE_TOPICS", "DOWNSTREAM_TOPIC", "RETRY_TOPIC", "DLQ_TOPIC",
-		"REDIS_ADDRS", "REDIS_CLUSTER", "REDIS_KEY_PREFIX", "TENANT_FROM", "LIMITS", "LIMITS_FILE", "WINDOW", "TIMEZONE",
+		"REDIS_ADDRS", "REDIS_CLUSTER", "REDIS_KEY_PREFIX", "TENANT_FROM", "COST_FROM", "LIMITS", "LIMITS_FILE", "WINDOW", "TIMEZONE",
 		"DEFER_HORIZON", "ON_REDIS_ERROR", "MAX_ATTEMPTS", "SHADOW", "HTTP_ADDR", "ADMIN_TOKEN", "LOG_LEVEL",
 		// Operational additions.
 		"ROLES", "BATCH_SIZE", "RETRY_LOOKAHEAD", "BATCH_BYTES", "RETRY_LOOKAHEAD_BYTES", "MAX_MESSAGE_BYTES", "LIMITER_CACHE_BYTES", "BATCH_WAIT", "SHUTDOWN_GRACE", "REDIS_TIMEOUT", "KAFKA_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "RETENTION",
@@ -187,6 +187,9 @@ func TestConfigGoodValues(t *testing.T) {
 		{"redis cluster empty is auto", with(minimal(), "REDIS_CLUSTER", "")},
 		{"header tenant", with(minimal(), "TENANT_FROM", "header:x-tenant")},
 		{"json tenant", with(minimal(), "TENANT_FROM", "json:customer.id")},
+		{"byte rules", with(minimal(), "LIMITS", "*=100/1m,10MiB/1m;acme=1000/1m,10MiB/1m,2GiB/1d")},
+		{"unit rules", with(minimal(), "LIMITS", "*=5000u/1m", "COST_FROM", "header:x-cost")},
+		{"json cost", with(minimal(), "COST_FROM", "json:usage.tokens")},
 		{"ttl", with(minimal(), "WINDOW", "ttl", "LIMITS", "*=10/7m")},
 		{"zone", with(minimal(), "TIMEZONE", "Europe/Berlin")},
 		{"limits file", with(minimal(), "LIMITS", "<unset>", "LIMITS_FILE", file)},
@@ -258,6 +261,11 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "TENANT_FROM", "json:"), "TENANT_FROM"},
 		{with(minimal(), "TENANT_FROM", "json:a..b"), "TENANT_FROM"},
 		{with(minimal(), "TENANT_FROM", "json:a.\xff"), "TENANT_FROM"},
+		{with(minimal(), "COST_FROM", "key"), "COST_FROM"},
+		{with(minimal(), "COST_FROM", "header:gk-cost"), "COST_FROM"},
+		{with(minimal(), "COST_FROM", "json:a..b"), "COST_FROM"},
+		{with(minimal(), "LIMITS", "*=5000u/1m"), "COST_FROM"}, // units need COST_FROM
+		{with(minimal(), "LIMITS", "*=10mib/1m"), "LIMITS"},
 		{with(minimal(), "LIMITS", "<unset>"), "LIMITS"},
 		{with(minimal(), "LIMITS", " "), "LIMITS"},
 		{with(minimal(), "LIMITS", "acme=lots"), "LIMITS"},

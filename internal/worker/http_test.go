@@ -199,14 +199,14 @@ func TestUsageTenants(t *testing.T) {
 func TestUsageBody(t *testing.T) {
 	reset := time.Date(2030, 1, 2, 3, 4, 0, 0, time.UTC)
 	fake := &fakeUsage{rules: []limit.Usage{
-		{Rule: "1000/1m", Count: 1000, Limit: 1000, Remaining: 0, Reset: reset},
-		{Rule: "50000/1d", Count: 1000, Limit: 50000, Remaining: 49000, Reset: reset.Add(20 * time.Hour)},
+		{Rule: "1000/1m", Unit: "events", Count: 1000, Limit: 1000, Remaining: 0, Reset: reset},
+		{Rule: "50000/1d", Unit: "events", Count: 1000, Limit: 50000, Remaining: 49000, Reset: reset.Add(20 * time.Hour)},
 	}}
 	srv := newTestServer(t, httpConfig{Usage: fake.Usage})
 	_, body, _ := get(t, srv, "/v1/usage/acme")
 	want := `{"tenant":"acme","rules":[` +
-		`{"rule":"1000/1m","count":1000,"limit":1000,"remaining":0,"reset":"2030-01-02T03:04:00Z"},` +
-		`{"rule":"50000/1d","count":1000,"limit":50000,"remaining":49000,"reset":"2030-01-02T23:04:00Z"}]}` + "\n"
+		`{"rule":"1000/1m","unit":"events","count":1000,"limit":1000,"remaining":0,"reset":"2030-01-02T03:04:00Z"},` +
+		`{"rule":"50000/1d","unit":"events","count":1000,"limit":50000,"remaining":49000,"reset":"2030-01-02T23:04:00Z"}]}` + "\n"
 	if diff := cmp.Diff(want, body); diff != "" {
 		t.Errorf("body (-want +got):\n%s", diff)
 	}

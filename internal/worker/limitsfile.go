@@ -32,9 +32,11 @@ const maxLimitsFile = 1 << 20
 //	default: [100/1m]          # every tenant without rules of its own (optional)
 //	tenants:
 //	  acme: [1000/1m, 50000/1d]
+//	  bulk: [1000/1m, 10MiB/1m, 2GiB/1d]   # events and bytes
 //	  "weird tenant/with:chars": [10/1s]
 //
 // A rule list may also be written as one string, "1000/1m, 50000/1d".
+// Rules are those of LIMITS (limit.ParseRules): events, bytes or units.
 // Unknown top-level keys are errors, so a typo does not silently drop rules.
 //
 // The document is parsed into yaml.Nodes and walked here rather than

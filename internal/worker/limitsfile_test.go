@@ -85,6 +85,15 @@ tenants:
 			want: map[string][]string{"a": {"1/366d", "2/52w", "3/12mo", "4/8784h"}},
 		},
 		{
+			name: "bytes and units",
+			yaml: "default: [100/1m, 10MiB/1m]\ntenants:\n  acme: 1000/1m, 10MiB/1m, 2GiB/1d\n  meter: [5000u/1m, 500KB/1s]\n",
+			want: map[string][]string{
+				"*":     {"100/1m", "10MiB/1m"},
+				"acme":  {"1000/1m", "10MiB/1m", "2GiB/1d"},
+				"meter": {"5000u/1m", "500KB/1s"},
+			},
+		},
+		{
 			name: "numeric tenant name",
 			yaml: "tenants:\n  42: [1/1s]\n",
 			want: map[string][]string{"42": {"1/1s"}},

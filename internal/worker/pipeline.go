@@ -108,17 +108,23 @@ func (p Pipeline) onRedisError() string {
 }
 
 // admission is what the gate and the retrier share: the limiter, the router,
-// the Redis error policy, the clock, logger, metrics and readiness.
-func (p Pipeline) admission(m *pipelineMetrics, router *route.Router) route.Admission {
+// the Redis error policy, the cost source, the clock, logger, metrics and
+// readiness.
+func (p Pipeline) admission(m *pipelineMetrics, router *route.Router) (route.Admission, error) {
+	costFrom, err := route.ParseCostFrom(p.Config.CostFrom)
+	if err != nil {
+		return route.Admission{}, fmt.Errorf("GATEKEEPER_COST_FROM: %w", err)
+	}
 	return route.Admission{
 		Admitter:     p.Limiter,
 		Router:       router,
+		CostFrom:     costFrom,
 		OnRedisError: p.onRedisError(),
 		Clock:        time.Now,
 		Logger:       p.Log,
 		Metrics:      m.route,
 		SetReady:     p.setReady,
-	}
+	}, nil
 }
 
 // setReady reports to readiness whether consumption runs (false: paused).
@@ -165,7 +171,11 @@ func (p Pipeline) gateGroup(m *pipelineMetrics, router *route.Router) (consumerG
 	if err != nil {
 		return nil, fmt.Errorf("GATEKEEPER_TENANT_FROM: %w", err)
 	}
-	gate := &route.Gate{Admission: p.admission(m, router), Extractor: extractor, Shadow: cfg.Shadow}
+	adm, err := p.admission(m, router)
+	if err != nil {
+		return nil, err
+	}
+	gate := &route.Gate{Admission: adm, Extractor: extractor, Shadow: cfg.Shadow}
 	if err := gate.Validate(); err != nil {
 		return nil, err // Validate's errors already start with "gate: "
 	}
@@ -189,7 +199,11 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 	if !cfg.HasRole(route.RoleRetry) {
 		return nil, nil
 	}
-	retrier := &route.Retrier{Admission: p.admission(m, router), MaxAttempts: cfg.MaxAttempts}
+	adm, err := p.admission(m, router)
+	if err != nil {
+		return nil, err
+	}
+	retrier := &route.Retrier{Admission: adm, MaxAttempts: cfg.MaxAttempts}
 	if err := retrier.Validate(); err != nil {
 		return nil, err // Validate's errors already start with "retrier: "
 	}

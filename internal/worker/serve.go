@@ -151,6 +151,9 @@ func (w *worker) loadRules() (*Watcher, *limit.Rules, error) {
 		if lim == nil {
 			return errors.New("limiter not started")
 		}
+		if err := w.cfg.CheckUnits(r); err != nil {
+			return fmt.Errorf("%s_COST_FROM %w", EnvPrefix, err)
+		}
 		return lim.SetRules(r)
 	}, w.log, w.reg)
 	if err != nil {

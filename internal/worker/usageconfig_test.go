@@ -66,3 +66,16 @@ func TestLoadUsageConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestLoadUsageConfigUnits checks that `gatekeeper usage` reads rules that
+// count units without COST_FROM, which only the gate needs.
+func TestLoadUsageConfigUnits(t *testing.T) {
+	setEnv(t, map[string]string{"LIMITS": "*=5000u/1m,10MiB/1m"})
+	got, err := LoadUsageConfig()
+	if err != nil {
+		t.Fatalf("got %v, want the usage configuration", err)
+	}
+	if rules, err := got.Rules(); err != nil || len(rules.For("acme")) != 2 {
+		t.Errorf("rules: got %v, %v; want the two rules of LIMITS", rules, err)
+	}
+}
