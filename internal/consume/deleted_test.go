@@ -168,9 +168,12 @@ func testTopicDeleted(t *testing.T, broker string, topics int) {
 		t.Errorf("retry Run: %v", err)
 	}
 	// One rebalance for the deletion, and a few more while the broker's
-	// metadata catches up, are fine; a storm is hundreds per second.
-	if n := after - before; n > 5 {
-		t.Errorf("source group: got %d generations in %v after the topic was deleted, want at most 5", n, observe)
+	// metadata catches up, are fine; a storm is hundreds per second. When
+	// the topic check misses the deletion (seen on 3.9.1: the member rejoined
+	// before the metadata said the topic was gone), the backoff after short
+	// generations (100ms doubling) allows about 10 in 20s.
+	if n := after - before; n > 12 {
+		t.Errorf("source group: got %d generations in %v after the topic was deleted, want at most 12", n, observe)
 	}
 	if n := retryAfter - retryBefore; n > 0 {
 		t.Errorf("retry group: got %d generations after a source topic was deleted, want 0", n)

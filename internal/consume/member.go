@@ -106,7 +106,16 @@ func (m *member) run(ctx context.Context) error {
 // it cannot read a topic's partitions (hundreds of generations a second).
 func (m *member) consume(ctx context.Context, cg *kafka.ConsumerGroup) (missing []string) {
 	var current *sync.WaitGroup
+	var lastGen time.Time // when the last generation started
+	short := 0            // generations in a row that lasted under minGeneration
 	for {
+		// A guard against any other cause of a rejoin loop: after a
+		// generation that lasted under minGeneration, the next one is taken
+		// after a growing backoff (kafka-go joins again only once Next takes
+		// the generation it has).
+		if short > 0 && !sleep(ctx, m.cfg.backoff(short-1)) {
+			break
+		}
 		gen, err := cg.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
@@ -123,6 +132,12 @@ func (m *member) consume(ctx context.Context, cg *kafka.ConsumerGroup) (missing 
 			m.log.Warn("join consumer group failed; retrying", "err", err)
 			continue
 		}
+		if !lastGen.IsZero() && time.Since(lastGen) < minGeneration {
+			short++
+		} else {
+			short = 0
+		}
+		lastGen = time.Now()
 		if missing = m.missingTopics(ctx); len(missing) > 0 {
 			break
 		}
@@ -138,6 +153,10 @@ func (m *member) consume(ctx context.Context, cg *kafka.ConsumerGroup) (missing 
 	m.close(cg)
 	return missing
 }
+
+// minGeneration is the shortest generation that does not count towards the
+// rejoin backoff of consume.
+const minGeneration = time.Second
 
 // missingTopics returns the subscribed topics that the brokers say do not
 // exist. When the brokers cannot be asked it returns nil: the group goes on.
