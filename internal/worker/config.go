@@ -258,7 +258,7 @@ func (c *Config) Validate() error {
 // that keep accepts (its name without the prefix); problems of the other
 // variables are ignored.
 func (c *Config) validate(keep func(variable string) bool) error {
-	for _, checks := range [][]func() error{c.serverChecks(), c.routingChecks(), c.sizeAndTimeChecks()} {
+	for _, checks := range [][]func() error{c.serverChecks(), c.routingChecks(), c.sizeAndTimeChecks(), c.placeholderChecks()} {
 		for _, check := range checks {
 			var ce *configError
 			if err := check(); err != nil && (!errors.As(err, &ce) || keep(ce.Var)) {
@@ -533,8 +533,32 @@ func (c *Config) retryTopics() []string {
 const MinAdminTokenBytes = 16
 
 // adminTokenPlaceholder starts the placeholder values of the secrets in
-// deploy/ (e.g. REPLACE-ME-admin-token), which must never be a token.
+// deploy/ (e.g. REPLACE-ME-admin-token), which must never be a token or a
+// password (placeholderChecks).
 const adminTokenPlaceholder = "REPLACE-ME"
+
+// placeholderChecks refuse the placeholder values of the secrets in
+// deploy/ (REPLACE-ME-redis-password, ...) in every secret setting, as
+// checkAdminToken does for ADMIN_TOKEN: a manifest applied unedited must not
+// start with a guessable password. The messages never show the value.
+func (c *Config) placeholderChecks() []func() error {
+	secrets := []struct{ variable, value string }{
+		{"REDIS_PASSWORD", c.RedisPassword},
+		{"KAFKA_SASL_PASSWORD", c.KafkaSASLPassword},
+		{"RETRY_SECRET", c.RetrySecret},
+		{"RETRY_SECRET_PREVIOUS", c.RetrySecretPrevious},
+	}
+	checks := make([]func() error, 0, len(secrets))
+	for _, sec := range secrets {
+		checks = append(checks, func() error {
+			if strings.HasPrefix(strings.ToUpper(sec.value), adminTokenPlaceholder) {
+				return bad(sec.variable, "is a %s... placeholder: set the real value", adminTokenPlaceholder)
+			}
+			return nil
+		})
+	}
+	return checks
+}
 
 // checkAdminToken checks ADMIN_TOKEN, when set. The messages never show
 // the token, nor its length.

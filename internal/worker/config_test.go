@@ -361,6 +361,9 @@ func TestConfigErrorText(t *testing.T) {
 		{with(minimal(), "RETRY_SECRET", "hunter2"), `GATEKEEPER_RETRY_SECRET: must be at least 32 bytes (e.g. openssl rand -base64 32)`},
 		{with(minimal(), "ADMIN_TOKEN", "hunter2"), `GATEKEEPER_ADMIN_TOKEN: must be at least 16 bytes (e.g. openssl rand -base64 24)`},
 		{with(minimal(), "ADMIN_TOKEN", "REPLACE-ME-admin-token"), `GATEKEEPER_ADMIN_TOKEN: is a REPLACE-ME... placeholder: set a random token (e.g. openssl rand -base64 24)`},
+		{with(minimal(), "REDIS_PASSWORD", "REPLACE-ME-redis-password", "REDIS_TLS", "true"), `GATEKEEPER_REDIS_PASSWORD: is a REPLACE-ME... placeholder: set the real value`},
+		{with(minimal(), "KAFKA_SASL_MECHANISM", "PLAIN", "KAFKA_SASL_USERNAME", "gk", "KAFKA_SASL_PASSWORD", "replace-me-kafka", "KAFKA_TLS", "true"), `GATEKEEPER_KAFKA_SASL_PASSWORD: is a REPLACE-ME... placeholder: set the real value`},
+		{with(minimal(), "RETRY_SECRET", "REPLACE-ME-retry-secret-0123456789abcdef"), `GATEKEEPER_RETRY_SECRET: is a REPLACE-ME... placeholder: set the real value`},
 		{with(minimal(), "RETRY_SECRET_PREVIOUS", strings.Repeat("p", 32)), `GATEKEEPER_RETRY_SECRET_PREVIOUS: set without GATEKEEPER_RETRY_SECRET, which signs (the previous secret only verifies)`},
 	}
 	for _, tt := range tests {
