@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -110,14 +111,24 @@ func kafkaSASL(cfg *Config) (sasl.Mechanism, error) {
 	return nil, fmt.Errorf("kafka sasl mechanism %q: want PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", cfg.KafkaSASLMechanism)
 }
 
+// kafkaAuth returns the SASL mechanism and the TLS configuration that the
+// Kafka dialer and transport share (either may be nil: not configured).
+func kafkaAuth(cfg *Config) (sasl.Mechanism, *tls.Config, error) {
+	mech, err := kafkaSASL(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	tlsConfig, err := cfg.kafkaTLSConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	return mech, tlsConfig, nil
+}
+
 // NewKafkaDialer returns the dialer for consumer groups and readers, with
 // the configured TLS, SASL and KAFKA_TIMEOUT.
 func NewKafkaDialer(cfg *Config) (*kafka.Dialer, error) {
-	mech, err := kafkaSASL(cfg)
-	if err != nil {
-		return nil, err
-	}
-	tlsConfig, err := cfg.kafkaTLSConfig()
+	mech, tlsConfig, err := kafkaAuth(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -133,11 +144,7 @@ func NewKafkaDialer(cfg *Config) (*kafka.Dialer, error) {
 // NewKafkaTransport returns the transport for writers, with the configured
 // TLS, SASL and KAFKA_TIMEOUT.
 func NewKafkaTransport(cfg *Config) (*kafka.Transport, error) {
-	mech, err := kafkaSASL(cfg)
-	if err != nil {
-		return nil, err
-	}
-	tlsConfig, err := cfg.kafkaTLSConfig()
+	mech, tlsConfig, err := kafkaAuth(cfg)
 	if err != nil {
 		return nil, err
 	}
