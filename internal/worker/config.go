@@ -83,6 +83,9 @@ type Config struct {
 	HTTPAddr string `split_words:"true" default:":8080" desc:"listen address of metrics, health and the usage API"`
 	// AdminToken, when set, is the bearer token the usage API requires. Secret.
 	AdminToken string `split_words:"true" desc:"bearer token for the usage API, at least 16 bytes (none: the API is open, with a warning)"`
+	// Pprof serves Go's profiles under /debug/pprof/ on HTTP_ADDR, behind
+	// ADMIN_TOKEN when one is set.
+	Pprof bool `default:"false" desc:"serve Go's profiles (CPU, heap, allocations, goroutines) under /debug/pprof/ on HTTP_ADDR, behind ADMIN_TOKEN when it is set"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `split_words:"true" default:"info" desc:"debug, info, warn or error"`
 	// Roles are the parts this process runs: gate (source topics), retry

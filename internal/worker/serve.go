@@ -238,6 +238,7 @@ func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, er
 			return lim.Usage(ctx, tenant)
 		},
 		AdminToken: cfg.AdminToken,
+		Pprof:      cfg.Pprof,
 		Log:        w.log,
 	})
 	var lc net.ListenConfig
