@@ -90,6 +90,7 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 	if err := g.Router.Route(ctx, items); err != nil {
 		return fmt.Errorf("gate: %w", err)
 	}
+	orig.release() // every message acknowledged: the writer holds none
 	if !g.Shadow {
 		warnFailed(log, msgs[0], ds, counts)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -139,9 +140,13 @@ type origins struct {
 	partitionNum     int
 }
 
+// originPool recycles the buffers of origins (see release).
+var originPool sync.Pool
+
 // newOrigins returns the origins of msgs, sized for them: each event's own
 // headers and four more, its key's bytes (the tenant, when it is taken from
-// the key) and 20 digits of offset.
+// the key) and 20 digits of offset. Its buffers come from earlier batches
+// released with release.
 func newOrigins(msgs []kafka.Message) *origins {
 	nh, nb := 0, 0
 	for i := range msgs {
@@ -151,7 +156,27 @@ func newOrigins(msgs []kafka.Message) *origins {
 	if len(msgs) > 0 {
 		nb += len(msgs[0].Topic) + 20
 	}
-	return &origins{buf: make([]byte, 0, nb), hdrs: make([]kafka.Header, 0, nh)}
+	o, _ := originPool.Get().(*origins)
+	if o == nil {
+		o = &origins{}
+	}
+	if cap(o.hdrs) < nh {
+		o.hdrs = make([]kafka.Header, 0, nh)
+	}
+	if cap(o.buf) < nb {
+		o.buf = make([]byte, 0, nb)
+	}
+	return o
+}
+
+// release gives o's buffers to the next batch. Call it only when no message
+// built by o is used any more, nor will be: after Kafka acknowledged their
+// write (a write given up on, its context done, may still be under way in
+// the writer).
+func (o *origins) release() {
+	clear(o.hdrs[:cap(o.hdrs)]) // keep no source header alive
+	*o = origins{buf: o.buf[:0], hdrs: o.hdrs[:0]}
+	originPool.Put(o)
 }
 
 // value appends v (from f) to the buffer and returns it, capped.

@@ -231,8 +231,19 @@ func TestOriginsBatch(t *testing.T) {
 		for i, m := range msgs {
 			_ = o.with(m, tenants[i])
 		}
+		o.release()
 	})
 	if allocs > 4 {
-		t.Errorf("origins of a 500-event batch: got %.0f allocations, want at most 4 (one buffer, one header slice)", allocs)
+		t.Errorf("origins of a 500-event batch: got %.0f allocations, want at most 4 (one buffer, one header slice, none once recycled)", allocs)
+	}
+	// Released buffers keep no source header alive.
+	o = newOrigins(msgs)
+	_ = o.with(msgs[0], "t")
+	hs := o.hdrs[:cap(o.hdrs)]
+	o.release()
+	for i, h := range hs {
+		if h.Key != "" || h.Value != nil {
+			t.Fatalf("released header %d still holds %q=%q", i, h.Key, h.Value)
+		}
 	}
 }
