@@ -100,7 +100,7 @@ type Config struct {
 	BatchBytes int `split_words:"true" default:"4194304" desc:"most bytes (keys, values, headers and their overhead on the heap) of one partition's source events decided in one batch; a batch holds at least one event"`
 	// RetryLookaheadBytes bounds the bytes of the deferred events the retry
 	// role holds per retry-tier partition.
-	RetryLookaheadBytes int `split_words:"true" default:"1048576" desc:"most bytes of deferred events held in memory per retry-tier partition (keys, values, headers and their overhead on the heap); fetching pauses while they are held"`
+	RetryLookaheadBytes int `split_words:"true" default:"262144" desc:"most bytes of deferred events held in memory per retry-tier partition (keys, values, headers and their overhead on the heap); fetching pauses while they are held"`
 	// MaxMessageBytes is the largest record Gatekeeper writes.
 	MaxMessageBytes int `split_words:"true" default:"1048576" desc:"largest record written, gk- headers included (at most the output topics' max.message.bytes); a larger event is dead-lettered, without its value if need be"`
 	// LimiterCacheBytes bounds the limiter's memory of tenants

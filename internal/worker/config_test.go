@@ -104,7 +104,7 @@ func TestConfigDefaults(t *testing.T) {
 		BatchSize:           500,
 		RetryLookahead:      10000,
 		BatchBytes:          4 << 20,
-		RetryLookaheadBytes: 1 << 20,
+		RetryLookaheadBytes: 256 << 10,
 		MaxMessageBytes:     1 << 20,
 		LimiterCacheBytes:   16 << 20,
 		BatchWait:           50 * time.Millisecond,
