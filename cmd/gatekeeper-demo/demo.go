@@ -501,7 +501,7 @@ func (e *demoEnv) startLimiter(ctx context.Context, reg prometheus.Registerer) (
 // every write the pipeline made, stops the readers and returns the summary.
 func (e *demoEnv) collect(tl *tally, stopReaders func()) *demoSummary {
 	if err := catchUp(context.Background(), e.admin, e.names, tl, 30*time.Second); err != nil {
-		e.log.Warn("output topics not read to their end", slog.String("error", err.Error()))
+		e.log.Warn("output topics not read to their end", slog.String("err", err.Error()))
 	}
 	stopReaders()
 	return tl.summary(time.Now())
@@ -701,7 +701,7 @@ func deleteDemoTopics(ctx context.Context, admin *kafka.Client, n demoNames, log
 		}
 	}
 	if err != nil {
-		log.Warn("delete demo topics", slog.String("error", err.Error()))
+		log.Warn("delete demo topics", slog.String("err", err.Error()))
 	}
 }
 
