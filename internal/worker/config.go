@@ -36,100 +36,39 @@ const mask = "****"
 //
 // A Config is a plain value; it is not safe for concurrent mutation.
 type Config struct {
+	// The groups, embedded: their fields are Config's, and their order
+	// is the order of the README's configuration table.
+	KafkaConfig
+	TopicsConfig
+	RedisConfig
+	LimitsConfig
+	EventsConfig
+	RetryConfig
+	BoundsConfig
+	HTTPConfig
+
+	// limits are the rules of LIMITS or LIMITS_FILE as Validate parsed them:
+	// Rules returns them, and the limits-file watcher starts from the
+	// content Validate read, so that the rules are parsed and the file read
+	// once on the way to the limiter. nil until Validate passes the rules.
+	limits *loadedLimits
+	// tls are the TLS configurations of Kafka and Redis, built by Validate
+	// from the TLS variables and files (tlsfiles.go). nil until Validate
+	// passes them.
+	tls *loadedTLS
+}
+
+// KafkaConfig is the Kafka group of Config: the brokers, the consumer group, the timeouts of Kafka calls, and SASL and TLS to the brokers.
+type KafkaConfig struct {
 	// KafkaBrokers are the bootstrap brokers, host:port each.
 	KafkaBrokers []string `split_words:"true" default:"localhost:9092" desc:"comma-separated bootstrap brokers (host:port)"`
 	// GroupID is the Kafka consumer group shared by all replicas.
 	GroupID string `split_words:"true" default:"gatekeeper" desc:"consumer group of all replicas"`
-	// SourceTopics are the topics whose events are gated.
-	SourceTopics []string `split_words:"true" required:"true" desc:"comma-separated topics to gate"`
-	// DownstreamTopic receives admitted events.
-	DownstreamTopic string `split_words:"true" required:"true" desc:"where admitted events go"`
-	// RetryTopic receives deferred events; longer delays go to tiers with
-	// the suffixes .1h and .long. Default <DownstreamTopic>.retry.
-	RetryTopic string `split_words:"true" doc_default:"<DOWNSTREAM_TOPIC>.retry" desc:"where deferred events go (tiers add the suffixes .1h and .long)"`
-	// DLQTopic receives rejected and invalid events. Default <DownstreamTopic>.dlq.
-	DLQTopic string `split_words:"true" doc_default:"<DOWNSTREAM_TOPIC>.dlq" desc:"dead-letter topic for rejected and invalid events"`
-	// RedisAddrs are the Redis servers; more than one means Redis Cluster.
-	RedisAddrs []string `split_words:"true" default:"localhost:6379" desc:"comma-separated host:port, each server once; more than one means Redis Cluster (see REDIS_CLUSTER)"`
-	// RedisCluster says whether REDIS_ADDRS is a Redis Cluster: true,
-	// false, or auto (also when empty): more than one address is a
-	// cluster, and one address is asked with CLUSTER INFO at start.
-	RedisCluster string `split_words:"true" default:"auto" desc:"Redis Cluster: true, false, or auto (more than one address is a cluster; one address is asked with CLUSTER INFO at start)"`
-	// RedisKeyPrefix starts every counter key.
-	RedisKeyPrefix string `split_words:"true" default:"gk" desc:"prefix of every counter key"`
-	// TenantFrom says where an event's tenant is: key, header:<name> or json:<dot.path>.
-	TenantFrom string `split_words:"true" default:"key" desc:"where the tenant is: key, header:NAME or json:DOT.PATH"`
-	// CostFrom says where an event's cost in units is, for rules that count
-	// units (5000u/1m): header:<name> or json:<dot.path>. Empty: no units.
-	CostFrom string `split_words:"true" desc:"where an event's cost in units is, for rules counting units (5000u/1m): header:NAME or json:DOT.PATH; when set, an event without a valid cost is invalid"`
-	// Limits are the rules, e.g. *=100/1m;acme=1000/1m,50000/1d.
-	Limits string `doc_required:"unless LIMITS_FILE" desc:"rules, e.g. *=100/1m;acme=1000/1m,10MiB/1m (* is every other tenant; units s m h d w mo; limits in events, bytes with B KB MB GB TB KiB MiB GiB TiB, or units with u)"`
-	// LimitsFile is a YAML file of rules, reloaded when it changes. It
-	// replaces LIMITS; setting both is an error.
-	LimitsFile string `split_words:"true" desc:"YAML file of rules, reloaded on change (instead of LIMITS)"`
-	// Window is the window kind: aligned or ttl.
-	Window string `default:"aligned" desc:"window kind: aligned (calendar boundaries) or ttl (from a tenant's first event)"`
-	// Timezone places day, week and month boundaries of aligned windows.
-	Timezone string `default:"UTC" desc:"IANA zone for day, week and month boundaries"`
-	// DeferHorizon is the furthest in the future a deferral may reach.
-	DeferHorizon time.Duration `split_words:"true" default:"24h" desc:"furthest a deferral may reach"`
-	// OnRedisError is what happens while Redis fails: pause or forward.
-	OnRedisError string `split_words:"true" default:"pause" desc:"while Redis fails: pause consumption, or forward unchecked"`
-	// MaxAttempts is how often one event may be deferred before it is dead-lettered.
-	MaxAttempts int `split_words:"true" default:"5" desc:"deferrals of one event before it is dead-lettered"`
-	// Shadow counts and records decisions but forwards every event.
-	Shadow bool `default:"false" desc:"count and record decisions, forward everything"`
-	// HTTPAddr is where metrics, health and the usage API listen.
-	HTTPAddr string `split_words:"true" default:":8080" desc:"listen address of metrics, health and the usage API"`
-	// AdminToken, when set, is the bearer token the usage API requires. Secret.
-	AdminToken string `split_words:"true" desc:"bearer token for the usage API, at least 16 bytes (none: the API is open, with a warning)"`
-	// LogLevel is debug, info, warn or error.
-	LogLevel string `split_words:"true" default:"info" desc:"debug, info, warn or error"`
-	// Roles are the parts this process runs: gate (source topics), retry
-	// (retry topics), or both.
-	Roles []string `default:"gate,retry" desc:"what this process runs: gate, retry or gate,retry"`
-	// BatchSize bounds the events of one partition handled as one batch.
-	BatchSize int `split_words:"true" default:"500" desc:"most events of one partition decided in one batch"`
-	// RetryLookahead bounds the deferred events the retry role holds in
-	// memory per retry-tier partition.
-	RetryLookahead int `split_words:"true" default:"10000" desc:"most deferred events held in memory per retry-tier partition while they wait for their release time (memory: about this many times the partitions of the retry tiers times the event size, with headers)"`
-	// BatchBytes bounds the bytes of one source batch.
-	BatchBytes int `split_words:"true" default:"4194304" desc:"most bytes (keys, values, headers and their overhead on the heap) of one partition's source events decided in one batch; a batch holds at least one event"`
-	// RetryLookaheadBytes bounds the bytes of the deferred events the retry
-	// role holds per retry-tier partition.
-	RetryLookaheadBytes int `split_words:"true" default:"1048576" desc:"most bytes of deferred events held in memory per retry-tier partition (keys, values, headers and their overhead on the heap); fetching pauses while they are held"`
-	// MaxMessageBytes is the largest record Gatekeeper writes.
-	MaxMessageBytes int `split_words:"true" default:"1048576" desc:"largest record written, gk- headers included (at most the output topics' max.message.bytes); a larger event is dead-lettered, without its value if need be"`
-	// LimiterCacheBytes bounds the limiter's memory of tenants
-	// (limit.Options.CacheBytes).
-	LimiterCacheBytes int `split_words:"true" default:"16777216" desc:"most bytes (estimated, on the heap) of the tenants the limiter remembers: key names and tenants known full, whose events are rejected without Redis; the least recently used go first, tenants known full last"`
-	// BatchWait bounds how long a batch waits to fill.
-	BatchWait time.Duration `split_words:"true" default:"50ms" desc:"longest a batch waits to fill"`
-	// ShutdownGrace bounds the drain after SIGTERM.
-	ShutdownGrace time.Duration `split_words:"true" default:"25s" desc:"time to finish writes, commit and leave the group after SIGTERM"`
-	// RedisTimeout bounds every Redis call.
-	RedisTimeout time.Duration `split_words:"true" default:"2s" desc:"timeout of every Redis call"`
 	// KafkaTimeout bounds every Kafka call.
 	KafkaTimeout time.Duration `split_words:"true" default:"10s" desc:"timeout of every Kafka call"`
 	// KafkaSessionTimeout is how long the group waits for a silent member
 	// (a crashed replica) before its partitions move to the others.
 	KafkaSessionTimeout time.Duration `split_words:"true" default:"30s" desc:"consumer-group session timeout: how soon a crashed replica's partitions move (6s to 30s with Kafka's defaults); the retry group takes at most 10s, so that deferred events miss few reserved slots"`
-	// Retention keeps aligned window keys this long after their window ends.
-	Retention time.Duration `default:"168h" desc:"how long counters of windows of a day or longer stay after the window ends; shorter windows keep 24 windows (at least 1m), at most this"`
-	// RedisUsername is the Redis ACL user (none: the default user).
-	RedisUsername string `split_words:"true" desc:"Redis ACL user name"`
-	// RedisPassword authenticates to Redis. Secret.
-	RedisPassword string `split_words:"true" desc:"Redis password"`
-	// RedisTLS connects to Redis over TLS.
-	RedisTLS bool `split_words:"true" default:"false" desc:"connect to Redis over TLS"`
-	// RedisTLSCaFile is a PEM file of the CA certificates Redis servers'
-	// certificates must chain to; it replaces the system's CAs. (Ca, not
-	// CA: envconfig splits the words of the field name into REDIS_TLS_CA_FILE.)
-	RedisTLSCaFile string `split_words:"true" desc:"PEM file of the CAs that sign the Redis servers' certificates, trusted instead of the system's (needs REDIS_TLS)"`
-	// RedisTLSCertFile is the PEM client certificate (and chain) for mutual TLS.
-	RedisTLSCertFile string `split_words:"true" desc:"PEM file of the client certificate (and its chain) for mutual TLS with Redis (with REDIS_TLS_KEY_FILE)"`
-	// RedisTLSKeyFile is the unencrypted PEM key of RedisTLSCertFile.
-	RedisTLSKeyFile string `split_words:"true" desc:"PEM file of the unencrypted private key of REDIS_TLS_CERT_FILE"`
 	// KafkaSASLMechanism is none, PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
 	KafkaSASLMechanism string `split_words:"true" desc:"SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (none: no SASL)"`
 	// KafkaSASLUsername is the SASL user.
@@ -145,6 +84,92 @@ type Config struct {
 	KafkaTLSCertFile string `split_words:"true" desc:"PEM file of the client certificate (and its chain) for mutual TLS with Kafka (with KAFKA_TLS_KEY_FILE)"`
 	// KafkaTLSKeyFile is the unencrypted PEM key of KafkaTLSCertFile.
 	KafkaTLSKeyFile string `split_words:"true" desc:"PEM file of the unencrypted private key of KAFKA_TLS_CERT_FILE"`
+}
+
+// TopicsConfig is the Topics group of Config: the topics read and written.
+type TopicsConfig struct {
+	// SourceTopics are the topics whose events are gated.
+	SourceTopics []string `split_words:"true" required:"true" desc:"comma-separated topics to gate"`
+	// DownstreamTopic receives admitted events.
+	DownstreamTopic string `split_words:"true" required:"true" desc:"where admitted events go"`
+	// RetryTopic receives deferred events; longer delays go to tiers with
+	// the suffixes .1h and .long. Default <DownstreamTopic>.retry.
+	RetryTopic string `split_words:"true" doc_default:"<DOWNSTREAM_TOPIC>.retry" desc:"where deferred events go (tiers add the suffixes .1h and .long)"`
+	// DLQTopic receives rejected and invalid events. Default <DownstreamTopic>.dlq.
+	DLQTopic string `split_words:"true" doc_default:"<DOWNSTREAM_TOPIC>.dlq" desc:"dead-letter topic for rejected and invalid events"`
+}
+
+// RedisConfig is the Redis group of Config: the Redis servers, their timeout, the key prefix, and authentication and TLS to Redis. `gatekeeper usage` reads this group.
+type RedisConfig struct {
+	// RedisAddrs are the Redis servers; more than one means Redis Cluster.
+	RedisAddrs []string `split_words:"true" default:"localhost:6379" desc:"comma-separated host:port, each server once; more than one means Redis Cluster (see REDIS_CLUSTER)"`
+	// RedisCluster says whether REDIS_ADDRS is a Redis Cluster: true,
+	// false, or auto (also when empty): more than one address is a
+	// cluster, and one address is asked with CLUSTER INFO at start.
+	RedisCluster string `split_words:"true" default:"auto" desc:"Redis Cluster: true, false, or auto (more than one address is a cluster; one address is asked with CLUSTER INFO at start)"`
+	// RedisKeyPrefix starts every counter key.
+	RedisKeyPrefix string `split_words:"true" default:"gk" desc:"prefix of every counter key"`
+	// RedisTimeout bounds every Redis call.
+	RedisTimeout time.Duration `split_words:"true" default:"2s" desc:"timeout of every Redis call"`
+	// RedisUsername is the Redis ACL user (none: the default user).
+	RedisUsername string `split_words:"true" desc:"Redis ACL user name"`
+	// RedisPassword authenticates to Redis. Secret.
+	RedisPassword string `split_words:"true" desc:"Redis password"`
+	// RedisTLS connects to Redis over TLS.
+	RedisTLS bool `split_words:"true" default:"false" desc:"connect to Redis over TLS"`
+	// RedisTLSCaFile is a PEM file of the CA certificates Redis servers'
+	// certificates must chain to; it replaces the system's CAs. (Ca, not
+	// CA: envconfig splits the words of the field name into REDIS_TLS_CA_FILE.)
+	RedisTLSCaFile string `split_words:"true" desc:"PEM file of the CAs that sign the Redis servers' certificates, trusted instead of the system's (needs REDIS_TLS)"`
+	// RedisTLSCertFile is the PEM client certificate (and chain) for mutual TLS.
+	RedisTLSCertFile string `split_words:"true" desc:"PEM file of the client certificate (and its chain) for mutual TLS with Redis (with REDIS_TLS_KEY_FILE)"`
+	// RedisTLSKeyFile is the unencrypted PEM key of RedisTLSCertFile.
+	RedisTLSKeyFile string `split_words:"true" desc:"PEM file of the unencrypted private key of REDIS_TLS_CERT_FILE"`
+}
+
+// LimitsConfig is the Limits group of Config: the rules and the windows they count in. `gatekeeper usage` reads this group.
+type LimitsConfig struct {
+	// Limits are the rules, e.g. *=100/1m;acme=1000/1m,50000/1d.
+	Limits string `doc_required:"unless LIMITS_FILE" desc:"rules, e.g. *=100/1m;acme=1000/1m,10MiB/1m (* is every other tenant; units s m h d w mo; limits in events, bytes with B KB MB GB TB KiB MiB GiB TiB, or units with u)"`
+	// LimitsFile is a YAML file of rules, reloaded when it changes. It
+	// replaces LIMITS; setting both is an error.
+	LimitsFile string `split_words:"true" desc:"YAML file of rules, reloaded on change (instead of LIMITS)"`
+	// Window is the window kind: aligned or ttl.
+	Window string `default:"aligned" desc:"window kind: aligned (calendar boundaries) or ttl (from a tenant's first event)"`
+	// Timezone places day, week and month boundaries of aligned windows.
+	Timezone string `default:"UTC" desc:"IANA zone for day, week and month boundaries"`
+	// DeferHorizon is the furthest in the future a deferral may reach.
+	DeferHorizon time.Duration `split_words:"true" default:"24h" desc:"furthest a deferral may reach"`
+	// Retention keeps aligned window keys this long after their window ends.
+	Retention time.Duration `default:"168h" desc:"how long counters of windows of a day or longer stay after the window ends; shorter windows keep 24 windows (at least 1m), at most this"`
+}
+
+// EventsConfig is the Events group of Config: where an event's tenant and cost are, and what the process does with events.
+type EventsConfig struct {
+	// TenantFrom says where an event's tenant is: key, header:<name> or json:<dot.path>.
+	TenantFrom string `split_words:"true" default:"key" desc:"where the tenant is: key, header:NAME or json:DOT.PATH"`
+	// CostFrom says where an event's cost in units is, for rules that count
+	// units (5000u/1m): header:<name> or json:<dot.path>. Empty: no units.
+	CostFrom string `split_words:"true" desc:"where an event's cost in units is, for rules counting units (5000u/1m): header:NAME or json:DOT.PATH; when set, an event without a valid cost is invalid"`
+	// Roles are the parts this process runs: gate (source topics), retry
+	// (retry topics), or both.
+	Roles []string `default:"gate,retry" desc:"what this process runs: gate, retry or gate,retry"`
+	// OnRedisError is what happens while Redis fails: pause or forward.
+	OnRedisError string `split_words:"true" default:"pause" desc:"while Redis fails: pause consumption, or forward unchecked"`
+	// Shadow counts and records decisions but forwards every event.
+	Shadow bool `default:"false" desc:"count and record decisions, forward everything"`
+}
+
+// RetryConfig is the Retry group of Config: the deferral of events: attempts, the retry role's lookahead, and the signature of deferred events.
+type RetryConfig struct {
+	// MaxAttempts is how often one event may be deferred before it is dead-lettered.
+	MaxAttempts int `split_words:"true" default:"5" desc:"deferrals of one event before it is dead-lettered"`
+	// RetryLookahead bounds the deferred events the retry role holds in
+	// memory per retry-tier partition.
+	RetryLookahead int `split_words:"true" default:"10000" desc:"most deferred events held in memory per retry-tier partition while they wait for their release time (memory: about this many times the partitions of the retry tiers times the event size, with headers)"`
+	// RetryLookaheadBytes bounds the bytes of the deferred events the retry
+	// role holds per retry-tier partition.
+	RetryLookaheadBytes int `split_words:"true" default:"1048576" desc:"most bytes of deferred events held in memory per retry-tier partition (keys, values, headers and their overhead on the heap); fetching pauses while they are held"`
 	// RetrySecret, when set, is the HMAC-SHA256 key that signs the gk-
 	// headers of deferred events (gk-sig); events in the retry tiers whose
 	// signature is missing or does not match are dead-lettered. At least
@@ -153,16 +178,33 @@ type Config struct {
 	// RetrySecretPrevious is the retry secret being rotated out: gk-sig made
 	// with it still verifies, but nothing is signed with it. Secret.
 	RetrySecretPrevious string `split_words:"true" desc:"the RETRY_SECRET being rotated out: still accepted when checking gk-sig, never used to sign"`
+}
 
-	// limits are the rules of LIMITS or LIMITS_FILE as Validate parsed them:
-	// Rules returns them, and the limits-file watcher starts from the
-	// content Validate read, so that the rules are parsed and the file read
-	// once on the way to the limiter. nil until Validate passes the rules.
-	limits *loadedLimits
-	// tls are the TLS configurations of Kafka and Redis, built by Validate
-	// from the TLS variables and files (tlsfiles.go). nil until Validate
-	// passes them.
-	tls *loadedTLS
+// BoundsConfig is the Bounds group of Config: the bounds of batches, records and the limiter's memory.
+type BoundsConfig struct {
+	// BatchSize bounds the events of one partition handled as one batch.
+	BatchSize int `split_words:"true" default:"500" desc:"most events of one partition decided in one batch"`
+	// BatchBytes bounds the bytes of one source batch.
+	BatchBytes int `split_words:"true" default:"4194304" desc:"most bytes (keys, values, headers and their overhead on the heap) of one partition's source events decided in one batch; a batch holds at least one event"`
+	// BatchWait bounds how long a batch waits to fill.
+	BatchWait time.Duration `split_words:"true" default:"50ms" desc:"longest a batch waits to fill"`
+	// MaxMessageBytes is the largest record Gatekeeper writes.
+	MaxMessageBytes int `split_words:"true" default:"1048576" desc:"largest record written, gk- headers included (at most the output topics' max.message.bytes); a larger event is dead-lettered, without its value if need be"`
+	// LimiterCacheBytes bounds the limiter's memory of tenants
+	// (limit.Options.CacheBytes).
+	LimiterCacheBytes int `split_words:"true" default:"16777216" desc:"most bytes (estimated, on the heap) of the tenants the limiter remembers: key names and tenants known full, whose events are rejected without Redis; the least recently used go first, tenants known full last"`
+}
+
+// HTTPConfig is the HTTP group of Config: the HTTP server (metrics, health, the usage API), logging and shutdown.
+type HTTPConfig struct {
+	// HTTPAddr is where metrics, health and the usage API listen.
+	HTTPAddr string `split_words:"true" default:":8080" desc:"listen address of metrics, health and the usage API"`
+	// AdminToken, when set, is the bearer token the usage API requires. Secret.
+	AdminToken string `split_words:"true" desc:"bearer token for the usage API, at least 16 bytes (none: the API is open, with a warning)"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `split_words:"true" default:"info" desc:"debug, info, warn or error"`
+	// ShutdownGrace bounds the drain after SIGTERM.
+	ShutdownGrace time.Duration `split_words:"true" default:"25s" desc:"time to finish writes, commit and leave the group after SIGTERM"`
 }
 
 // configError is a bad configuration value. Its text is one line that starts
@@ -748,13 +790,7 @@ func (c Config) Environ() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := reflect.ValueOf(c)
-	var fields []reflect.Value // the exported ones, which envconfig reads
-	for i := range v.NumField() {
-		if v.Type().Field(i).IsExported() {
-			fields = append(fields, v.Field(i))
-		}
-	}
+	fields := leafFields(reflect.ValueOf(c), nil)
 	if len(keys) != len(fields) {
 		return nil, fmt.Errorf("config has %d fields, envconfig sees %d", len(fields), len(keys))
 	}
@@ -770,6 +806,22 @@ func (c Config) Environ() ([]string, error) {
 		out = append(out, k+"="+s)
 	}
 	return out, nil
+}
+
+// leafFields appends to out the exported fields of the struct v that
+// envconfig reads, in its order: those of an embedded group in its place.
+func leafFields(v reflect.Value, out []reflect.Value) []reflect.Value {
+	for i := range v.NumField() {
+		f := v.Type().Field(i)
+		switch {
+		case !f.IsExported():
+		case f.Anonymous && f.Type.Kind() == reflect.Struct:
+			out = leafFields(v.Field(i), out)
+		default:
+			out = append(out, v.Field(i))
+		}
+	}
+	return out
 }
 
 // UnknownVars lists GATEKEEPER_* variables in env that configure nothing,
