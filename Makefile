@@ -77,7 +77,7 @@ vet:
 # and the GATEKEEPER_TEST_* servers unset, so that the tests that need Kafka or Redis skip
 # (testenv skips them under -short; integration skips whole) and nothing is started.
 # Under three minutes on two cores; `make test` stays the whole suite (and what CI runs).
-CHECK_ENV := env -u GATEKEEPER_TEST_KAFKA -u GATEKEEPER_TEST_REDIS -u GATEKEEPER_TEST_REDIS_CLUSTER
+CHECK_ENV := env -u GATEKEEPER_LOCAL_DIR -u GATEKEEPER_TEST_KAFKA -u GATEKEEPER_TEST_REDIS -u GATEKEEPER_TEST_REDIS_CLUSTER
 check: vet
 	$(CHECK_ENV) $(GO) test -short -race -count=1 -timeout 10m ./...
 
