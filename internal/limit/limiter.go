@@ -99,6 +99,7 @@ type Limiter struct {
 	rules   atomic.Pointer[Rules]
 	admit   *redis.Script
 	get     *redis.Script
+	release *redis.Script
 	metrics *metrics
 	// fullReason is the reason of events rejected for want of room.
 	fullReason string
@@ -158,10 +159,11 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		keys:    keys{prefix: opts.Prefix, kind: opts.WindowKind},
 		admit:   redis.NewScript(lua.Admit),
 		get:     redis.NewScript(lua.AlignedGet),
+		release: redis.NewScript(lua.Release),
 	}
 	l.fullReason = fmt.Sprintf("no room within the deferral horizon (%v)", opts.Horizon)
 	l.rules.Store(rules)
-	for _, s := range []*redis.Script{l.admit, l.get} {
+	for _, s := range []*redis.Script{l.admit, l.get, l.release} {
 		cctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 		err := s.Load(cctx, rdb).Err()
 		cancel()
