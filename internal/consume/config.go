@@ -84,6 +84,14 @@ type Config struct {
 	// its offsets.retention.minutes.
 	RetentionTime time.Duration
 
+	// Leases, if set, makes a crashed member's partitions move within
+	// LeaseTTL (default DefaultLeaseTTL) plus a heartbeat rather than a
+	// session timeout (see lease.go). OnLeaseEnded, if set, is called each
+	// time this member removed a peer whose lease ended.
+	Leases       Leases
+	LeaseTTL     time.Duration
+	OnLeaseEnded func()
+
 	// Dialer sets TLS, SASL or a client ID (default: kafka-go's dialer with
 	// Timeout as its dial timeout).
 	Dialer *kafka.Dialer
@@ -120,6 +128,7 @@ func (c Config) withDefaults() Config {
 	setDefault(&c.MaxBytes, DefaultMaxBytes)
 	setDefault(&c.BackoffMin, DefaultBackoffMin)
 	setDefault(&c.BackoffMax, DefaultBackoffMax)
+	setDefault(&c.LeaseTTL, DefaultLeaseTTL)
 	if c.Dialer == nil {
 		c.Dialer = &kafka.Dialer{Timeout: c.Timeout, DualStack: true}
 	}
@@ -187,7 +196,7 @@ func (c Config) Validate() error {
 		{"backoff max", c.BackoffMax}, {"session timeout", c.SessionTimeout},
 		{"rebalance timeout", c.RebalanceTimeout},
 		{"heartbeat interval", c.HeartbeatInterval},
-		{"join group backoff", c.JoinGroupBackoff},
+		{"join group backoff", c.JoinGroupBackoff}, {"lease ttl", c.LeaseTTL},
 		{"retention time", c.RetentionTime},
 	} {
 		if d.v < 0 {

@@ -228,6 +228,9 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 			})
 		}
 	}
+	if m.cfg.Leases != nil {
+		gen.Start(func(gctx context.Context) { m.watchLeases(gctx, gen) })
+	}
 	m.log.Info("consumer group generation started", "generation", gen.ID, "member", gen.MemberID, "partitions", parts)
 	if m.onGeneration != nil {
 		m.onGeneration(gen)

@@ -192,6 +192,11 @@ func (p Pipeline) gateGroup(m *pipelineMetrics, router *route.Router) (consumerG
 // default group.min.session.timeout.ms is 6s.
 const retrySessionTimeout = 10 * time.Second
 
+// retryLeaseHeartbeat is the retry group's heartbeat with leases: the
+// survivors learn of the rebalance that removing a crashed member starts
+// at their next heartbeat.
+const retryLeaseHeartbeat = 500 * time.Millisecond
+
 // retryGroup returns the consumer group of the retry tiers with the retrier
 // as its handler, or nil when this process does not run the retry role.
 func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumerGroup, error) {
@@ -233,11 +238,17 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, router *route.Router) consume.
 	// never disturb the source group.
 	dc.GroupID = cfg.GroupID + ".retry"
 	// A retry partition without an owner holds events whose reserved slot
-	// is running out (an event back after its slot is checked as new, and its
-	// first slot stays spent): after a crash, its partitions move after at
-	// most retrySessionTimeout rather than the whole KAFKA_SESSION_TIMEOUT.
+	// is running out (an event back after its slot is checked again as new):
+	// after a crash, its partitions move after a lease (consume.Leases) and
+	// a heartbeat, or at most retrySessionTimeout rather than the whole
+	// KAFKA_SESSION_TIMEOUT without leases.
 	dc.SessionTimeout = min(cfg.KafkaSessionTimeout, retrySessionTimeout)
 	dc.HeartbeatInterval = min(3*time.Second, dc.SessionTimeout/5)
+	if p.Leases != nil {
+		dc.Leases = p.Leases
+		dc.OnLeaseEnded = func() { m.leasesEnded.Inc() }
+		dc.HeartbeatInterval = retryLeaseHeartbeat
+	}
 	for _, t := range router.Topics.Tiers() {
 		dc.Topics = append(dc.Topics, t.Topic)
 	}
@@ -254,6 +265,7 @@ type pipelineMetrics struct {
 	skipped     *prometheus.CounterVec
 	truncated   *prometheus.CounterVec
 	offsetsLost *prometheus.CounterVec
+	leasesEnded prometheus.Counter
 }
 
 // newPipelineMetrics builds the pipeline's collectors and registers them
@@ -296,8 +308,13 @@ func newPipelineMetrics(reg prometheus.Registerer) (*pipelineMetrics, error) {
 			Help: "Offsets Kafka deleted (retention) before Gatekeeper consumed them: the events there are lost. " +
 				"Each jump is also an error log line.",
 		}, []string{"topic"}),
+		leasesEnded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gatekeeper_retry_leases_ended_total",
+			Help: "Members of the retry group this replica removed from the group because their lease ended " +
+				"(a crashed replica): its retry partitions moved without waiting for its session to time out.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.waiting, m.lateness, m.lag, m.skipped, m.truncated, m.offsetsLost} {
+	for _, c := range []prometheus.Collector{m.waiting, m.lateness, m.lag, m.skipped, m.truncated, m.offsetsLost, m.leasesEnded} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("pipeline metrics: %w", err)
 		}
