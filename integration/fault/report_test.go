@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -112,23 +113,85 @@ func redisWindowCount(prefix, tenant string, idx int64) string {
 
 // redisCounted sums the counts of every window key under prefix
 // (<prefix>:{<tenant>}:5s:<start ms>; frontier, anchor and replay record
-// keys left out), in all and by tenant.
-func redisCounted(ctx context.Context, prefix string) (int, map[string]int, error) {
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ReadTimeout: 10 * time.Second})
-	defer rdb.Close()
-	sum, byTenant := 0, map[string]int{}
-	iter := rdb.Scan(ctx, 0, prefix+":{*}:5s:*", 1000).Iterator()
-	for iter.Next(ctx) {
-		n, err := rdb.HGet(ctx, iter.Val(), "count").Int()
-		if err != nil {
-			return sum, byTenant, fmt.Errorf("hget %s count: %w", iter.Val(), err)
+// keys left out), in all and by tenant. Keys that expired since the poller
+// last saw them (a 5s window's key lives two minutes after its window ends,
+// shorter than a long scenario) count what the poller saw last.
+func redisCounted(ctx context.Context, prefix string, seen map[string]int) (int, map[string]int, error) {
+	counts, err := windowCounts(ctx, prefix)
+	for k, n := range seen {
+		if _, ok := counts[k]; !ok {
+			counts[k] = n
 		}
+	}
+	sum, byTenant := 0, map[string]int{}
+	for k, n := range counts {
 		sum += n
-		_, rest, _ := strings.Cut(iter.Val(), ":{")
+		_, rest, _ := strings.Cut(k, ":{")
 		tenant, _, _ := strings.Cut(rest, "}")
 		byTenant[tenant] += n
 	}
-	return sum, byTenant, iter.Err()
+	return sum, byTenant, err
+}
+
+// windowCounts reads the count of every window key under prefix.
+func windowCounts(ctx context.Context, prefix string) (map[string]int, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ReadTimeout: 10 * time.Second})
+	defer rdb.Close()
+	counts := map[string]int{}
+	iter := rdb.Scan(ctx, 0, prefix+":{*}:5s:*", 1000).Iterator()
+	for iter.Next(ctx) {
+		n, err := rdb.HGet(ctx, iter.Val(), "count").Int()
+		if err == redis.Nil {
+			continue // expired since the scan
+		}
+		if err != nil {
+			return counts, fmt.Errorf("hget %s count: %w", iter.Val(), err)
+		}
+		counts[iter.Val()] = n
+	}
+	return counts, iter.Err()
+}
+
+// countPoller reads the window counts under a prefix every few seconds
+// until stopped, keeping the last count seen of each key.
+type countPoller struct {
+	stopc, done chan struct{}
+	mu          sync.Mutex
+	last        map[string]int
+}
+
+func startCountPoller(prefix string, every time.Duration) *countPoller {
+	p := &countPoller{stopc: make(chan struct{}), done: make(chan struct{}), last: map[string]int{}}
+	go func() {
+		defer close(p.done)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), every)
+			counts, _ := windowCounts(ctx, prefix)
+			cancel()
+			p.mu.Lock()
+			maps.Copy(p.last, counts)
+			p.mu.Unlock()
+			select {
+			case <-p.stopc:
+				return
+			case <-time.After(every):
+			}
+		}
+	}()
+	return p
+}
+
+// stop stops polling and returns the last count seen of each key.
+func (p *countPoller) stop() map[string]int {
+	select {
+	case <-p.stopc:
+	default:
+		close(p.stopc)
+	}
+	<-p.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.last
 }
 
 // tenantDiff is one tenant's window counts in Redis minus the counts its

@@ -96,6 +96,7 @@ type run struct {
 	kafkaVersion string
 	coll         *collector // downstream and dead letter
 	mon          *monitor
+	counts       *countPoller
 	prod         *producer
 	start        time.Time // of the load
 
@@ -158,6 +159,8 @@ func startRun(t *testing.T, sc scenario) *run {
 	t.Cleanup(func() { r.coll.stop() })
 	r.mon = startMonitor(r.fleet, monitorEvery)
 	t.Cleanup(func() { r.mon.stop() })
+	r.counts = startCountPoller(r.flow.Prefix, 5*time.Second)
+	t.Cleanup(func() { r.counts.stop() })
 
 	// The load starts just after a window starts: a hot tenant then fills
 	// every window early and is never admitted directly near a window's
@@ -219,7 +222,7 @@ func (r *run) finish(params dupParams) outcome {
 		t.Errorf("read the first retry tier: %v", err)
 	}
 	fig.RetryDups = retryDups(retry)
-	if fig.RedisCounted, fig.RedisByTenant, err = redisCounted(ctx, f.Prefix); err != nil {
+	if fig.RedisCounted, fig.RedisByTenant, err = redisCounted(ctx, f.Prefix, r.counts.stop()); err != nil {
 		t.Errorf("read the window counts: %v", err)
 	}
 	r.mu.Lock()
