@@ -247,6 +247,14 @@ type DelayedConfig struct {
 	// called from partition goroutines, concurrently.
 	OnSkipped   func(topic string, n int)
 	OnTruncated func(topic string, left int64)
+	// MetadataKeys, if set, sign the done sets in the offset metadata
+	// (with the first) and verify them (with any): a new owner handles
+	// again the messages of a done set that is unsigned or whose signature
+	// does not match (see trust.go). OnDistrusted, if set, is called with
+	// the reason each time a new owner did not take a done set.
+	MetadataKeys [][]byte
+	OnDistrusted func(topic, reason string)
+	metaKeys     [][]byte // derived from MetadataKeys (metaKey)
 
 	// OnWaiting, if set, is called with the change in the number of messages
 	// waiting for their release time in a topic (summed over partitions it is
@@ -283,6 +291,9 @@ func (c DelayedConfig) Validate() error {
 	}
 	if c.MetadataMax < 0 {
 		return fmt.Errorf("consume: metadata max %d is negative", c.MetadataMax)
+	}
+	if len(c.MetadataKeys) > 0 && c.MetadataMax > 0 && c.MetadataMax <= sigLen {
+		return fmt.Errorf("consume: metadata max %d leaves no room beside the signature", c.MetadataMax)
 	}
 	return nil
 }

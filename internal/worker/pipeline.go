@@ -65,6 +65,9 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 	}
 	m.zeroKnownSeries(cfg.SourceTopics, topics)
 
+	if cfg.HasRole(route.RoleRetry) {
+		p.metadataMax = readMetadataMax(ctx, p)
+	}
 	// Build every group before running any, so that a group that fails to
 	// build leaves none running behind the returned error.
 	var groups []consumerGroup
@@ -233,6 +236,12 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, router *route.Router) consume.
 		},
 		OnSkipped:   func(topic string, n int) { m.skipped.WithLabelValues(topic).Add(float64(n)) },
 		OnTruncated: func(topic string, _ int64) { m.truncated.WithLabelValues(topic).Inc() },
+		// The done sets are sized to the brokers' offset.metadata.max.bytes
+		// and signed with RETRY_SECRET when it is set (RETRY_SECRET_PREVIOUS
+		// still verifies).
+		MetadataMax:  p.metadataMax,
+		MetadataKeys: signingKeys(cfg.RetrySecret, cfg.RetrySecretPrevious),
+		OnDistrusted: func(topic, reason string) { m.distrusted.WithLabelValues(topic, reason).Inc() },
 	}
 	// The retry tiers have a group of their own, so that their rebalances
 	// never disturb the source group.
@@ -266,6 +275,18 @@ type pipelineMetrics struct {
 	truncated   *prometheus.CounterVec
 	offsetsLost *prometheus.CounterVec
 	leasesEnded prometheus.Counter
+	distrusted  *prometheus.CounterVec
+}
+
+// signingKeys returns the non-empty secrets as keys, the current one first.
+func signingKeys(secrets ...string) [][]byte {
+	var keys [][]byte
+	for _, s := range secrets {
+		if s != "" {
+			keys = append(keys, []byte(s))
+		}
+	}
+	return keys
 }
 
 // newPipelineMetrics builds the pipeline's collectors and registers them
@@ -301,7 +322,7 @@ func newPipelineMetrics(reg prometheus.Registerer) (*pipelineMetrics, error) {
 		truncated: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gatekeeper_handover_truncated_commits_total",
 			Help: "Retry-tier commits whose set of handled offsets beyond the committed one did not fit in the " +
-				"offset metadata (4096 bytes); a new owner of the partition would handle the rest again.",
+				"offset metadata (the brokers' offset.metadata.max.bytes); a new owner of the partition would handle the rest again.",
 		}, []string{"topic"}),
 		offsetsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gatekeeper_offsets_lost_total",
@@ -313,8 +334,13 @@ func newPipelineMetrics(reg prometheus.Registerer) (*pipelineMetrics, error) {
 			Help: "Members of the retry group this replica removed from the group because their lease ended " +
 				"(a crashed replica): its retry partitions moved without waiting for its session to time out.",
 		}),
+		distrusted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gatekeeper_handover_distrusted_total",
+			Help: "Done sets in a retry tier's commit metadata that a new owner did not trust (unsigned or badly signed " +
+				"with RETRY_SECRET set, unreadable, or beyond the partition's end): their events were handled again.",
+		}, []string{"topic", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.waiting, m.lateness, m.lag, m.skipped, m.truncated, m.offsetsLost, m.leasesEnded} {
+	for _, c := range []prometheus.Collector{m.waiting, m.lateness, m.lag, m.skipped, m.truncated, m.offsetsLost, m.leasesEnded, m.distrusted} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("pipeline metrics: %w", err)
 		}

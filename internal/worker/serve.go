@@ -408,6 +408,10 @@ type Pipeline struct {
 	// Leases, if set, keeps the retry group members' leases, so that a
 	// crashed replica's retry partitions move within a lease.
 	Leases consume.Leases
+
+	// metadataMax is the brokers' offset.metadata.max.bytes, read by
+	// StartPipeline (0: the default).
+	metadataMax int
 	// Dialer is for consumer groups and readers; Transport for writers.
 	// Both carry TLS, SASL and KAFKA_TIMEOUT.
 	Dialer    *kafka.Dialer
