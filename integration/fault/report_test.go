@@ -27,6 +27,7 @@ type outcome struct {
 	kafkaVersion string
 	fig          figures
 	recs         []recovery
+	marks        []faultMark
 	bound        int // dupBound
 	res          loadResult
 	out          []outEvent // downstream and dead letter
@@ -50,6 +51,16 @@ func report(t *testing.T, o outcome) {
 	lp99, lmax, lover := lateness(f.RetryLateness, window)
 	t.Logf("figures: retry lateness (downstream append - gk-due, %d deferred events): p99 %v, max %v, %d more than a window (%v) late",
 		len(f.RetryLateness), lp99.Round(10*time.Millisecond), lmax.Round(10*time.Millisecond), lover, window)
+	for i, m := range o.marks {
+		to := o.res.End.Add(time.Hour)
+		if i+1 < len(o.marks) {
+			to = o.marks[i+1].at
+		}
+		ls := latenessDue(o.out, o.flow.Downstream, m.at, to)
+		mp99, mmax, mover := lateness(ls, window)
+		t.Logf("figures: retry lateness of the %d deferred events due from %s until the next fault: p99 %v, max %v, %d more than a window late",
+			len(ls), m.name, mp99.Round(10*time.Millisecond), mmax.Round(10*time.Millisecond), mover)
+	}
 	for _, b := range f.Backs {
 		ls := latenessAfter(o.out, o.flow.Downstream, b.at)
 		bp99, bmax, _ := lateness(ls, 0)

@@ -230,7 +230,7 @@ func (r *run) finish(params dupParams) outcome {
 	r.mu.Unlock()
 	fig.Backs = backs
 	return outcome{sc: r.sc, flow: f, kafkaVersion: r.kafkaVersion, fig: fig, res: res, out: out,
-		recs:  recoveries(marks, res.End, samples, fig.Latency),
+		recs: recoveries(marks, res.End, samples, fig.Latency), marks: marks,
 		bound: dupBound(r.sc.name, params)}
 }
 

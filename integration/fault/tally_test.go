@@ -265,6 +265,23 @@ func latenessAfter(out []outEvent, downstream string, back time.Time) []time.Dur
 	return ls
 }
 
+// latenessDue returns how late the deferred events due in [from, to) were
+// appended downstream (first copies).
+func latenessDue(out []outEvent, downstream string, from, to time.Time) []time.Duration {
+	var ls []time.Duration
+	seen := map[int]bool{}
+	for _, e := range out {
+		if e.topic != downstream || e.due.IsZero() || seen[e.id] {
+			continue
+		}
+		seen[e.id] = true
+		if !e.due.Before(from) && e.due.Before(to) {
+			ls = append(ls, max(e.at.Sub(e.due), 0))
+		}
+	}
+	return ls
+}
+
 // windowDetail describes the downstream events of tenant placed in window
 // idx by windowOf: how many were forwarded in their reserved slot, admitted
 // directly, or admitted again after their slot, and when they were appended.

@@ -51,6 +51,9 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 		return err
 	}
 	router := &route.Router{
+		// Writes retry at least every recoverBackoff, so that they go out
+		// soon after the broker returns.
+		Backoff: consume.Backoff{Max: recoverBackoff},
 		Writer:  writer,
 		Topics:  topics,
 		Clock:   time.Now,
@@ -200,6 +203,14 @@ const retrySessionTimeout = 10 * time.Second
 // at their next heartbeat.
 const retryLeaseHeartbeat = 500 * time.Millisecond
 
+// retryJoinBackoff is the retry group's wait between failed joins (kafka-go's
+// default is 5s), and recoverBackoff the longest wait between attempts of a
+// failed write or batch of the retry role (consume's default is 5s).
+const (
+	retryJoinBackoff = 500 * time.Millisecond
+	recoverBackoff   = time.Second
+)
+
 // retryGroup returns the consumer group of the retry tiers with the retrier
 // as its handler, or nil when this process does not run the retry role.
 func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumerGroup, error) {
@@ -253,6 +264,10 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, router *route.Router) consume.
 	// KAFKA_SESSION_TIMEOUT without leases.
 	dc.SessionTimeout = min(cfg.KafkaSessionTimeout, retrySessionTimeout)
 	dc.HeartbeatInterval = min(3*time.Second, dc.SessionTimeout/5)
+	// Deferred events due while the broker was away go out within about
+	// two seconds of its return: the group rejoins, and a failing batch is
+	// tried again, at least that often.
+	dc.JoinGroupBackoff, dc.BackoffMax = retryJoinBackoff, recoverBackoff
 	if p.Leases != nil {
 		dc.Leases = p.Leases
 		dc.OnLeaseEnded = func() { m.leasesEnded.Inc() }
