@@ -148,7 +148,12 @@ func startRun(t *testing.T, sc scenario) *run {
 	t.Logf("phase setup: %s, kafka %s, %d replicas", sc.name, r.kafkaVersion, sc.replicas)
 	r.flow = newFlow(t, sc.name)
 	r.fleet = &fleet{env: r.flow.env()}
-	r.fleet.startReady(t, sc.replicas)
+	if sc.lastEnv != nil {
+		r.fleet.startReady(t, sc.replicas-1)
+		r.fleet.startWith(t, sc.lastEnv()).WaitReady(t, 90*time.Second)
+	} else {
+		r.fleet.startReady(t, sc.replicas)
+	}
 	groups := map[string]int{r.flow.Group: sourcePartitions, r.flow.RetryGroup(): retryPartitions}
 	r.fleet.waitAssigned(t, groups, 90*time.Second)
 

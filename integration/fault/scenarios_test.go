@@ -121,6 +121,53 @@ func TestFaultMix(t *testing.T) {
 		}})
 }
 
+// TestCutRedis cuts the last replica off from Redis (its only way there is
+// a proxy that starts dropping every byte) for cutFor, longer than the
+// session timeout, while the other two run, then restores the network. The
+// cut replica pauses (ON_REDIS_ERROR=pause: nothing forwarded unchecked) and
+// its lease of the retry group ends, so the others take its retry
+// partitions; once Redis is back it resumes. Nothing is lost or early, no
+// window passes its limit, and the counts match the events.
+func TestCutRedis(t *testing.T) {
+	runScenario(t, scenario{name: "cut-redis", replicas: 3, load: loadDuration, limitHolds: true,
+		lastEnv: func() map[string]string { return map[string]string{"GATEKEEPER_REDIS_ADDRS": servers.redisCut.Addr()} },
+		fault:   func(r *run) dupParams { return cutOff(r, servers.redisCut, "redis") }})
+}
+
+// TestCutKafka cuts the last replica off from Kafka (it reaches the broker
+// only through a proxy, the broker's CUT listener advertising it) for
+// cutFor, longer than the session timeout, while the others run: its
+// groups move its partitions to the others, and when the network returns
+// it is a zombie that still holds batches it decided. Nothing is lost or
+// early, no window passes its limit (the zombie's late writes included),
+// and the counts match the events.
+func TestCutKafka(t *testing.T) {
+	runScenario(t, scenario{name: "cut-kafka", replicas: 3, load: loadDuration, limitHolds: true,
+		lastEnv: func() map[string]string {
+			return map[string]string{"GATEKEEPER_KAFKA_BROKERS": servers.kafkaCut.Addr()}
+		},
+		fault: func(r *run) dupParams { return cutOff(r, servers.kafkaCut, "kafka") }})
+}
+
+// cutFor is how long a cut lasts: longer than the session timeout.
+const cutFor = sessionTimeout + 6*time.Second
+
+// cutOff cuts the last replica's proxy to server at +8s for cutFor.
+func cutOff(r *run, px *proxy, server string) dupParams {
+	r.sleepUntil(8 * time.Second)
+	ps := r.fleet.procs()
+	victim := ps[len(ps)-1]
+	src, _ := victim.LastGeneration(r.flow.Group)
+	retry, _ := victim.LastGeneration(r.flow.RetryGroup())
+	r.mark("cut " + victim.Name + " from " + server)
+	px.Cut()
+	time.Sleep(cutFor)
+	px.Restore()
+	r.markBack(server + " reachable again from " + victim.Name)
+	r.t.Logf("fault: %s reaches %s again (+%v); it owned %v and %v", victim.Name, server, r.since(), src.Partitions, retry.Partitions)
+	return dupParams{SourceOwned: len(src.Partitions), RetryOwned: len(retry.Partitions), BatchSize: batchSize}
+}
+
 // The fault mix: about 1,000 events/s (600/s times mixScale) for mixLoad,
 // and the most its window counts may differ from its events.
 const (
@@ -228,7 +275,7 @@ func (p dupParams) plus(q dupParams) dupParams {
 // all partitions (6 source, 9 retry) the same way.
 func dupBound(scenario string, p dupParams) int {
 	switch scenario {
-	case "sigkill", "broker-restart", "mix":
+	case "sigkill", "broker-restart", "mix", "cut-redis", "cut-kafka":
 		return (2*p.SourceOwned + p.RetryOwned) * p.BatchSize
 	default:
 		return 0
@@ -249,6 +296,12 @@ type scenario struct {
 	fault func(r *run) dupParams
 	// scale multiplies the tenants of the load (loadTenants; 0 is 1).
 	scale float64
+	// lastEnv, if set, gives the last replica started settings of its own
+	// (the proxy it reaches a server through).
+	lastEnv func() map[string]string
+	// limitHolds asserts max_window <= the limit even where duplicates are
+	// allowed (a zombie must not push a window over its limit).
+	limitHolds bool
 	// countTolerance, if positive, asserts that the Redis window counts
 	// differ from the events they count by at most this fraction of them.
 	countTolerance float64
