@@ -44,6 +44,11 @@ type Options struct {
 	// skew moves events between neighbouring windows but never lets a
 	// window's count pass its limit. Default time.Now.
 	Clock func() time.Time
+	// ReplayScope, if set, names the deployment in the keys of the replay
+	// records (Source): two deployments that share a Redis and a Prefix
+	// but not a ReplayScope never take each other's decisions for the same
+	// topic, partition and offset. Gatekeeper sets it to GROUP_ID.
+	ReplayScope string
 	// Registerer receives the limiter's metrics. Nil: not registered.
 	Registerer prometheus.Registerer
 }
@@ -156,7 +161,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		rdb:     rdb,
 		cluster: cluster,
 		opts:    opts,
-		keys:    keys{prefix: opts.Prefix, kind: opts.WindowKind},
+		keys:    keys{prefix: opts.Prefix, kind: opts.WindowKind, scope: opts.ReplayScope},
 		admit:   redis.NewScript(lua.Admit),
 		get:     redis.NewScript(lua.AlignedGet),
 		release: redis.NewScript(lua.Release),

@@ -40,7 +40,10 @@ func LimiterOptions(cfg *Config, reg prometheus.Registerer) (limit.Options, erro
 		Retention:  cfg.Retention,
 		Timeout:    cfg.RedisTimeout,
 		CacheBytes: int64(cfg.LimiterCacheBytes),
-		Registerer: reg,
+		// Replay records of another deployment sharing Redis and the
+		// prefix are never matched.
+		ReplayScope: cfg.GroupID,
+		Registerer:  reg,
 	}, nil
 }
 
