@@ -24,7 +24,7 @@ func readMetadataMax(ctx context.Context, p Pipeline) int {
 	n, err := brokersMetadataMax(ctx, p)
 	if err != nil {
 		p.Log.Warn("could not read the brokers' "+metadataMaxConfig+"; the retry tiers' commit metadata is kept within Kafka's default",
-			slog.Int("bytes", consume.DefaultMetadataMax), slog.String("error", err.Error()))
+			slog.Int("bytes", consume.DefaultMetadataMax), slog.String("err", err.Error()))
 		return consume.DefaultMetadataMax
 	}
 	return n
