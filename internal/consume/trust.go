@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 
@@ -121,7 +122,7 @@ func (m *member) inheritDone(ctx context.Context, group, topic string, partition
 }
 
 // distrust reports a done set not taken: its messages are handled again.
-func (m *member) distrust(log interface{ Warn(string, ...any) }, topic, why string, err error) {
+func (m *member) distrust(log *slog.Logger, topic, why string, err error) {
 	args := []any{"reason", why}
 	if err != nil {
 		args = append(args, "err", err)
