@@ -29,9 +29,10 @@ var ErrEarly = errors.New("released before its time")
 // written, headers unchanged, to the tier of its remaining delay. From the
 // first tier (released at gk-due) a message inside its reserved slot
 // (before gk-reserved) goes downstream uncounted, gk- headers kept; after the
-// slot it gives the slot back (SlotReleaser, when the Admitter is one) and is admitted again, at the cost read from it as from a source
+// slot it is admitted again, at the cost read from it as from a source
 // event (an event whose cost cannot be read any more goes to the dead-letter
-// topic): admitted goes downstream, deferred goes back to
+// topic), and gives its missed slot back (when the Admitter is a
+// SlotReleaser): admitted goes downstream, deferred goes back to
 // a retry tier with gk-attempt+1 (or to the dead-letter topic with reason
 // "max attempts" past MaxAttempts), rejected and failed (a broken counter
 // key) go to the dead-letter topic.
