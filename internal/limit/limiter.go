@@ -42,6 +42,11 @@ type Options struct {
 	// skew moves events between neighbouring windows but never lets a
 	// window's count pass its limit. Default time.Now.
 	Clock func() time.Time
+	// ReplayScope, if set, names the deployment in the keys of the replay
+	// records (Source): two deployments that share a Redis and a Prefix
+	// but not a ReplayScope never take each other's decisions for the same
+	// topic, partition and offset. Gatekeeper sets it to GROUP_ID.
+	ReplayScope string
 	// Registerer receives the limiter's metrics. Nil: not registered.
 	Registerer prometheus.Registerer
 }
@@ -97,6 +102,7 @@ type Limiter struct {
 	rules   atomic.Pointer[Rules]
 	admit   *redis.Script
 	get     *redis.Script
+	release *redis.Script
 	metrics *metrics
 	// fullReason is the reason of events rejected for want of room.
 	fullReason string
@@ -153,13 +159,14 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		rdb:     rdb,
 		cluster: cluster,
 		opts:    opts,
-		keys:    keys{prefix: opts.Prefix, kind: opts.WindowKind},
+		keys:    keys{prefix: opts.Prefix, kind: opts.WindowKind, scope: opts.ReplayScope},
 		admit:   redis.NewScript(lua.Admit),
 		get:     redis.NewScript(lua.AlignedGet),
+		release: redis.NewScript(lua.Release),
 	}
 	l.fullReason = fmt.Sprintf("no room within the deferral horizon (%v)", opts.Horizon)
 	l.rules.Store(rules)
-	for _, s := range []*redis.Script{l.admit, l.get} {
+	for _, s := range []*redis.Script{l.admit, l.get, l.release} {
 		cctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 		err := s.Load(cctx, rdb).Err()
 		cancel()

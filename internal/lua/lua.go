@@ -29,3 +29,9 @@ var AlignedGet string
 //
 //go:embed admit.lua
 var Admit string
+
+// Release gives back the slot of a deferred event that came back after its
+// slot ended, once per trip.
+//
+//go:embed release.lua
+var Release string
