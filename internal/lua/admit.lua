@@ -8,6 +8,8 @@
 --      is counted in the windows that contain its due time, so reservations
 --      go before newer live events;
 --   3. reports what did not fit within the horizon as rejected.
+-- The work of a call is bounded by its batch (G11), never by the horizon or
+-- the windows' length: see Budget.
 -- Window keys are hashes {count, expire} (expire = the window's logical end,
 -- unix ms), kept for their rule's retention period after they end, as in
 -- aligned_incr (the caller sizes it to the window: see limit.retention).
@@ -38,7 +40,7 @@
 --   Then, when the caller names the call's source partition, the replay
 --   record key, last (see Replay record below).
 -- ARGV[1] now (unix ms)      ARGV[2] horizon end (now + horizon, unix ms)
--- ARGV[3] most windows one tenant may scan
+-- ARGV[3] the call's budget of window reads (see Budget)
 -- ARGV[4] number of rule descriptors   ARGV[5] number of tenants
 --   then per rule descriptor (each distinct rule once per call, whatever the
 --   number of tenants it applies to):
@@ -70,9 +72,12 @@
 --   admitted, reservations, due_1, count_1, until_1, ..., rejected, full_until,
 --   then chain start, chain end per rule for ttl rules
 --   where until_i is the end of the reserved slot (the earliest end of the
---   windows it was counted in), and full_until is, when events were rejected
+--   windows it was counted in), or due_i itself when nothing was reserved
+--   (the budget was spent: see Budget), and full_until is, when events were rejected
 --   because every window up to the horizon is full, the first time at which a
---   window might have room (0 otherwise). The chain end may be lower than the
+--   window might have room (0 otherwise; past the horizon end for a tenant
+--   with an event rule of limit 0, whose events are rejected without a
+--   window read). The chain end may be lower than the
 --   anchor's (another caller extended it); it is never higher.
 --   A tenant whose keys failed it is instead: -1, the key, what is wrong
 --   with it ("has the wrong type", "holds a count that is not an integer").
@@ -93,11 +98,30 @@
 --     back everything the call wrote and ends it with that error, so the
 --     caller can retry the batch without counting any event twice.
 --
+-- Budget. The deferral searches of all the call's tenants together read at
+-- most ARGV[3] windows that the call has not read before (HMGET; the
+-- current windows that admission reads are not counted: they are at most
+-- one per tenant and rule). Once it is spent, a tenant's search stops where
+-- it is, at t, and the events it has not placed are deferred to t without
+-- a reservation (a reply entry due = until = t, counting nothing): windows
+-- before t have no room for the next of them, so they come back no earlier
+-- than one could fit and are then checked as new. The tenant's frontier
+-- moves to t, so that the next call goes on from there. A tenant whose
+-- search starts after the budget is spent reads no window. Nothing is
+-- counted wrongly and no event is lost; only a reservation waits.
+--
+-- A frontier lives until the time it names (plus a second), at most a
+-- minute when its tenant got nothing in the call (no admission, no
+-- reservation): its only use is to spare the next search the windows
+-- already found full, and a lost frontier costs at most a search that the
+-- budget bounds.
+--
 -- Lua numbers are doubles: whole milliseconds below 2^53 are exact.
 
 local now = tonumber(ARGV[1])
 local hend = tonumber(ARGV[2])
-local maxscan = tonumber(ARGV[3])
+local budget = tonumber(ARGV[3]) -- window reads left for the searches (see Budget)
+local idle_frontier_ms = 60000 -- the longest life of a frontier of a tenant that got nothing
 local ndescs = tonumber(ARGV[4])
 local ntenants = tonumber(ARGV[5])
 
@@ -341,7 +365,8 @@ end
 -- The reply then ends, after every tenant's part, with the number of
 -- replayed events and, per replayed event: its position in the call's event
 -- order (0-based), its decision (1 admit, 2 defer, 3 reject: the horizon
--- is full, 4 reject: the scan limit was reached), due and until (defer).
+-- is full, 4 reject: the scan limit was reached, which records written by
+-- earlier versions of this script may hold), due and until (defer).
 local low = ARGV[a + 1]
 local rkey = nil
 if low ~= "" then
@@ -750,10 +775,13 @@ end
 -- windows from first on where every rule has room for them (w: the
 -- tenant has costs), up to the horizon, and moves the tenant's frontier
 -- (key fkey). It returns the reservations (due, count, until each), what
--- is left and where the search stopped.
+-- is left and where the search stopped. The search spends the call's
+-- budget (see Budget); when it runs out, the events not placed are deferred
+-- to where the search stopped, unreserved.
 local function reserve(rules, fkey, rest, first, pos, w)
   local res = none
   local t = first
+  local got = pos > 1 -- the tenant got something in the call
   if rest > 0 then
     res = {}
     cur = fkey
@@ -762,9 +790,8 @@ local function reserve(rules, fkey, rest, first, pos, w)
       t = fr
     end
   end
-  local scans = 0
-  while rest > 0 and t <= hend and scans < maxscan do
-    scans = scans + 1
+  local spent = false
+  while rest > 0 and t <= hend do
     -- The windows of every rule that hold t (kept in r.ts, r.te), their
     -- room (r.room), the least room, the earliest end.
     local minroom, untilt = math.huge, math.huge
@@ -776,7 +803,15 @@ local function reserve(rules, fkey, rest, first, pos, w)
         break
       end
       r.ts, r.te = s, e
-      local room = r.limit - count_of(wkey(r.key, s))
+      local key = wkey(r.key, s)
+      if counts[key] == nil then
+        if budget < 1 then
+          spent = true
+          break
+        end
+        budget = budget - 1
+      end
+      local room = r.limit - count_of(key)
       r.room = room
       if room < minroom then
         minroom = room
@@ -787,6 +822,9 @@ local function reserve(rules, fkey, rest, first, pos, w)
     end
     if past then
       t = hend + 1
+      break
+    end
+    if spent then
       break
     end
     -- Event rules alone: as many as the least room (fit, inline).
@@ -807,6 +845,7 @@ local function reserve(rules, fkey, rest, first, pos, w)
       res[#res + 1] = take
       res[#res + 1] = untilt
       rest, pos = rest - take, pos + take
+      got = true
     end
     -- On past the windows too full for the next event; when all are
     -- placed, past those they filled, for the next call.
@@ -815,8 +854,19 @@ local function reserve(rules, fkey, rest, first, pos, w)
       t = jump
     end
   end
+  if spent then
+    -- Deferred, unreserved: they come back at t and are checked as new.
+    res[#res + 1] = t
+    res[#res + 1] = rest
+    res[#res + 1] = t
+    rest = 0
+  end
   if t > first then
-    redis.call("SET", fkey, string.format("%.0f", t), "PX", string.format("%.0f", t - now + 1000))
+    local life = t - now
+    if not got and life > idle_frontier_ms then
+      life = idle_frontier_ms
+    end
+    redis.call("SET", fkey, string.format("%.0f", t), "PX", string.format("%.0f", life + 1000))
     note(1, fkey, false) -- a frontier is a hint: none is always safe
   end
   return res, rest, t
@@ -855,6 +905,13 @@ end
 local function decide(k, p, nrules, n, c, w)
   local fkey = KEYS[k]
   local rules = rules_of(k + 1, p + 2, nrules, w)
+  -- 0. an event rule of limit 0 admits nothing, ever: no window to read.
+  for ri = 1, nrules do
+    if not rules[ri].cost and rules[ri].limit < 1 then
+      reply(0, none, n, hend + 1, rules)
+      return
+    end
+  end
   -- 1. admit into the current windows.
   local admitted
   if nrules == 1 and not w then
