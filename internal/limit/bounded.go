@@ -9,12 +9,12 @@ import "fmt"
 //     without Redis: an event rule of limit 0 (never), and, in weigh, an
 //     event whose cost is over the whole limit of a byte or unit rule;
 //   - the deferral searches of one call read at most Options.MaxScan windows
-//     all together (see "Budget" in admit.lua): when the budget is spent, a
+//     all together (see "Budget" in internal/lua/admit/10_call.lua): when the budget is spent, a
 //     tenant's events that were not placed are deferred, unreserved, to the
 //     point where its search stopped (a Decision whose Until equals its Due)
 //     and are checked as new when they come back;
 //   - a tenant that got nothing in a call keeps its search frontier at most
-//     a minute (admit.lua), and a tenant whose events are all rejected here
+//     a minute (80_reserve.lua), and a tenant whose events are all rejected here
 //     writes no key at all.
 
 // DefaultMaxScan is the default of Options.MaxScan: window reads per script
