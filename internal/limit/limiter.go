@@ -123,9 +123,10 @@ type tenantState struct {
 	// for an event that costs fullCost or more (see fullFor).
 	full     time.Time
 	fullCost Cost
-	// chain: the ttl chain of a one-rule tenant as the last reply gave it;
-	// while now is before its end the script need not read the anchor.
-	chain chain
+	// chains: the ttl chain of each rule as the last reply gave it (nil:
+	// none known); while now is before its end the script need not read
+	// the anchor. A new slice replaces it, never changed in place.
+	chains []chain
 	// The links of stateCache's lists: list is nil while the state is not
 	// in the cache; bytes is its estimated size (stateBytes).
 	prev, next *tenantState
@@ -225,8 +226,8 @@ type group struct {
 	rules  []Rule
 	set    string
 	st     *tenantState
-	// chain is st.chain as read for this call (zero: unknown).
-	chain chain
+	// chains is st.chains as read for this call (nil: unknown).
+	chains []chain
 	// weighted: the rules count bytes or units (see Weighted); costs are
 	// then the costs of the events idx (else nil).
 	weighted bool
@@ -302,7 +303,7 @@ func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string, c
 				}
 				continue
 			}
-			g.chain = g.st.chain
+			g.chains = g.st.chains
 			calls = append(calls, g)
 		}
 	}
@@ -359,14 +360,14 @@ func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 	return order, nil
 }
 
-// cacheChains keeps the ttl chains of the one-rule tenants in replies (the
-// last two numbers of each reply).
+// cacheChains keeps the ttl chains of the tenants in replies (the last two
+// numbers per rule of each reply).
 func (l *Limiter) cacheChains(calls []*group, replies []reply) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for j, g := range calls {
-		if r := replies[j].n; len(g.rules) == 1 && replies[j].failed == "" {
-			g.st.chain = chain{start: r[len(r)-2], end: r[len(r)-1]}
+		if replies[j].failed == "" {
+			g.st.chains = replyChains(replies[j].n, len(g.rules))
 		}
 	}
 }
@@ -451,10 +452,11 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src Source, budge
 		ks = append(ks, g.st.keys...)
 		num(int64(len(g.rules)))
 		num(int64(len(g.idx)))
-		for _, r := range g.rules {
+		for i, r := range g.rules {
 			num(int64(l.describe(&d, r, now, hend)))
-			num(g.chain.start)
-			num(g.chain.end)
+			c := g.chainOf(i)
+			num(c.start)
+			num(c.end)
 		}
 	}
 	if costsAt := nums + 1; weighted(groups) {

@@ -61,8 +61,7 @@
 --   events of such a tenant are admitted and placed as a prefix: an event
 --   goes only where every rule has room for its cost, and no event goes
 --   before an earlier one of its tenant.
---   The cached chain (0 0 when unknown; used only for a tenant with one ttl
---   rule) is what an earlier reply said the tenant's <rule key>:anchor held:
+--   The cached chain (0 0 when unknown; ttl rules only) is what an earlier reply said the tenant's <rule key>:anchor held:
 --   a chain is never moved before its end, so while now < end its start is
 --   still the anchor's and the anchor need not be read. The end may since have
 --   grown; the script reads the anchor before writing it, and before trusting

@@ -50,10 +50,21 @@ end
 
 -- admit_all admits, for a tenant with several rules or with costs, the
 -- first of n events that fit in the current window of every rule, and
--- counts them there.
+-- counts them there. A current window that is empty in a chain known only
+-- from the cache may be of a chain that is gone (lost keys): the anchor is
+-- read first, as admit_one does, and a chain that is gone starts at now.
 local function admit_all(rules, n)
   for _, r in ipairs(rules) do
-    r.room = r.limit - count_of(wkey(r.key, r.cur_start))
+    local c = count_of(wkey(r.key, r.cur_start))
+    if c == 0 and r.chain_cached then
+      local cached_start = r.base
+      anchor(r)
+      if r.base ~= cached_start then
+        r.cur_start, r.cur_end = win(r, now)
+        c = count_of(wkey(r.key, r.cur_start))
+      end
+    end
+    r.room = r.limit - c
   end
   local admitted = fit(rules, 1, n)
   if admitted > 0 then

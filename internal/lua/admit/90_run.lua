@@ -97,6 +97,85 @@ local function idle(ti, o)
   return true
 end
 
+-- fast_many is the fast path of a tenant with several rules (ti, record at
+-- recs[p], keys at KEYS[k], n events, costs as in cost_lists): when the
+-- current window of every rule is known without reading Redis (aligned;
+-- ttl with a cached chain that covers it) and the events' cost fits each
+-- rule's whole limit, it counts them there optimistically, one HINCRBY per
+-- rule, journaled. When everything fits and no window opens in a cached
+-- chain, it writes the tenant's reply at out[o + 1] and returns true.
+-- Otherwise it takes the counts back, leaves the counts as they were in
+-- counts (admit_all then reads no window again) and returns false.
+local function fast_many(p, k, nrules, n, costs, o)
+  local wins = {} -- per rule: key, by, opened window's end or false
+  for ri = 1, nrules do
+    local q = p + 2 + 3 * (ri - 1)
+    local d, chain_start, chain_end = descs[recs[q]], recs[q + 1], recs[q + 2]
+    local cs, ce = d.cur_start, d.cur_end
+    if d.kind == "t" then
+      if chain_end <= now then
+        return false
+      end
+      cs = chain_start + math.floor((now - chain_start) / d.step) * d.step
+      ce = cs + d.step
+      if ce > chain_end then
+        return false
+      end
+    end
+    local by = n
+    if costs and costs[ri] then
+      by = total(costs[ri], n, d.limit)
+    end
+    if by > d.limit then
+      return false
+    end
+    wins[ri] = {KEYS[k + ri] .. ":" .. num(cs), by, ce, d}
+  end
+  local mark, fits = jn, true
+  for ri = 1, nrules do
+    local w = wins[ri]
+    local key, by, d = w[1], w[2], w[4]
+    cur = key
+    local c = redis.call("HINCRBY", key, "count", by)
+    if c == by then
+      note(1, key, false)
+      if d.kind == "t" then
+        fits = false -- a window opens in a cached chain: check the anchor
+      end
+    else
+      note(2, key, -by)
+      w[3] = false
+    end
+    if c > d.limit then
+      fits = false
+    end
+    w[5] = c
+  end
+  if not fits then
+    undo(mark)
+    for ri = 1, nrules do
+      local w = wins[ri]
+      counts[w[1]] = w[5] - w[2]
+    end
+    return false
+  end
+  for ri = 1, nrules do
+    local w = wins[ri]
+    if w[3] then
+      opened(w[1], w[3], w[4].retention)
+    end
+  end
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = n, 0, 0, 0
+  if descs[recs[p + 2]].kind == "t" then
+    o = o + 4
+    for q = p + 3, p + 3 * nrules, 3 do
+      out[o + 1], out[o + 2] = recs[q], recs[q + 1]
+      o = o + 2
+    end
+  end
+  return true
+end
+
 -- run decides the tenants from the first-th on. An error stops it at the
 -- failing tenant, which the loop at the end fails alone, or the whole call
 -- with it.
@@ -162,6 +241,11 @@ local function run(first)
           jn = jn + 3
         end
       end
+    else
+      -- Several rules: the fast path's counts are journaled.
+      slow[ti] = true
+      at[1], at[2], at[3] = ti, mark, o
+      done = fast_many(p, k, nrules, n, costs, o)
     end
     if not done then
       slow[ti] = true
