@@ -33,8 +33,8 @@ local function reply(admitted, res, rest, full, rules)
 end
 
 -- decide decides the n events of tenant ti, whose costs are costs (nil:
--- none; c: what the fast path counted, if anything), and appends its reply
--- to out.
+-- none; c: what the fast path counted, if anything: a count for one rule,
+-- what fast_many made for several), and appends its reply to out.
 local function decide(ti, n, c, costs)
   local fkey = KEYS[key_at[ti]]
   local rules = rules_of(ti, costs)
@@ -49,6 +49,8 @@ local function decide(ti, n, c, costs)
   local admitted
   if #rules == 1 and not costs then
     admitted = admit_one(rules[1], n, c)
+  elseif c then
+    admitted = admit_made(rules, n, c)
   else
     admitted = admit_all(rules, n)
   end
@@ -97,15 +99,35 @@ local function idle(ti, o)
   return true
 end
 
+-- chains_hold reports whether the anchors of the ttl rules whose windows
+-- the fast path opened (made: see fast_many) still hold the cached chains.
+local function chains_hold(made)
+  for _, m in ipairs(made) do
+    if m[4].kind == "t" and m[5] == m[2] then
+      cur = m[6] .. ":anchor" -- anchor_key
+      local v = redis.call("HMGET", cur, "start", "until")
+      local un = tonumber(v[2])
+      if tonumber(v[1]) ~= m[7] or not un or un <= now then
+        return false
+      end
+    end
+  end
+  return true
+end
+
 -- fast_many is the fast path of a tenant with several rules (ti, record at
 -- recs[p], keys at KEYS[k], n events, costs as in cost_lists): when the
 -- current window of every rule is known without reading Redis (aligned;
 -- ttl with a cached chain that covers it) and the events' cost fits each
 -- rule's whole limit, it counts them there optimistically, one HINCRBY per
--- rule, journaled. When everything fits and no window opens in a cached
--- chain, it writes the tenant's reply at out[o + 1] and returns true.
--- Otherwise it takes the counts back, leaves the counts as they were in
--- counts (admit_all then reads no window again) and returns false.
+-- rule, journaled. When everything fits (a window opened in a cached chain
+-- only once its anchor is read and still holds the chain), it writes the
+-- tenant's reply at out[o + 1] and returns true. When a rule has no room
+-- for them all, it returns false and what it counted (made, for
+-- admit_made), unless a window opened in a cached chain: then, as when a
+-- cached chain is gone, it takes the counts back, leaves the counts as
+-- they were in counts (admit_all then reads no window again) and returns
+-- false alone.
 local function fast_many(p, k, nrules, n, costs, o)
   local wins = {} -- per rule: key, by, opened window's end or false
   for ri = 1, nrules do
@@ -129,9 +151,11 @@ local function fast_many(p, k, nrules, n, costs, o)
     if by > d.limit then
       return false
     end
-    wins[ri] = {KEYS[k + ri] .. ":" .. num(cs), by, ce, d}
+    -- key, by, the window's end (false once it proves not new), the
+    -- descriptor, the count made, the rule key, the cached chain start
+    wins[ri] = {KEYS[k + ri] .. ":" .. num(cs), by, ce, d, 0, KEYS[k + ri], chain_start}
   end
-  local mark, fits = jn, true
+  local mark, over, opened_cached = jn, false, false
   for ri = 1, nrules do
     local w = wins[ri]
     local key, by, d = w[1], w[2], w[4]
@@ -140,24 +164,26 @@ local function fast_many(p, k, nrules, n, costs, o)
     if c == by then
       note(1, key, false)
       if d.kind == "t" then
-        fits = false -- a window opens in a cached chain: check the anchor
+        opened_cached = true
       end
     else
       note(2, key, -by)
       w[3] = false
     end
     if c > d.limit then
-      fits = false
+      over = true
     end
     w[5] = c
   end
-  if not fits then
+  if opened_cached and (over or not chains_hold(wins)) then
     undo(mark)
     for ri = 1, nrules do
       local w = wins[ri]
       counts[w[1]] = w[5] - w[2]
     end
     return false
+  elseif over then
+    return false, wins
   end
   for ri = 1, nrules do
     local w = wins[ri]
@@ -245,7 +271,7 @@ local function run(first)
       -- Several rules: the fast path's counts are journaled.
       slow[ti] = true
       at[1], at[2], at[3] = ti, mark, o
-      done = fast_many(p, k, nrules, n, costs, o)
+      done, c = fast_many(p, k, nrules, n, costs, o)
     end
     if not done then
       slow[ti] = true
