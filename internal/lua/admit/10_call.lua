@@ -85,8 +85,9 @@
 --
 -- Failures. Redis does not roll a script back, so the script keeps a journal
 -- of its writes and takes them back itself: a call never half-applies. (The
--- one count of a tenant decided in the fast path is not journaled, to keep
--- that path short: it is found again from the tenant's record and reply.)
+-- one count of a one-rule tenant decided in the fast path is not journaled,
+-- to keep that path short: it is found again from the tenant's record and
+-- reply.)
 --   - An error of a tenant's own key (WRONGTYPE; a count that is not an
 --     integer or would overflow) is that tenant's failure: what the call
 --     wrote for the tenant is taken back, the reply says which key, and the
