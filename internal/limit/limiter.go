@@ -29,8 +29,8 @@ type Options struct {
 	Retention time.Duration
 	// Timeout bounds every Redis call. Default 2s.
 	Timeout time.Duration
-	// MaxScan bounds the windows one tenant's deferral search may visit in
-	// one call. Default 100000.
+	// MaxScan bounds the windows the deferral searches of one batch may
+	// read, all tenants together (see bounded.go). Default DefaultMaxScan.
 	MaxScan int
 	// CacheBytes bounds the estimated heap bytes of the tenant states the
 	// Limiter remembers (key names, tenants known full, ttl chains); past
@@ -77,7 +77,7 @@ func (o *Options) defaults() error {
 		o.Timeout = 2 * time.Second
 	}
 	if o.MaxScan == 0 {
-		o.MaxScan = 100000
+		o.MaxScan = DefaultMaxScan
 	}
 	if o.CacheBytes == 0 {
 		o.CacheBytes = DefaultCacheBytes
@@ -127,9 +127,10 @@ type tenantState struct {
 	// for an event that costs fullCost or more (see fullFor).
 	full     time.Time
 	fullCost Cost
-	// chain: the ttl chain of a one-rule tenant as the last reply gave it;
-	// while now is before its end the script need not read the anchor.
-	chain chain
+	// chains: the ttl chain of each rule as the last reply gave it (nil:
+	// none known); while now is before its end the script need not read
+	// the anchor. A new slice replaces it, never changed in place.
+	chains []chain
 	// The links of stateCache's lists: list is nil while the state is not
 	// in the cache; bytes is its estimated size (stateBytes).
 	prev, next *tenantState
@@ -230,8 +231,8 @@ type group struct {
 	rules  []Rule
 	set    string
 	st     *tenantState
-	// chain is st.chain as read for this call (zero: unknown).
-	chain chain
+	// chains is st.chains as read for this call (nil: unknown).
+	chains []chain
 	// weighted: the rules count bytes or units (see Weighted); costs are
 	// then the costs of the events idx (else nil).
 	weighted bool
@@ -295,6 +296,7 @@ func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string, c
 			for _, i := range g.idx {
 				out[i] = Decision{Kind: Admit}
 			}
+		case l.rejectNever(g, src, out):
 		default:
 			g.st = l.stateLocked(g, now)
 			if now.Before(g.st.full) && g.st.fullFor(g.costs) && !l.sent.mayReplay(src, g.idx) {
@@ -306,7 +308,7 @@ func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string, c
 				}
 				continue
 			}
-			g.chain = g.st.chain
+			g.chains = g.st.chains
 			calls = append(calls, g)
 		}
 	}
@@ -363,14 +365,14 @@ func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 	return order, nil
 }
 
-// cacheChains keeps the ttl chains of the one-rule tenants in replies (the
-// last two numbers of each reply).
+// cacheChains keeps the ttl chains of the tenants in replies (the last two
+// numbers per rule of each reply).
 func (l *Limiter) cacheChains(calls []*group, replies []reply) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for j, g := range calls {
-		if r := replies[j].n; len(g.rules) == 1 && replies[j].failed == "" {
-			g.st.chain = chain{start: r[len(r)-2], end: r[len(r)-1]}
+		if replies[j].failed == "" {
+			g.st.chains = replyChains(replies[j].n, len(g.rules))
 		}
 	}
 }
