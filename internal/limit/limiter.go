@@ -334,19 +334,39 @@ func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string, c
 
 // groups returns the events of tenants grouped by tenant, in the order of
 // their first events, with their rules; an error when noCosts and a tenant
-// has a rule counting bytes or units.
+// has a rule counting bytes or units. It allocates per batch, not per
+// tenant: the groups share one slice, and their idx lists one array (each
+// group's a full-capacity part of it).
 func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 	rules := l.rules.Load()
-	byTenant := make(map[string]*group, len(tenants)/2)
-	var order []*group
+	// First pass: number the tenants in order of first event, count their events.
+	byTenant := make(map[string]int32, len(tenants)/2)
+	gid := make([]int32, len(tenants))
+	sizes := make([]int32, 0, len(tenants))
+	for i, t := range tenants {
+		n, ok := byTenant[t]
+		if !ok {
+			n = int32(len(sizes))
+			byTenant[t] = n
+			sizes = append(sizes, 0)
+		}
+		gid[i] = n
+		sizes[n]++
+	}
+	slab := make([]group, len(sizes))
+	order := make([]*group, len(sizes))
+	idx := make([]int, len(tenants))
 	// Most tenants share one rule list (the "*" rules, one slice): name it
 	// once per batch rather than once per tenant.
 	var lastRules []Rule
 	var lastSet string
+	at := 0
 	for i, t := range tenants {
-		g := byTenant[t]
-		if g == nil {
-			g = &group{tenant: t, rules: rules.For(t)}
+		n := gid[i]
+		g := &slab[n]
+		if order[n] == nil {
+			*g = group{tenant: t, rules: rules.For(t), idx: idx[at : at : at+int(sizes[n])]}
+			at += int(sizes[n])
 			if len(g.rules) > 0 && len(lastRules) == len(g.rules) && &lastRules[0] == &g.rules[0] {
 				g.set = lastSet
 			} else {
@@ -357,8 +377,7 @@ func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 			if g.weighted && noCosts {
 				return nil, fmt.Errorf("admit: tenant %q has a rule counting bytes or units, and the events have no costs", t)
 			}
-			byTenant[t] = g
-			order = append(order, g)
+			order[n] = g
 		}
 		g.idx = append(g.idx, i)
 	}

@@ -49,7 +49,7 @@ func TestConfigKeys(t *testing.T) {
 		"TENANT_FROM", "COST_FROM", "ROLES", "ON_REDIS_ERROR", "SHADOW",
 		"MAX_ATTEMPTS", "RETRY_LOOKAHEAD", "RETRY_LOOKAHEAD_BYTES", "RETRY_SECRET", "RETRY_SECRET_PREVIOUS",
 		"BATCH_SIZE", "BATCH_BYTES", "BATCH_WAIT", "MAX_MESSAGE_BYTES", "LIMITER_CACHE_BYTES",
-		"HTTP_ADDR", "ADMIN_TOKEN", "LOG_LEVEL", "SHUTDOWN_GRACE",
+		"HTTP_ADDR", "ADMIN_TOKEN", "PPROF", "LOG_LEVEL", "SHUTDOWN_GRACE",
 	}
 	for i := range want {
 		want[i] = EnvPrefix + "_" + want[i]
@@ -117,7 +117,7 @@ func TestConfigDefaults(t *testing.T) {
 		RetryConfig: RetryConfig{
 			MaxAttempts:         5,
 			RetryLookahead:      10000,
-			RetryLookaheadBytes: 1 << 20,
+			RetryLookaheadBytes: 256 << 10,
 		},
 		HTTPConfig: HTTPConfig{
 			HTTPAddr:      ":8080",

@@ -75,6 +75,9 @@ type worker struct {
 // gatekeeper_build_info.
 func Serve(ctx context.Context, cfg *Config, log *slog.Logger, version string) error {
 	logStart(log, cfg, version)
+	if soft, from := setMemoryLimit(os.Getenv, hostCgroups); soft > 0 {
+		log.Info("Go memory limit set from the cgroup's", slog.Int64("gomemlimit_bytes", soft), slog.String("cgroup_file", from))
+	}
 	w := &worker{cfg: cfg, log: log, reg: prometheus.NewRegistry()}
 	if err := registerProcessMetrics(w.reg, version); err != nil {
 		return err
@@ -242,6 +245,7 @@ func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, er
 			return lim.Usage(ctx, tenant)
 		},
 		AdminToken: cfg.AdminToken,
+		Pprof:      cfg.Pprof,
 		Log:        w.log,
 	})
 	var lc net.ListenConfig
