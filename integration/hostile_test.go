@@ -49,6 +49,50 @@ func TestHostileOversizedDeferralDoesNotWedge(t *testing.T) {
 
 // A deferral horizon longer than the last retry tier keeps events stops
 // start-up with one line naming the variable, the topic and its retention.
+// TestHostileRetryTierCleanup: a retry tier bounded in bytes or compacted
+// deletes deferred events before they are due whatever DEFER_HORIZON says;
+// start-up refuses it with one line naming the topic and the setting.
+func TestHostileRetryTierCleanup(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ tier, name, value string }{
+		{"", "retention.bytes", "1073741824"},
+		{".1h", "cleanup.policy", "compact"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFlow(t, 1)
+			topic := f.Retry + tc.tier
+			alterTopicConfig(t, topic, tc.name, tc.value)
+			env := f.env(t, "GATEKEEPER_LIMITS", "*=10/1m", "GATEKEEPER_HTTP_ADDR", "127.0.0.1:0")
+			_, stderr, code := opsRun(t, env, "run")
+			if code == 0 || !strings.Contains(stderr, "GATEKEEPER_RETRY_TOPIC") || !strings.Contains(stderr, topic+" has "+tc.name+" "+tc.value) {
+				t.Errorf("exit %d, stderr:\n%s\nwant a non-zero exit and a line naming GATEKEEPER_RETRY_TOPIC and %s's %s %s", code, stderr, topic, tc.name, tc.value)
+			}
+		})
+	}
+}
+
+// alterTopicConfig sets one setting of topic.
+func alterTopicConfig(t *testing.T, topic, name, value string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := adminClient().IncrementalAlterConfigs(ctx, &kafka.IncrementalAlterConfigsRequest{
+		Resources: []kafka.IncrementalAlterConfigsRequestResource{{
+			ResourceType: kafka.ResourceTypeTopic, ResourceName: topic,
+			Configs: []kafka.IncrementalAlterConfigsRequestConfig{{Name: name, Value: value, ConfigOperation: kafka.ConfigOperationSet}},
+		}},
+	})
+	if err != nil {
+		t.Fatalf("alter %s of %s: %v", name, topic, err)
+	}
+	for _, r := range res.Resources {
+		if r.Error != nil {
+			t.Fatalf("alter %s of %s: %v", name, r.ResourceName, r.Error)
+		}
+	}
+}
+
 func TestHostileHorizonPastRetention(t *testing.T) {
 	t.Parallel()
 	f := newFlow(t, 1)
@@ -68,7 +112,7 @@ func TestHostileHorizonPastRetention(t *testing.T) {
 			t.Fatalf("alter retention.ms of %s: %v", r.ResourceName, r.Error)
 		}
 	}
-	env := f.env(t, "GATEKEEPER_LIMITS", "*=10/1m", "GATEKEEPER_DEFER_HORIZON", "24h")
+	env := f.env(t, "GATEKEEPER_LIMITS", "*=10/1m", "GATEKEEPER_DEFER_HORIZON", "24h", "GATEKEEPER_HTTP_ADDR", "127.0.0.1:0")
 	_, stderr, code := opsRun(t, env, "run")
 	if code == 0 || !strings.Contains(stderr, "GATEKEEPER_DEFER_HORIZON") || !strings.Contains(stderr, f.Retry+".long") ||
 		!strings.Contains(stderr, "1h0m0s") {
