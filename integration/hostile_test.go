@@ -47,8 +47,6 @@ func TestHostileOversizedDeferralDoesNotWedge(t *testing.T) {
 	}
 }
 
-// A deferral horizon longer than the last retry tier keeps events stops
-// start-up with one line naming the variable, the topic and its retention.
 // TestHostileRetryTierCleanup: a retry tier bounded in bytes or compacted
 // deletes deferred events before they are due whatever DEFER_HORIZON says;
 // start-up refuses it with one line naming the topic and the setting.
@@ -93,6 +91,8 @@ func alterTopicConfig(t *testing.T, topic, name, value string) {
 	}
 }
 
+// A deferral horizon longer than the last retry tier keeps events stops
+// start-up with one line naming the variable, the topic and its retention.
 func TestHostileHorizonPastRetention(t *testing.T) {
 	t.Parallel()
 	f := newFlow(t, 1)

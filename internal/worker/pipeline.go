@@ -35,12 +35,13 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 	if err := waitForTopics(ctx, p, pipelineTopics(cfg, topics)); err != nil || ctx.Err() != nil {
 		return err
 	}
-	if err := verifyTopicLimits(ctx, p, topics); err != nil {
+	topicMax, err := verifyTopicLimits(ctx, p, topics)
+	if err != nil {
 		return err
 	}
 	writer := route.NewKafkaWriter(cfg.KafkaBrokers, route.WriterOptions{
 		Transport:    p.Transport,
-		BatchBytes:   int64(cfg.MaxMessageBytes),
+		BatchBytes:   writerBatchBytes(cfg.MaxMessageBytes, topicMax),
 		WriteTimeout: cfg.KafkaTimeout,
 		ReadTimeout:  cfg.KafkaTimeout,
 		Logger:       p.Log,
@@ -59,6 +60,7 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 		Signer:  signer,
 
 		MaxMessageBytes: cfg.MaxMessageBytes,
+		TopicMaxBytes:   topicMax,
 	}
 	if p.Router != nil {
 		p.Router.Store(router)

@@ -130,9 +130,11 @@ func lowerHint(tr route.Tier) string {
 	return ""
 }
 
-// verifyTopicLimits reads the output topics' settings and checks them. A
-// broker that refuses DescribeConfigs (ACLs) is logged and not checked.
-func verifyTopicLimits(ctx context.Context, p Pipeline, topics route.Topics) error {
+// verifyTopicLimits reads the output topics' settings and checks them, and
+// returns the max.message.bytes of those whose value it read (nil when
+// none): the Router's TopicMaxBytes. A broker that refuses DescribeConfigs
+// (ACLs) is logged and not checked.
+func verifyTopicLimits(ctx context.Context, p Pipeline, topics route.Topics) (map[string]int, error) {
 	client := &kafka.Client{Addr: kafka.TCP(p.Config.KafkaBrokers...), Timeout: p.Config.KafkaTimeout, Transport: p.Transport}
 	outputs := []string{topics.Downstream, topics.DLQ}
 	names := append([]string(nil), outputs...)
@@ -146,7 +148,34 @@ func verifyTopicLimits(ctx context.Context, p Pipeline, topics route.Topics) err
 	if err != nil {
 		p.Log.Warn("could not read the topics' retention.ms, retention.bytes, cleanup.policy and max.message.bytes; not checked against DEFER_HORIZON and MAX_MESSAGE_BYTES",
 			slog.String("error", err.Error()))
-		return nil
+		return nil, nil
 	}
-	return checkTopicLimits(p.Config, topics.Tiers(), outputs, limits)
+	if err := checkTopicLimits(p.Config, topics.Tiers(), outputs, limits); err != nil {
+		return nil, err
+	}
+	return topicMaxBytes(limits), nil
+}
+
+// topicMaxBytes returns the max.message.bytes of the topics of limits that
+// have one.
+func topicMaxBytes(limits map[string]topicLimits) map[string]int {
+	out := map[string]int{}
+	for t, l := range limits {
+		if l.maxMessageBytes > 0 {
+			out[t] = l.maxMessageBytes
+		}
+	}
+	return out
+}
+
+// writerBatchBytes is the writer's batch size for records of at most
+// MAX_MESSAGE_BYTES, or of the largest max.message.bytes of topicMax: every
+// record the Router lets through fits a batch alone, and a batch that a
+// smaller topic refuses is split by the Router.
+func writerBatchBytes(maxMessageBytes int, topicMax map[string]int) int64 {
+	largest := maxMessageBytes
+	for _, n := range topicMax {
+		largest = max(largest, n)
+	}
+	return route.WriterBatchBytes(largest)
 }
