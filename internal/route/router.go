@@ -330,15 +330,17 @@ func (r *Router) build(items []Item, out []kafka.Message) error {
 		}
 		switch it.Outcome {
 		case Forward:
+			m = withoutSig(m) // gk-sig stays in the retry tiers
 			m.Topic = r.Topics.Downstream
 		case Defer:
-			m = r.sign(WithDeferral(m, it.Deferral))
+			m = WithDeferral(m, it.Deferral)
 			m.Topic = pickTier(retryTiers, it.Deferral.Due.Sub(now)).Topic
+			m = r.sign(m) // bound to the tier
 		case Requeue:
-			m = r.sign(m)
 			m.Topic = pickTier(retryTiers, it.Deferral.Due.Sub(now)).Topic
+			m = r.sign(m)
 		case DeadLetter:
-			m = WithReason(m, it.Reason)
+			m = WithReason(withoutSig(m), it.Reason)
 			m.Topic = r.Topics.DLQ
 		default:
 			return fmt.Errorf("item %d (topic %s partition %d offset %d): outcome %d is not valid",

@@ -153,6 +153,11 @@ type Config struct {
 	// RetrySecretPrevious is the retry secret being rotated out: gk-sig made
 	// with it still verifies, but nothing is signed with it. Secret.
 	RetrySecretPrevious string `split_words:"true" desc:"the RETRY_SECRET being rotated out: still accepted when checking gk-sig, never used to sign"`
+	// RetryAcceptUnsignedUntil, an RFC 3339 time, is the end of the
+	// transition while signing is turned on: until then the retry tiers also
+	// accept events without gk-sig (written by replicas not yet rolled, or
+	// by a release before gk-sig was bound to its tier). Not a secret.
+	RetryAcceptUnsignedUntil string `split_words:"true" desc:"while turning RETRY_SECRET on: until this RFC 3339 time the retry tiers also accept unsigned events, deferred by replicas not yet rolled (set it to the rollout's end plus DEFER_HORIZON; none: never)"`
 
 	// limits are the rules of LIMITS or LIMITS_FILE as Validate parsed them:
 	// Rules returns them, and the limits-file watcher starts from the
@@ -582,6 +587,9 @@ func (c *Config) checkRetrySecret() error {
 	if c.RetrySecret != "" && len(c.RetrySecret) < route.MinSecretBytes {
 		return bad("RETRY_SECRET", "must be at least %d bytes (e.g. openssl rand -base64 32)", route.MinSecretBytes)
 	}
+	if err := c.checkAcceptUnsigned(time.Now()); err != nil {
+		return err
+	}
 	switch {
 	case c.RetrySecretPrevious == "":
 		return nil
@@ -607,7 +615,38 @@ func (c *Config) RetrySigner() (*route.Signer, error) {
 	if err != nil {
 		return nil, &configError{Var: "RETRY_SECRET", Msg: err.Error()}
 	}
+	if c.RetryAcceptUnsignedUntil != "" {
+		until, err := time.Parse(time.RFC3339, c.RetryAcceptUnsignedUntil)
+		if err != nil {
+			return nil, bad("RETRY_ACCEPT_UNSIGNED_UNTIL", "%q is not an RFC 3339 time", c.RetryAcceptUnsignedUntil)
+		}
+		s = s.AcceptUnsignedUntil(until, time.Now)
+	}
 	return s, nil
+}
+
+// maxAcceptUnsigned bounds how far ahead RETRY_ACCEPT_UNSIGNED_UNTIL may be:
+// a rollout plus the longest DEFER_HORIZON. A later time would leave the
+// retry tiers open to unsigned events for longer than any transition needs.
+const maxAcceptUnsigned = maxDeferHorizon + 7*24*time.Hour
+
+// checkAcceptUnsigned checks RETRY_ACCEPT_UNSIGNED_UNTIL as of now: an RFC
+// 3339 time, with RETRY_SECRET, at most maxAcceptUnsigned ahead. A time in
+// the past is valid: the transition is over.
+func (c *Config) checkAcceptUnsigned(now time.Time) error {
+	if c.RetryAcceptUnsignedUntil == "" {
+		return nil
+	}
+	until, err := time.Parse(time.RFC3339, c.RetryAcceptUnsignedUntil)
+	switch {
+	case err != nil:
+		return bad("RETRY_ACCEPT_UNSIGNED_UNTIL", "%q is not an RFC 3339 time (e.g. 2026-12-31T00:00:00Z)", c.RetryAcceptUnsignedUntil)
+	case c.RetrySecret == "":
+		return bad("RETRY_ACCEPT_UNSIGNED_UNTIL", "set without %s_RETRY_SECRET: without a secret nothing is checked", EnvPrefix)
+	case until.Sub(now) > maxAcceptUnsigned:
+		return bad("RETRY_ACCEPT_UNSIGNED_UNTIL", "%s is more than %v ahead: the transition needs a rollout plus DEFER_HORIZON", c.RetryAcceptUnsignedUntil, maxAcceptUnsigned)
+	}
+	return nil
 }
 
 // checkLimits parses LIMITS or reads LIMITS_FILE, checks the rules against
