@@ -263,8 +263,8 @@ type Router struct {
 	// its value (and then its key and other headers) if that is what it takes.
 	MaxMessageBytes int
 	// TopicMaxBytes, if set, gives the largest record of some output topics
-	// (their max.message.bytes, read at start-up), instead of
-	// MaxMessageBytes. An event too large where it goes loses Gatekeeper's
+	// instead of MaxMessageBytes (the retry tiers' max.message.bytes, read
+	// at start-up). An event too large where it goes loses Gatekeeper's
 	// optional headers first (downstream and dead-letter topics); only an
 	// event too large by itself, or a deferral too large for its retry tier,
 	// goes to the dead-letter topic, with its value if that topic can take it.

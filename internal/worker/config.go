@@ -98,9 +98,10 @@ type Config struct {
 	// RetryLookaheadBytes bounds the bytes of the deferred events the retry
 	// role holds per retry-tier partition.
 	RetryLookaheadBytes int `split_words:"true" default:"1048576" desc:"most bytes of deferred events held in memory per retry-tier partition (keys, values, headers and their overhead on the heap); fetching pauses while they are held"`
-	// MaxMessageBytes is the largest record Gatekeeper writes to an output
-	// topic whose max.message.bytes it cannot read at start-up.
-	MaxMessageBytes int `split_words:"true" default:"1048576" desc:"largest record written, gk- headers included, to an output topic whose max.message.bytes start-up cannot read (each other takes up to its own; at most the output topics' max.message.bytes); optional gk- headers go first, and only an event too large by itself is dead-lettered, without its value if need be"`
+	// MaxMessageBytes is the largest record Gatekeeper writes downstream and
+	// to the dead-letter topic (and to a retry tier whose max.message.bytes
+	// it cannot read at start-up).
+	MaxMessageBytes int `split_words:"true" default:"1048576" desc:"largest record written downstream and to the dead-letter topic, gk- headers included (at most the output topics' max.message.bytes; the retry tiers take up to their own, read at start-up); optional gk- headers go first, and only an event too large by itself is dead-lettered, without its value if need be"`
 	// LimiterCacheBytes bounds the limiter's memory of tenants
 	// (limit.Options.CacheBytes).
 	LimiterCacheBytes int `split_words:"true" default:"16777216" desc:"most bytes (estimated, on the heap) of the tenants the limiter remembers: key names and tenants known full, whose events are rejected without Redis; the least recently used go first, tenants known full last"`

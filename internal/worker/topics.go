@@ -131,8 +131,8 @@ func lowerHint(tr route.Tier) string {
 }
 
 // verifyTopicLimits reads the output topics' settings and checks them, and
-// returns the max.message.bytes of those whose value it read (nil when
-// none): the Router's TopicMaxBytes. A broker that refuses DescribeConfigs
+// returns the max.message.bytes of the retry tiers whose value it read (nil
+// when none): the Router's TopicMaxBytes. A broker that refuses DescribeConfigs
 // (ACLs) is logged and not checked.
 func verifyTopicLimits(ctx context.Context, p Pipeline, topics route.Topics) (map[string]int, error) {
 	client := &kafka.Client{Addr: kafka.TCP(p.Config.KafkaBrokers...), Timeout: p.Config.KafkaTimeout, Transport: p.Transport}
@@ -153,25 +153,27 @@ func verifyTopicLimits(ctx context.Context, p Pipeline, topics route.Topics) (ma
 	if err := checkTopicLimits(p.Config, topics.Tiers(), outputs, limits); err != nil {
 		return nil, err
 	}
-	return topicMaxBytes(limits), nil
+	return topicMaxBytes(topics.Tiers(), limits), nil
 }
 
-// topicMaxBytes returns the max.message.bytes of the topics of limits that
-// have one.
-func topicMaxBytes(limits map[string]topicLimits) map[string]int {
+// topicMaxBytes returns the max.message.bytes of the retry tiers of limits
+// that have one. MAX_MESSAGE_BYTES stays the limit of the downstream and
+// dead-letter topics, which others read; the retry tiers are Gatekeeper's
+// own, and a deferral needs room for its gk- headers beside the event.
+func topicMaxBytes(tiers []route.Tier, limits map[string]topicLimits) map[string]int {
 	out := map[string]int{}
-	for t, l := range limits {
-		if l.maxMessageBytes > 0 {
-			out[t] = l.maxMessageBytes
+	for _, tr := range tiers {
+		if l := limits[tr.Topic]; l.maxMessageBytes > 0 {
+			out[tr.Topic] = l.maxMessageBytes
 		}
 	}
 	return out
 }
 
 // writerBatchBytes is the writer's batch size for records of at most
-// MAX_MESSAGE_BYTES, or of the largest max.message.bytes of topicMax: every
-// record the Router lets through fits a batch alone, and a batch that a
-// smaller topic refuses is split by the Router.
+// MAX_MESSAGE_BYTES, or of the largest max.message.bytes of the retry tiers
+// (topicMax): every record the Router lets through fits a batch alone, and a
+// batch that a smaller topic refuses is split by the Router.
 func writerBatchBytes(maxMessageBytes int, topicMax map[string]int) int64 {
 	largest := maxMessageBytes
 	for _, n := range topicMax {
