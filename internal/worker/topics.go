@@ -147,7 +147,7 @@ func verifyTopicLimits(ctx context.Context, p Pipeline, topics route.Topics) (ma
 	limits, err := describeTopics(dctx, client, names)
 	if err != nil {
 		p.Log.Warn("could not read the topics' retention.ms, retention.bytes, cleanup.policy and max.message.bytes; not checked against DEFER_HORIZON and MAX_MESSAGE_BYTES",
-			slog.String("error", err.Error()))
+			slog.String("err", err.Error()))
 		return nil, nil
 	}
 	if err := checkTopicLimits(p.Config, topics.Tiers(), outputs, limits); err != nil {
