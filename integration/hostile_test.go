@@ -93,6 +93,24 @@ func alterTopicConfig(t *testing.T, topic, name, value string) {
 			t.Fatalf("alter %s of %s: %v", name, r.ResourceName, r.Error)
 		}
 	}
+	// The broker applies the change through its metadata log: wait until it
+	// describes the topic with it, or Gatekeeper may read the old value.
+	waitFor(t, 30*time.Second, name+" of "+topic+" applied", func() (bool, string) {
+		dres, err := adminClient().DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{
+			Resources: []kafka.DescribeConfigRequestResource{{ResourceType: kafka.ResourceTypeTopic, ResourceName: topic, ConfigNames: []string{name}}},
+		})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, r := range dres.Resources {
+			for _, e := range r.ConfigEntries {
+				if e.ConfigName == name && e.ConfigValue == value {
+					return true, ""
+				}
+			}
+		}
+		return false, "not yet"
+	})
 }
 
 // A deferral horizon longer than the last retry tier keeps events stops
@@ -100,22 +118,7 @@ func alterTopicConfig(t *testing.T, topic, name, value string) {
 func TestHostileHorizonPastRetention(t *testing.T) {
 	t.Parallel()
 	f := newFlow(t, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := adminClient().IncrementalAlterConfigs(ctx, &kafka.IncrementalAlterConfigsRequest{
-		Resources: []kafka.IncrementalAlterConfigsRequestResource{{
-			ResourceType: kafka.ResourceTypeTopic, ResourceName: f.Retry + ".long",
-			Configs: []kafka.IncrementalAlterConfigsRequestConfig{{Name: "retention.ms", Value: "3600000", ConfigOperation: kafka.ConfigOperationSet}},
-		}},
-	})
-	if err != nil {
-		t.Fatalf("alter retention.ms: %v", err)
-	}
-	for _, r := range res.Resources {
-		if r.Error != nil {
-			t.Fatalf("alter retention.ms of %s: %v", r.ResourceName, r.Error)
-		}
-	}
+	alterTopicConfig(t, f.Retry+".long", "retention.ms", "3600000")
 	env := f.env(t, "GATEKEEPER_LIMITS", "*=10/1m", "GATEKEEPER_DEFER_HORIZON", "24h", "GATEKEEPER_HTTP_ADDR", "127.0.0.1:0")
 	_, stderr, code := opsRun(t, env, "run")
 	if code == 0 || !strings.Contains(stderr, "GATEKEEPER_DEFER_HORIZON") || !strings.Contains(stderr, f.Retry+".long") ||
