@@ -29,6 +29,7 @@ import (
 var notDriven = map[string]string{
 	"gatekeeper_handover_skipped_total":           "needs a retry-tier partition handed over between two replicas, with a done set in the last commit's metadata",
 	"gatekeeper_handover_truncated_commits_total": "needs a retry-tier done set beyond the 4096 bytes of offset metadata",
+	"gatekeeper_handover_distrusted_total":        "needs a forged or stale done set in a retry tier's commit metadata, met by the next owner at a handover",
 }
 
 // TestOpsMonitoringMetricsExported checks that the running binary exports
@@ -72,8 +73,9 @@ func TestOpsMonitoringMetricsExported(t *testing.T) {
 	large := bytes.Repeat([]byte("x"), 19700)
 	msgs := append(opsMessages("busy", 9), opsMessages("tiny", 3)...) // busy: admit and defer by a second or two; tiny: admit, defer, reject
 	msgs = append(msgs,
-		kafka.Message{Partition: 0, Key: []byte("big"), Value: large}, // admitted
-		kafka.Message{Partition: 0, Key: []byte("big"), Value: large}, // deferred: too large with the deferral headers
+		kafka.Message{Partition: 0, Key: []byte("big"), Value: large},                              // admitted
+		kafka.Message{Partition: 0, Key: []byte("big"), Value: large},                              // deferred: the retry tier takes up to its own max.message.bytes
+		kafka.Message{Partition: 2, Key: []byte("whale"), Value: bytes.Repeat([]byte("x"), 20500)}, // admitted, too large by itself downstream: oversized
 		kafka.Message{Partition: 1, Key: nil, Value: []byte("no tenant")},
 	)
 	produce(t, f.Source, msgs)
