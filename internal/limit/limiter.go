@@ -186,7 +186,7 @@ func ruleLists(rs *Rules) [][]Rule {
 	for _, t := range rs.Tenants() {
 		out = append(out, rs.For(t))
 	}
-	return out
+	return append(out, rs.overlayLists()...)
 }
 
 // CheckRules reports whether rules can be used with the window kind.
@@ -231,6 +231,9 @@ type group struct {
 	// then the costs of the events idx (else nil).
 	weighted bool
 	costs    []Cost
+	// override is the version of the live override whose rules these are
+	// (0: none); every decision of the group carries it.
+	override int64
 }
 
 // Admit decides a batch that names no source and whose events cost nothing
@@ -266,6 +269,11 @@ func (l *Limiter) AdmitCosts(ctx context.Context, tenants []string, costs []Cost
 // the source's Low offset on, see Source) gets that decision back and
 // counts nothing; the others are decided as above, in order.
 func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string, costs []Cost) ([]Decision, error) {
+	return l.admitFrom(ctx, src, tenants, costs, false)
+}
+
+// admitFrom is AdmitFrom, or AdmitNow when nowOnly.
+func (l *Limiter) admitFrom(ctx context.Context, src Source, tenants []string, costs []Cost, nowOnly bool) ([]Decision, error) {
 	if err := checkSource(src, tenants); err != nil {
 		return nil, err
 	}
@@ -308,20 +316,22 @@ func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string, c
 	l.sent.mark(src, calls)
 	l.mu.Unlock()
 	if len(calls) == 0 {
+		markOverrides(order, out)
 		return out, nil
 	}
-	replies, err := l.call(ctx, now, calls, src)
+	replies, err := l.call(ctx, now, calls, src, nowOnly)
 	if err != nil {
 		return nil, err
 	}
 	for j, g := range calls {
-		if err := l.apply(g, replies[j], now, out); err != nil {
+		if err := l.apply(g, replies[j], now, out, nowOnly); err != nil {
 			return nil, err
 		}
 	}
 	if l.opts.WindowKind == TTL {
 		l.cacheChains(calls, replies)
 	}
+	markOverrides(order, out)
 	return out, nil
 }
 
@@ -339,7 +349,7 @@ func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 	for i, t := range tenants {
 		g := byTenant[t]
 		if g == nil {
-			g = &group{tenant: t, rules: rules.For(t)}
+			g = &group{tenant: t, rules: rules.For(t), override: rules.OverrideVersion(t)}
 			if len(g.rules) > 0 && len(lastRules) == len(g.rules) && &lastRules[0] == &g.rules[0] {
 				g.set = lastSet
 			} else {
@@ -475,12 +485,15 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src Source) ([]st
 // call runs admit.lua: one call for the batch on a single node; on Redis
 // Cluster one call per tenant (each tenant's keys share a slot), pipelined so
 // that go-redis sends one round trip per node, the nodes in parallel.
-func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src Source) ([]reply, error) {
+func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src Source, nowOnly bool) ([]reply, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
 	start := time.Now()
 	defer func() { l.metrics.redisSeconds.WithLabelValues("admit").Observe(time.Since(start).Seconds()) }()
 	hend := now.Add(l.opts.Horizon)
+	if nowOnly {
+		hend = now
+	}
 	if !l.cluster {
 		ks, av := l.script(calls, now, hend, src)
 		res, err := l.admit.Run(ctx, l.rdb, ks, av...).Result()
@@ -596,7 +609,7 @@ func (l *Limiter) parseReplies(res any, groups []*group) ([]reply, error) {
 
 // apply turns one tenant's reply into decisions, in the tenant's event order:
 // its replayed events get their recorded decisions, the others the reply's.
-func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) error {
+func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision, nowOnly bool) error {
 	idx := l.applyReplayed(g, rep.replayed, out)
 	if rep.failed != "" {
 		for _, i := range idx {
@@ -624,7 +637,10 @@ func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) erro
 		give(cnt, Decision{Kind: Defer, Due: time.UnixMilli(due), Until: time.UnixMilli(until)})
 	}
 	reason := scanReason
-	if full := r[len(r)-1]; full > 0 && next < len(idx) {
+	if nowOnly {
+		reason = NowReason
+	}
+	if full := r[len(r)-1]; full > 0 && next < len(idx) && !nowOnly {
 		reason = l.fullReason
 		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon), idx[next])
 	}

@@ -1,0 +1,177 @@
+package limit
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// Overlay is one tenant's rules from a live override, layered over the
+// rules of LIMITS or LIMITS_FILE by Rules.WithOverlays. It is a value type.
+type Overlay struct {
+	// Rules replace the tenant's own rules (or the "*" rules) while the
+	// override is in force; none admits everything.
+	Rules []Rule
+	// Version is the override's version, carried by every decision made
+	// under it (Decision.Override).
+	Version int64
+}
+
+// overlays are the live overrides of one Rules, immutable once built.
+type overlays struct {
+	byTenant map[string]Overlay
+	version  int64
+}
+
+// WithOverlays returns rules that give each tenant of over its overlay's
+// rules and every other tenant its rules in rs (rs's own overlays are
+// dropped); version names the whole set of overrides (Rules.Version). rs
+// is not changed, and the result shares its maps and takes over, which the
+// caller must not change afterwards. A limiter decides each batch on one
+// Rules value (SetRules swaps a pointer), so a batch never sees half of a
+// change.
+func (rs *Rules) WithOverlays(over map[string]Overlay, version int64) *Rules {
+	out := &Rules{}
+	if rs != nil {
+		out.byTenant, out.fallback, out.spec = rs.byTenant, rs.fallback, rs.spec
+	}
+	if out.byTenant == nil {
+		out.byTenant = map[string][]Rule{}
+	}
+	if len(over) > 0 || version != 0 {
+		out.over = &overlays{byTenant: over, version: version}
+	}
+	return out
+}
+
+// Base returns rs without its overlays: the rules of LIMITS or LIMITS_FILE.
+func (rs *Rules) Base() *Rules {
+	if rs == nil || rs.over == nil {
+		return rs
+	}
+	return rs.WithOverlays(nil, 0)
+}
+
+// Version returns the version of the set of overrides layered over rs (0:
+// none).
+func (rs *Rules) Version() int64 {
+	if rs == nil || rs.over == nil {
+		return 0
+	}
+	return rs.over.version
+}
+
+// OverrideVersion returns the version of the tenant's override in rs, 0
+// when it has none.
+func (rs *Rules) OverrideVersion(tenant string) int64 {
+	if rs == nil || rs.over == nil {
+		return 0
+	}
+	return rs.over.byTenant[tenant].Version
+}
+
+// Overridden returns the number of tenants with an override in rs.
+func (rs *Rules) Overridden() int {
+	if rs == nil || rs.over == nil {
+		return 0
+	}
+	return len(rs.over.byTenant)
+}
+
+// overlayLists returns the rule lists of the overlays, for CheckRules.
+func (rs *Rules) overlayLists() [][]Rule {
+	if rs == nil || rs.over == nil {
+		return nil
+	}
+	out := make([][]Rule, 0, len(rs.over.byTenant))
+	for _, o := range rs.over.byTenant {
+		out = append(out, o.Rules)
+	}
+	return out
+}
+
+// ParseRuleList parses the rules of one tenant, as written after "=" in
+// LIMITS ("1000/1m", "10MiB/1m", "5000u/1m"): each at most once per measure
+// and window. Errors quote the bad rule.
+func ParseRuleList(specs []string) ([]Rule, error) {
+	var out []Rule
+	for _, s := range specs {
+		r, err := parseRule(strings.TrimSpace(s))
+		if err != nil {
+			return nil, err
+		}
+		if err := checkTwice(out, r); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// CheckTenant reports a tenant name that rules cannot name: empty, over
+// MaxTenantBytes, holding "=" or control characters.
+func CheckTenant(t string) error {
+	if t == "" {
+		return fmt.Errorf("empty tenant")
+	}
+	return checkTenant(t)
+}
+
+// RuleStrings returns rules as written in LIMITS, sorted as given.
+func RuleStrings(rules []Rule) []string {
+	out := make([]string, len(rules))
+	for i, r := range rules {
+		out[i] = r.String()
+	}
+	return out
+}
+
+// Raised reports whether the rules now let a tenant have more than the
+// rules before in some window: a counter of before has no rule in now, or
+// a higher limit there. Rules without counters (none) admit everything.
+func Raised(before, now []Rule) bool {
+	if len(before) == 0 {
+		return false
+	}
+	if len(now) == 0 {
+		return true
+	}
+	limits := make(map[string]int64, len(now))
+	for _, r := range now {
+		limits[r.Counter()] = r.Limit
+	}
+	for _, r := range before {
+		l, ok := limits[r.Counter()]
+		if !ok || l > r.Limit {
+			return true
+		}
+	}
+	return false
+}
+
+// NowReason is the reason of events AdmitNow did not admit: no room in the
+// current window (nothing was reserved for them).
+const NowReason = "no room in the current window"
+
+// AdmitNow decides a batch as AdmitFrom does, except that it reserves
+// nothing: the events that fit in the current window of every rule are
+// admitted and counted there, the others are rejected with NowReason and
+// counted nowhere. It is how an event deferred under lower rules is
+// checked early after its tenant's rules were raised: admitted now if the
+// rules in force have room now, else left to its reserved slot.
+func (l *Limiter) AdmitNow(ctx context.Context, src Source, tenants []string, costs []Cost) ([]Decision, error) {
+	return l.admitFrom(ctx, src, tenants, costs, true)
+}
+
+// markOverrides gives every decision of a tenant under an override the
+// override's version.
+func markOverrides(order []*group, out []Decision) {
+	for _, g := range order {
+		if g.override == 0 {
+			continue
+		}
+		for _, i := range g.idx {
+			out[i].Override = g.override
+		}
+	}
+}
