@@ -257,6 +257,10 @@ func demoConfig(conn demoConn, brokers, redisAddrs []string, n demoNames) *worke
 		RedisTLSCaFile:      conn.RedisTLSCaFile,
 		RedisTLSCertFile:    conn.RedisTLSCertFile,
 		RedisTLSKeyFile:     conn.RedisTLSKeyFile,
+
+		OverrideAuditRetention: 24 * time.Hour,
+		OverrideAuditMax:       1000,
+		TopWindow:              10 * time.Second,
 	}
 }
 

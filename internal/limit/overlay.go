@@ -175,3 +175,22 @@ func markOverrides(order []*group, out []Decision) {
 		}
 	}
 }
+
+// OverlayTenants lists the tenants with an override in rs, in no order.
+func (rs *Rules) OverlayTenants() []string {
+	if rs == nil || rs.over == nil {
+		return nil
+	}
+	out := make([]string, 0, len(rs.over.byTenant))
+	for t := range rs.over.byTenant {
+		out = append(out, t)
+	}
+	return out
+}
+
+// UsageUnder returns the tenant's usage as Usage does, but under rules
+// instead of the rules in force: what its counters hold now against them
+// (a dry run of an override). It reads only.
+func (l *Limiter) UsageUnder(ctx context.Context, tenant string, rules []Rule) ([]Usage, error) {
+	return l.usageUnder(ctx, tenant, rules)
+}

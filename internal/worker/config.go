@@ -153,6 +153,15 @@ type Config struct {
 	// RetrySecretPrevious is the retry secret being rotated out: gk-sig made
 	// with it still verifies, but nothing is signed with it. Secret.
 	RetrySecretPrevious string `split_words:"true" desc:"the RETRY_SECRET being rotated out: still accepted when checking gk-sig, never used to sign"`
+	// AdminTokens are more bearer tokens of the HTTP API, each with a name
+	// (for the audit of overrides) and a scope. Secret.
+	AdminTokens string `split_words:"true" desc:"more API tokens, comma-separated NAME:SCOPE:TOKEN; SCOPE read (usage, top, overrides, audit) or write (also set and delete overrides); tokens at least 16 bytes; ADMIN_TOKEN is admin:write"`
+	// OverrideAuditRetention bounds how long audit entries of overrides are kept.
+	OverrideAuditRetention time.Duration `split_words:"true" default:"720h" desc:"how long the audit of override changes is kept"`
+	// OverrideAuditMax bounds the audit entries of overrides kept.
+	OverrideAuditMax int `split_words:"true" default:"100000" desc:"most audit entries of override changes kept (the oldest go first)"`
+	// TopWindow is the window of the top view's counts.
+	TopWindow time.Duration `split_words:"true" default:"1m" desc:"window of the top view (GET /v1/tenants/top, gatekeeper top): counts of the current and the last window"`
 
 	// limits are the rules of LIMITS or LIMITS_FILE as Validate parsed them:
 	// Rules returns them, and the limits-file watcher starts from the
@@ -351,6 +360,7 @@ func (c *Config) routingChecks() []func() error {
 			return nil
 		},
 		c.checkAdminToken,
+		c.checkAdminTokens,
 		c.checkRetrySecret,
 		func() error {
 			if _, ok := logLevels[c.LogLevel]; !ok {
@@ -719,7 +729,7 @@ func (c *Config) checkSASL() error {
 // Masked returns a copy for printing, with every secret that is set shown as
 // "****" (an unset secret stays empty, so that it shows as unset).
 func (c Config) Masked() Config {
-	for _, s := range []*string{&c.AdminToken, &c.RetrySecret, &c.RetrySecretPrevious, &c.RedisPassword, &c.KafkaSASLPassword} {
+	for _, s := range []*string{&c.AdminToken, &c.AdminTokens, &c.RetrySecret, &c.RetrySecretPrevious, &c.RedisPassword, &c.KafkaSASLPassword} {
 		if *s != "" {
 			*s = mask
 		}

@@ -46,6 +46,7 @@ func TestConfigKeys(t *testing.T) {
 		"KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD", "KAFKA_TLS",
 		"KAFKA_TLS_CA_FILE", "KAFKA_TLS_CERT_FILE", "KAFKA_TLS_KEY_FILE",
 		"RETRY_SECRET", "RETRY_SECRET_PREVIOUS",
+		"ADMIN_TOKENS", "OVERRIDE_AUDIT_RETENTION", "OVERRIDE_AUDIT_MAX", "TOP_WINDOW",
 	}
 	for i := range want {
 		want[i] = EnvPrefix + "_" + want[i]
@@ -113,6 +114,10 @@ func TestConfigDefaults(t *testing.T) {
 		KafkaTimeout:        10 * time.Second,
 		KafkaSessionTimeout: 30 * time.Second,
 		Retention:           168 * time.Hour,
+
+		OverrideAuditRetention: 720 * time.Hour,
+		OverrideAuditMax:       100000,
+		TopWindow:              time.Minute,
 	}
 	// The rules Validate parsed are not a setting.
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(Config{})); diff != "" {
@@ -404,7 +409,8 @@ func TestConfigMasked(t *testing.T) {
 	const token = "tok-0123456789abcdef"
 	setEnv(t, with(minimal(), "ADMIN_TOKEN", token, "REDIS_PASSWORD", "rpw",
 		"KAFKA_SASL_MECHANISM", "PLAIN", "KAFKA_SASL_USERNAME", "user", "KAFKA_SASL_PASSWORD", "kpw",
-		"RETRY_SECRET", retrySecret, "RETRY_SECRET_PREVIOUS", previous))
+		"RETRY_SECRET", retrySecret, "RETRY_SECRET_PREVIOUS", previous,
+		"ADMIN_TOKENS", "ops:write:ops-token-0123456789"))
 	cfg, err := LoadConfig()
 	if err != nil {
 		t.Fatal(err)
@@ -424,7 +430,7 @@ func TestConfigMasked(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := strings.Join(lines, "\n")
-	for _, secret := range []string{token, "rpw", "kpw", retrySecret, previous} {
+	for _, secret := range []string{token, "rpw", "kpw", retrySecret, previous, "ops-token-0123456789"} {
 		if strings.Contains(all, "="+secret) {
 			t.Errorf("masked environ shows %q:\n%s", secret, all)
 		}

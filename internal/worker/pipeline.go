@@ -116,7 +116,7 @@ func (p Pipeline) admission(m *pipelineMetrics, router *route.Router) (route.Adm
 		return route.Admission{}, fmt.Errorf("GATEKEEPER_COST_FROM: %w", err)
 	}
 	return route.Admission{
-		Admitter:     p.Limiter,
+		Admitter:     p.admitter(),
 		Router:       router,
 		CostFrom:     costFrom,
 		OnRedisError: p.onRedisError(),
@@ -204,6 +204,9 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 		return nil, err
 	}
 	retrier := &route.Retrier{Admission: adm, MaxAttempts: cfg.MaxAttempts}
+	if p.Live != nil && p.Live.Expediter != nil {
+		retrier.Expedited = p.Live.Expediter.Expedited
+	}
 	if err := retrier.Validate(); err != nil {
 		return nil, err // Validate's errors already start with "retrier: "
 	}
@@ -229,6 +232,7 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, router *route.Router) consume.
 		OnSkipped:   func(topic string, n int) { m.skipped.WithLabelValues(topic).Add(float64(n)) },
 		OnTruncated: func(topic string, _ int64) { m.truncated.WithLabelValues(topic).Inc() },
 	}
+	p.Live.retryHooks(&dc)
 	// The retry tiers have a group of their own, so that their rebalances
 	// never disturb the source group.
 	dc.GroupID = cfg.GroupID + ".retry"
