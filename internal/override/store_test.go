@@ -200,4 +200,3 @@ func TestRecordCheck(t *testing.T) {
 		}
 	}
 }
-
