@@ -792,7 +792,7 @@ func UnknownVars(env []string) ([]string, error) {
 	var out []string
 	for _, kv := range env {
 		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, EnvPrefix+"_") && !strings.HasPrefix(k, EnvPrefix+"_TEST_") && !slices.Contains(keys, k) {
+		if strings.HasPrefix(k, EnvPrefix+"_") && !strings.HasPrefix(k, EnvPrefix+"_TEST_") && !slices.Contains(keys, k) && !slices.Contains(cliVars, k) {
 			out = append(out, k)
 		}
 	}

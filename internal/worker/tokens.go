@@ -140,3 +140,13 @@ func (c httpConfig) requireScope(scope string, next http.Handler) http.Handler {
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tokenNameKey{}, match.name)))
 	})
 }
+
+// The variables of the commands that call the API (gatekeeper override,
+// gatekeeper top): the API's base URL and the bearer token. They are not
+// worker configuration (nor typos: UnknownVars skips them).
+const (
+	EnvURL   = EnvPrefix + "_URL"
+	EnvToken = EnvPrefix + "_TOKEN"
+)
+
+var cliVars = []string{EnvURL, EnvToken}
