@@ -242,9 +242,9 @@ func TestOverridePropagationThreeReplicas(t *testing.T) {
 // raised limit and never over it.
 func TestOverrideRaiseMovesBacklogForward(t *testing.T) {
 	f := newFlow(t, 1)
-	// At least 40s left in this minute, so that the reservations all lie in
+	// At least 20s left in this minute, so that the reservations all lie in
 	// later windows when the limit is raised.
-	if s := time.Now().Second(); s > 20 {
+	if s := time.Now().Second(); s > 40 {
 		time.Sleep(time.Duration(61-s) * time.Second)
 	}
 	prefix := keyPrefix(t)

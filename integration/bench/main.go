@@ -12,7 +12,12 @@
 //     only by its environment;
 //   - gatekeeper-bytes: the same binary with a byte rule beside the event
 //     rule on every tenant (the bytes of about as many events), so that
-//     every event's cost is counted too.
+//     every event's cost is counted too;
+//   - gatekeeper-overrides: the gatekeeper mode with -overrides live
+//     overrides (100,000) written through the override store before it
+//     starts, one per tenant t-0, t-1, ... (the data set's tenants first),
+//     each with the rule of "*": the same decisions as gatekeeper, so that
+//     the difference is the cost of carrying the overrides.
 //
 // Modes 1-3 run in a child process of this command (it re-executes itself
 // with -child MODE), Gatekeeper as its own binary, so that each mode's peak
@@ -59,10 +64,16 @@ const (
 	modeRedisRate       = "redis-rate"
 	modeGatekeeper      = "gatekeeper"
 	modeGatekeeperBytes = "gatekeeper-bytes"
+	modeGatekeeperOver  = "gatekeeper-overrides"
 	modeGatekeeperLib   = "gatekeeper-lib"
 )
 
-var allModes = []string{modePassthrough, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperLib}
+var allModes = []string{modePassthrough, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperOver, modeGatekeeperLib}
+
+// binaryMode reports whether mode runs the gatekeeper binary.
+func binaryMode(mode string) bool {
+	return mode == modeGatekeeper || mode == modeGatekeeperBytes || mode == modeGatekeeperOver
+}
 
 type options struct {
 	Brokers      []string
@@ -89,6 +100,7 @@ type options struct {
 	ModeTimeout  time.Duration
 	StallTimeout time.Duration
 	Profile      bool
+	Overrides    int
 }
 
 func main() {
@@ -109,7 +121,8 @@ func main() {
 	fs.Float64Var(&o.Deferred, "deferred", 1.0/3, "share of events the per-tenant limit leaves over it (diverted)")
 	fs.IntVar(&o.Batch, "batch", 500, "consumer batch size of every mode (GATEKEEPER_BATCH_SIZE)")
 	fs.IntVar(&o.Rounds, "rounds", 1, "times every mode drains the main data set, the modes interleaved; each is reported by its median round")
-	modes := fs.String("modes", "passthrough,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes", "modes to run: "+strings.Join(allModes, ","))
+	modes := fs.String("modes", "passthrough,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-overrides", "modes to run: "+strings.Join(allModes, ","))
+	fs.IntVar(&o.Overrides, "overrides", 100000, "live overrides of the gatekeeper-overrides mode")
 	fs.StringVar(&o.Window, "window", "ttl", "Gatekeeper's GATEKEEPER_WINDOW: ttl (the seed's window, as seed-naive counts) or aligned")
 	fs.DurationVar(&o.WindowLen, "window-len", time.Hour, "length of the limit's window (every mode)")
 	fs.IntVar(&o.LiveEvents, "live-events", 10000, "events of the paced latency phase after each drain (0: none)")
@@ -279,7 +292,7 @@ func newDriver(ctx context.Context, o options) (d *driver, closeDriver func(), e
 // buildGatekeeper builds ./cmd/gatekeeper into the work directory when a
 // gatekeeper binary mode runs and no binary was given.
 func (d *driver) buildGatekeeper(ctx context.Context) error {
-	if !slices.Contains(d.o.Modes, modeGatekeeper) && !slices.Contains(d.o.Modes, modeGatekeeperBytes) || d.o.GKBin != "" {
+	if !slices.ContainsFunc(d.o.Modes, binaryMode) || d.o.GKBin != "" {
 		return nil
 	}
 	bin, err := filepath.Abs(filepath.Join(d.o.Work, "gatekeeper"))

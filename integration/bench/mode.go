@@ -52,6 +52,11 @@ func (d *driver) runMode(ctx context.Context, mr modeRun) (result, error) {
 	if !d.o.Keep {
 		defer d.cleanupMode(context.WithoutCancel(ctx), nm)
 	}
+	if mr.mode == modeGatekeeperOver {
+		if err := d.seedOverrides(ctx, mr, nm); err != nil {
+			return res, err
+		}
+	}
 	if err := d.resetRedisStats(ctx, &res); err != nil {
 		return res, err
 	}
@@ -159,7 +164,7 @@ func benchLimits(mr modeRun, unit string) string {
 // childCommand is the command of mr's mode.
 func (d *driver) childCommand(mr modeRun, nm modeNames) *exec.Cmd {
 	o := d.o
-	if mr.mode == modeGatekeeper || mr.mode == modeGatekeeperBytes {
+	if binaryMode(mr.mode) {
 		cmd := exec.Command(o.GKBin)
 		cmd.Env = gatekeeperEnv(map[string]string{
 			"KAFKA_BROKERS":    strings.Join(o.Brokers, ","),
