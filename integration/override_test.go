@@ -210,6 +210,66 @@ func TestOverridePropagationThreeReplicas(t *testing.T) {
 		}
 	}
 
+	// The other commands as the README writes them: a dry run writes
+	// nothing and shows the counts against the new rules; get, list and
+	// delete.
+	out, errOut, code = opsRun(t, cli, "override", "set", "prop-1", "7/1m", "--reason", "try", "--dry-run")
+	if code != 0 || !strings.Contains(out, "dry run for prop-1") || !strings.Contains(out, "new  7/1m") || !strings.Contains(out, "now  101/1m") {
+		t.Errorf("dry run: exit %d:\n%s%s", code, out, errOut)
+	}
+	if v := ovInForce(t, procs[0], "prop-1"); v.Override.Version != 2 {
+		t.Errorf("the dry run wrote: %+v", v)
+	}
+	out, _, code = opsRun(t, cli, "override", "get", "prop-1")
+	if code != 0 || !strings.Contains(out, `"rules_in_force": [`) || !strings.Contains(out, `"101/1m"`) {
+		t.Errorf("get: exit %d:\n%s", code, out)
+	}
+	out, _, code = opsRun(t, cli, "override", "list")
+	if n := strings.Count(out, "propagation test"); code != 0 || n != writes {
+		t.Errorf("list: exit %d, %d overrides of the propagation, want %d:\n%s", code, n, writes, out)
+	}
+	out, errOut, code = opsRun(t, cli, "override", "delete", "prop-1", "--reason", "done")
+	if code != 0 || !strings.Contains(out, `"deleted": true`) {
+		t.Errorf("delete: exit %d: %s %s", code, out, errOut)
+	}
+	for _, p := range procs {
+		waitFor(t, 2*time.Second, p.Name+": prop-1 back to the base rules", func() (bool, string) {
+			v := ovInForce(t, p, "prop-1")
+			return slices.Equal(v.RulesInForce, []string{"5/1m"}), fmt.Sprint(v.RulesInForce)
+		})
+	}
+
+	// A shadow override counts and reports, and does not enforce: shady's 5
+	// events all go downstream under 5/1m, while the shadow 1/1m would have
+	// admitted one and deferred four.
+	out, errOut, code = opsRun(t, cli, "override", "set", "shady", "1/1m", "--reason", "try 1/1m", "--shadow")
+	if code != 0 {
+		t.Fatalf("shadow set: exit %d: %s %s", code, out, errOut)
+	}
+	for _, p := range procs {
+		waitFor(t, 2*time.Second, p.Name+": the shadow override applied", func() (bool, string) {
+			n := p.metric(t, "gatekeeper_overrides", `kind="shadow"`)
+			return n == 1, fmt.Sprint(n)
+		})
+	}
+	var shady []kafka.Message
+	for i := range 5 {
+		shady = append(shady, kafka.Message{Key: []byte("shady"), Value: ev{ID: 1000 + i}.value()})
+	}
+	produce(t, f.Source, shady)
+	waitFor(t, 20*time.Second, "shady's 5 events downstream", func() (bool, string) {
+		o := readOutputs(t, f)
+		return opsCountKey(o.down, "shady") == 5, o.String()
+	})
+	var sAdmit, sDefer float64
+	for _, p := range procs {
+		sAdmit += p.metric(t, "gatekeeper_override_shadow_decisions_total", `decision="admit"`)
+		sDefer += p.metric(t, "gatekeeper_override_shadow_decisions_total", `decision="defer"`)
+	}
+	if sAdmit != 1 || sDefer != 4 {
+		t.Errorf("shadow decisions: admit %v, defer %v; want 1 and 4", sAdmit, sDefer)
+	}
+
 	// The audit trail: who (token name), when, why, before and after.
 	waitFor(t, 5*time.Second, "the expiry in the audit", func() (bool, string) {
 		out, _, _ := opsRun(t, cli, "override", "audit", "cut")

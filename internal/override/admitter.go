@@ -21,8 +21,8 @@ type Tally interface {
 
 // Admitter decides batches with the Limiter (whose rules carry the live
 // overrides), then reports: decisions made under an override (a metric, and
-// one log line per tenant and override version on each replica: the trace
-// from a decision to the override it used), the decisions of the Shadow
+// at debug level one log line per tenant and override version on each
+// replica), the decisions of the Shadow
 // limiter for the tenants with a shadow override (counted, never
 // enforced), and every decision to the Tally. It implements
 // route.Admitter and route.NowAdmitter and is safe for concurrent use.
@@ -131,7 +131,7 @@ func (a *Admitter) trace(tenant string, d limit.Decision) {
 	}
 	a.mu.Unlock()
 	if !seen {
-		a.Log.Info("deciding under override", slog.String("tenant", tenant), slog.Int64("override_version", d.Override),
+		a.Log.Debug("deciding under override", slog.String("tenant", tenant), slog.Int64("override_version", d.Override),
 			slog.String("first_decision", d.Kind.String()))
 	}
 }

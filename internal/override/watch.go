@@ -244,6 +244,8 @@ func (w *Watcher) publish(changed []string, all bool) {
 			s.Enforced[t] = w.overlays[t]
 		}
 	}
+	w.opts.Log.Info("overrides applied", slog.Int64("override_version", s.Version), slog.Int("changed", len(changed)),
+		slog.Bool("all", all), slog.Int("enforced", len(s.Enforced)), slog.Int("shadow", len(s.Shadow)))
 	w.m.version.Set(float64(s.Version))
 	w.m.count.WithLabelValues("enforced").Set(float64(len(s.Enforced)))
 	w.m.count.WithLabelValues("shadow").Set(float64(len(s.Shadow)))
