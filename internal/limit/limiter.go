@@ -342,19 +342,22 @@ func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 	rules := l.rules.Load()
 	byTenant := make(map[string]*group, len(tenants)/2)
 	var order []*group
-	// Most tenants share one rule list (the "*" rules, one slice): name it
-	// once per batch rather than once per tenant.
-	var lastRules []Rule
-	var lastSet string
+	// Most tenants share a few rule lists (the "*" rules, one slice; live
+	// overrides with the same rules share one slice too): name each once
+	// per batch rather than once per tenant.
+	sets := map[*Rule]string{}
 	for i, t := range tenants {
 		g := byTenant[t]
 		if g == nil {
-			g = &group{tenant: t, rules: rules.For(t), override: rules.OverrideVersion(t)}
-			if len(g.rules) > 0 && len(lastRules) == len(g.rules) && &lastRules[0] == &g.rules[0] {
-				g.set = lastSet
-			} else {
-				g.set = ruleSetID(l.opts.WindowKind, g.rules)
-				lastRules, lastSet = g.rules, g.set
+			r, over := rules.lookup(t)
+			g = &group{tenant: t, rules: r, override: over}
+			if len(r) > 0 {
+				set, ok := sets[&r[0]]
+				if !ok {
+					set = ruleSetID(l.opts.WindowKind, r)
+					sets[&r[0]] = set
+				}
+				g.set = set
 			}
 			g.weighted = Weighted(g.rules)
 			if g.weighted && noCosts {

@@ -30,7 +30,23 @@ type overlays struct {
 // caller must not change afterwards. A limiter decides each batch on one
 // Rules value (SetRules swaps a pointer), so a batch never sees half of a
 // change.
+//
+// Overlays with the same rules are made to share one rule list, so that a
+// batch names each distinct list once, however many tenants have it.
 func (rs *Rules) WithOverlays(over map[string]Overlay, version int64) *Rules {
+	shared := map[string][]Rule{}
+	for t, o := range over {
+		if len(o.Rules) == 0 {
+			continue
+		}
+		k := ruleSetID("", o.Rules)
+		if s, ok := shared[k]; ok {
+			o.Rules = s
+			over[t] = o
+		} else {
+			shared[k] = o.Rules
+		}
+	}
 	out := &Rules{}
 	if rs != nil {
 		out.byTenant, out.fallback, out.spec = rs.byTenant, rs.fallback, rs.spec
@@ -68,6 +84,23 @@ func (rs *Rules) OverrideVersion(tenant string) int64 {
 		return 0
 	}
 	return rs.over.byTenant[tenant].Version
+}
+
+// lookup returns the tenant's rules and the version of its override (0:
+// none): For and OverrideVersion in one map lookup.
+func (rs *Rules) lookup(tenant string) ([]Rule, int64) {
+	if rs == nil {
+		return nil, 0
+	}
+	if rs.over != nil {
+		if o, ok := rs.over.byTenant[tenant]; ok {
+			return o.Rules, o.Version
+		}
+	}
+	if r, ok := rs.byTenant[tenant]; ok {
+		return r, 0
+	}
+	return rs.fallback, 0
 }
 
 // Overridden returns the number of tenants with an override in rs.
