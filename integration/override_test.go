@@ -393,6 +393,7 @@ func TestTopInTerminal(t *testing.T) {
 		return code == 0 && strings.Contains(out, "bulk") && strings.Contains(out, "light"), out
 	})
 	out, _, _ := opsRun(t, cli, "top", "--sort", "rejected")
+	t.Logf("gatekeeper top, piped:\n%s", out)
 	if strings.Contains(out, "\x1b[") {
 		t.Errorf("plain top holds escape sequences: %q", out)
 	}
