@@ -166,6 +166,11 @@ func TestOverridePropagationThreeReplicas(t *testing.T) {
 	if v := ovInForce(t, procs[0], "prop-0"); !slices.Equal(v.RulesInForce, []string{"100/1m"}) || v.Override.Version != 1 {
 		t.Errorf("after stale writes: %+v, want 100/1m at version 1", v)
 	}
+	// gatekeeper usage reads Redis directly, and shows the override's rules too.
+	out, errOut, code = opsRun(t, map[string]string{"GATEKEEPER_LIMITS": "*=5/1m", "GATEKEEPER_REDIS_KEY_PREFIX": env["GATEKEEPER_REDIS_KEY_PREFIX"]}, "usage", "prop-0")
+	if code != 0 || !strings.Contains(out, `"rule": "100/1m"`) {
+		t.Errorf("gatekeeper usage prop-0: exit %d: %s %s; want the rule 100/1m", code, out, errOut)
+	}
 	// The read token may read, not write.
 	if st := ovDo(t, procs[0], ovReadToken, "PUT", "/v1/overrides/x", map[string]any{"rules": []string{"1/1m"}, "reason": "r", "version": 0}, nil); st != http.StatusForbidden {
 		t.Errorf("PUT with the read token: status %d, want 403", st)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/gatekeeper-dev/gatekeeper/internal/lua"
 )
 
@@ -232,3 +233,24 @@ func (s *Store) ExpireDue(ctx context.Context, max int) (int, error) {
 
 // ExpiryActor is the name of the expiry sweep in the audit.
 const ExpiryActor = "expiry"
+
+// Layer returns base with the tenant's override in force now, if it has
+// one that is neither expired nor shadow: the rules a replica enforces
+// for the tenant (for a one-off reader such as `gatekeeper usage`).
+func (s *Store) Layer(ctx context.Context, base *limit.Rules, tenant string) (*limit.Rules, error) {
+	rec, err := s.Get(ctx, tenant)
+	if errors.Is(err, ErrNotFound) {
+		return base, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if rec.Shadow || rec.expired(s.opts.Clock()) {
+		return base, nil
+	}
+	o, err := overlayOf(rec)
+	if err != nil {
+		return nil, err
+	}
+	return base.WithOverlays(map[string]limit.Overlay{tenant: o}, rec.Version), nil
+}
