@@ -39,7 +39,7 @@ func TestAdminTokensConfig(t *testing.T) {
 }
 
 func TestTokenScopes(t *testing.T) {
-	cfg := Config{AdminToken: "the-admin-token-0123", AdminTokens: "viewer:read:viewer-token-0123456,ops:write:ops-token-0123456789"}
+	cfg := Config{HTTPConfig: HTTPConfig{AdminToken: "the-admin-token-0123", AdminTokens: "viewer:read:viewer-token-0123456,ops:write:ops-token-0123456789"}}
 	tokens, err := cfg.apiTokens()
 	if err != nil {
 		t.Fatal(err)
