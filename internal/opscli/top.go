@@ -79,7 +79,7 @@ func renderTop(w io.Writer, t worker.TopResponse, now time.Time, every time.Dura
 	if every > 0 {
 		refresh = "every " + every.String() + ", Ctrl-C quits"
 	}
-	fmt.Fprintf(w, "gatekeeper top - %s - %d replicas - window %s - sorted by %s - %s\n",
+	fmt.Fprintf(w, "gatekeeper top - %s - replicas %d - window %s - sorted by %s - %s\n",
 		now.UTC().Format("15:04:05"), t.Replicas, t.Window, t.Sort, refresh)
 	for _, x := range []struct {
 		name string
