@@ -81,15 +81,8 @@ func (l *Layers) setLocked(base *limit.Rules, s *Snapshot, changed []string, all
 		return nil
 	}
 	if all {
-		changed = changed[:0:0]
-		for _, x := range []*Snapshot{s} {
-			if x != nil {
-				for t := range x.Enforced {
-					changed = append(changed, t)
-				}
-			}
-		}
-		changed = append(changed, overlayTenants(prev)...)
+		// Any tenant with an override before or after may have changed.
+		changed = append(enforced.OverlayTenants(), prev.OverlayTenants()...)
 	}
 	var raised []string
 	seen := map[string]bool{}
@@ -107,9 +100,4 @@ func (l *Layers) setLocked(base *limit.Rules, s *Snapshot, changed []string, all
 		l.OnRaise(raised, at)
 	}
 	return nil
-}
-
-// overlayTenants lists the tenants with an override in rs.
-func overlayTenants(rs *limit.Rules) []string {
-	return rs.OverlayTenants()
 }

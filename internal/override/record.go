@@ -51,6 +51,9 @@ func (r *Record) Check(now time.Time, kind limit.WindowKind) (parsed, error) {
 	if err := limit.CheckTenant(r.Tenant); err != nil {
 		return parsed{}, fmt.Errorf("tenant: %w", err)
 	}
+	if r.Tenant == "*" {
+		return parsed{}, errors.New(`tenant: an override names one tenant; "*" is every other tenant's rules, set in LIMITS or LIMITS_FILE`)
+	}
 	rules, err := limit.ParseRuleList(r.Rules)
 	if err != nil {
 		return parsed{}, fmt.Errorf("rules: %w", err)

@@ -186,6 +186,7 @@ func TestRecordCheck(t *testing.T) {
 		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: "ok"}, ""},
 		{Record{Tenant: "a", Rules: []string{}, Reason: "unlimited"}, ""},
 		{Record{Tenant: "", Rules: []string{"5/1m"}, Reason: "x"}, "tenant"},
+		{Record{Tenant: "*", Rules: []string{"5/1m"}, Reason: "x"}, "one tenant"},
 		{Record{Tenant: "a", Rules: []string{"5/7s"}, Reason: "x"}, "rules"},
 		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: " "}, "reason: required"},
 		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: "x", Expires: &past}, "expires"},
