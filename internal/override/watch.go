@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,6 +65,9 @@ type Watcher struct {
 	nextCheck time.Time // the earliest expiry among records (zero: none)
 	lastSweep time.Time
 	failing   bool
+	// parsed are the rule lists parsed so far, by their text: overrides
+	// with the same rules share one list (parsed once, held once).
+	parsed map[string][]limit.Rule
 }
 
 // NewWatcher returns a Watcher of store's overrides.
@@ -109,7 +113,7 @@ func (w *Watcher) Load(ctx context.Context) error {
 			return err
 		}
 		for _, r := range page {
-			o, err := overlayOf(r)
+			o, err := w.overlayOf(r)
 			if err != nil {
 				w.opts.Log.Error("stored override not applied", slog.String("tenant", r.Tenant), slog.String("error", err.Error()))
 				continue
@@ -132,6 +136,24 @@ func overlayOf(r Record) (limit.Overlay, error) {
 		return limit.Overlay{}, err
 	}
 	return limit.Overlay{Rules: rules, Version: r.Version}, nil
+}
+
+// overlayOf parses a record's rules, or takes the list parsed for the same
+// text before.
+func (w *Watcher) overlayOf(r Record) (limit.Overlay, error) {
+	key := strings.Join(r.Rules, ",")
+	if rules, ok := w.parsed[key]; ok {
+		return limit.Overlay{Rules: rules, Version: r.Version}, nil
+	}
+	o, err := overlayOf(r)
+	if err != nil {
+		return o, err
+	}
+	if w.parsed == nil || len(w.parsed) > 1<<16 {
+		w.parsed = map[string][]limit.Rule{}
+	}
+	w.parsed[key] = o.Rules
+	return o, nil
 }
 
 // Run follows the changes until ctx is done; Redis trouble is logged and
@@ -193,7 +215,7 @@ func (w *Watcher) poll(ctx context.Context) error {
 				delete(w.overlays, e.Tenant)
 				continue
 			}
-			o, err := overlayOf(*e.After)
+			o, err := w.overlayOf(*e.After)
 			if err != nil {
 				w.opts.Log.Error("override change not applied", slog.String("tenant", e.Tenant), slog.Int64("version", e.Version), slog.String("error", err.Error()))
 				continue
