@@ -15,12 +15,15 @@ import (
 // (the "/" keeps it apart from every tenant's keys, as in override):
 //
 //	<prefix>:{<prefix>/top}:replicas        sorted set: replica -> last publish (unix ms)
-//	<prefix>:{<prefix>/top}:r:<replica>     string: the replica's Tables (JSON), with a TTL
+//	<prefix>:{<prefix>/top}:r.<replica>     string: the replica's Tables (JSON), with a TTL
+//
+// No ":" follows the tag's "}:" (a replica's name holds none: host/pid), so
+// that these keys never match the counters' <prefix>:{<tenant>}:<counter>:<start>.
 type keys struct{ replicas, base string }
 
 func newKeys(prefix string) keys {
 	b := prefix + ":{" + prefix + "/top}:"
-	return keys{replicas: b + "replicas", base: b + "r:"}
+	return keys{replicas: b + "replicas", base: b + "r."}
 }
 
 // Stale is how long a replica's published tables count after its last

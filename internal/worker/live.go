@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -79,7 +80,7 @@ func startLive(ctx context.Context, log *slog.Logger, cfg *Config, rdb redis.Uni
 	}
 	host, _ := os.Hostname()
 	l.Publisher = &top.Publisher{Tracker: l.Tracker, Redis: rdb, Prefix: cfg.RedisKeyPrefix,
-		Replica: host + "/" + strconv.Itoa(os.Getpid()), Timeout: cfg.RedisTimeout, Log: log}
+		Replica: strings.ReplaceAll(host, ":", "_") + "/" + strconv.Itoa(os.Getpid()), Timeout: cfg.RedisTimeout, Log: log}
 	return l, nil
 }
 
