@@ -8,6 +8,9 @@
 //     against the limit deciding forward or divert to the retry topic;
 //   - redis-rate: one go-redis/redis_rate Allow (GCRA) per event, then
 //     forward or divert;
+//   - gatekeeper-within: the real binary on the same data set with the
+//     limit raised to the heaviest tenant's events, so that every event is
+//     within its limit: what the gate costs traffic that it lets through;
 //   - gatekeeper: the real binary (cmd/gatekeeper) as shipped, configured
 //     only by its environment;
 //   - gatekeeper-bytes: the same binary with a byte rule beside the event
@@ -17,7 +20,11 @@
 //     overrides (100,000) written through the override store before it
 //     starts, one per tenant t-0, t-1, ... (the data set's tenants first),
 //     each with the rule of "*": the same decisions as gatekeeper, so that
-//     the difference is the cost of carrying the overrides.
+//     the difference is the cost of carrying the overrides;
+//   - adversarial: the limiter's worst cases (made-up tenants limited to 0,
+//     daily quotas spent, events that fit only far ahead), in-process, one
+//     script call per batch: Redis time per 1,000 events and the slowest
+//     call (SLOWLOG); see adversarial.go.
 //
 // Modes 1-3 run in a child process of this command (it re-executes itself
 // with -child MODE), Gatekeeper as its own binary, so that each mode's peak
@@ -63,17 +70,21 @@ const (
 	modeSeedNaive       = "seed-naive"
 	modeRedisRate       = "redis-rate"
 	modeGatekeeper      = "gatekeeper"
+	modeGatekeeperIn    = "gatekeeper-within"
 	modeGatekeeperBytes = "gatekeeper-bytes"
 	modeGatekeeperOver  = "gatekeeper-overrides"
 	modeGatekeeperLib   = "gatekeeper-lib"
 )
 
-var allModes = []string{modePassthrough, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperOver, modeGatekeeperLib}
+var allModes = []string{modePassthrough, modeGatekeeperIn, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperOver, modeGatekeeperLib, modeAdversarial}
 
-// binaryMode reports whether mode runs the gatekeeper binary.
-func binaryMode(mode string) bool {
-	return mode == modeGatekeeper || mode == modeGatekeeperBytes || mode == modeGatekeeperOver
+// isBinary says whether mode runs the gatekeeper binary.
+func isBinary(mode string) bool {
+	return mode == modeGatekeeper || mode == modeGatekeeperIn || mode == modeGatekeeperBytes || mode == modeGatekeeperOver
 }
+
+// containsMode reports whether modes holds mode.
+func containsMode(modes []string, mode string) bool { return slices.Contains(modes, mode) }
 
 type options struct {
 	Brokers      []string
@@ -121,7 +132,7 @@ func main() {
 	fs.Float64Var(&o.Deferred, "deferred", 1.0/3, "share of events the per-tenant limit leaves over it (diverted)")
 	fs.IntVar(&o.Batch, "batch", 500, "consumer batch size of every mode (GATEKEEPER_BATCH_SIZE)")
 	fs.IntVar(&o.Rounds, "rounds", 1, "times every mode drains the main data set, the modes interleaved; each is reported by its median round")
-	modes := fs.String("modes", "passthrough,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-overrides", "modes to run: "+strings.Join(allModes, ","))
+	modes := fs.String("modes", "passthrough,gatekeeper-within,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-overrides,adversarial", "modes to run: "+strings.Join(allModes, ","))
 	fs.IntVar(&o.Overrides, "overrides", 100000, "live overrides of the gatekeeper-overrides mode")
 	fs.StringVar(&o.Window, "window", "ttl", "Gatekeeper's GATEKEEPER_WINDOW: ttl (the seed's window, as seed-naive counts) or aligned")
 	fs.DurationVar(&o.WindowLen, "window-len", time.Hour, "length of the limit's window (every mode)")
@@ -140,7 +151,7 @@ func main() {
 	fs.BoolVar(&o.KeepData, "keep-data", false, "keep the source topics of the data sets, for the next run to reuse")
 	fs.DurationVar(&o.ModeTimeout, "mode-timeout", 20*time.Minute, "longest one mode may take to drain the data set")
 	fs.DurationVar(&o.StallTimeout, "stall-timeout", 2*time.Minute, "longest a mode may go without writing anything (group join included)")
-	fs.BoolVar(&o.Profile, "profile", false, "write a CPU profile of each in-process mode to -work")
+	fs.BoolVar(&o.Profile, "profile", false, "write a CPU profile of each in-process mode to -work, and of each gatekeeper binary mode (GATEKEEPER_PPROF) a CPU profile of its drain and its allocations")
 	_ = fs.Parse(os.Args[1:])
 
 	if child.Mode != "" {
@@ -245,6 +256,9 @@ func run(ctx context.Context, o options) error {
 	if err := d.mainScenario(ctx, &rep); err != nil {
 		return err
 	}
+	if err := d.adversarialScenario(ctx, &rep); err != nil {
+		return err
+	}
 	if err := d.sweepScenario(ctx, &rep); err != nil {
 		return err
 	}
@@ -292,7 +306,7 @@ func newDriver(ctx context.Context, o options) (d *driver, closeDriver func(), e
 // buildGatekeeper builds ./cmd/gatekeeper into the work directory when a
 // gatekeeper binary mode runs and no binary was given.
 func (d *driver) buildGatekeeper(ctx context.Context) error {
-	if !slices.ContainsFunc(d.o.Modes, binaryMode) || d.o.GKBin != "" {
+	if !slices.ContainsFunc(d.o.Modes, isBinary) || d.o.GKBin != "" {
 		return nil
 	}
 	bin, err := filepath.Abs(filepath.Join(d.o.Work, "gatekeeper"))
@@ -314,16 +328,28 @@ func (d *driver) buildGatekeeper(ctx context.Context) error {
 func (d *driver) mainScenario(ctx context.Context, rep *report) error {
 	o := d.o
 	wl := o.Workload
+	if len(o.Modes) == 1 && o.Modes[0] == modeAdversarial {
+		// No Kafka mode: no data set.
+		rep.Main = scenario{Workload: wl, Window: fmt.Sprintf("%s %s", o.Window, ruleUnit(o.WindowLen)), Batch: o.Batch}
+		return nil
+	}
 	src, limit, err := d.dataset(ctx, wl)
 	if err != nil {
 		return err
 	}
+	within := slices.Max(counts(wl.ranks(), wl.Tenants))
 	rep.Main = scenario{Workload: wl, Limit: limit, Window: fmt.Sprintf("%s %s", o.Window, ruleUnit(o.WindowLen)),
 		Batch: o.Batch, LiveEvents: o.LiveEvents, LiveRate: o.LiveRate}
 	rounds := map[string][]result{}
 	for round := 1; round <= o.Rounds; round++ {
 		for _, mode := range o.Modes {
+			if mode == modeAdversarial {
+				continue // not drained from Kafka: see adversarialScenario
+			}
 			mr := modeRun{mode: mode, wl: wl, src: src, limit: limit, batch: o.Batch, live: o.LiveEvents, tag: mode}
+			if mode == modeGatekeeperIn {
+				mr.limit = within // every tenant's events fit
+			}
 			if o.Rounds > 1 {
 				mr.tag = fmt.Sprintf("%s-r%d", mode, round)
 				if round > 1 {
@@ -337,7 +363,7 @@ func (d *driver) mainScenario(ctx context.Context, rep *report) error {
 			rounds[mode] = append(rounds[mode], r)
 			rep.Main.Results = rep.Main.Results[:0]
 			for _, m := range o.Modes {
-				if len(rounds[m]) > 0 {
+				if len(rounds[m]) > 0 && m != modeAdversarial {
 					rep.Main.Results = append(rep.Main.Results, median(rounds[m]))
 				}
 			}

@@ -34,6 +34,10 @@ type member struct {
 	// handover: read the done sets the previous owners left in the offset
 	// metadata and skip those offsets (Delayed).
 	handover bool
+	// metaKeys sign and verify the done sets (see trust.go); onDistrusted
+	// is DelayedConfig.OnDistrusted.
+	metaKeys     [][]byte
+	onDistrusted func(topic, reason string)
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -228,6 +232,9 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 			})
 		}
 	}
+	if m.cfg.Leases != nil {
+		gen.Start(func(gctx context.Context) { m.watchLeases(gctx, gen) })
+	}
 	m.log.Info("consumer group generation started", "generation", gen.ID, "member", gen.MemberID, "partitions", parts)
 	if m.onGeneration != nil {
 		m.onGeneration(gen)
@@ -289,11 +296,7 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 	}
 	p.gaps = newGapCheck(p, pa.Offset, m.client)
 	if meta != "" {
-		done, err := decodeDone(meta, pa.Offset)
-		if err != nil {
-			log.Warn("offset metadata unreadable; the done set of the previous owner is not skipped", "offset", pa.Offset, "err", err)
-		}
-		p.inherited = done
+		p.inherited = m.inheritDone(hctx, gen.GroupID, topic, pa.ID, pa.Offset, meta)
 	}
 	m.loop(p, stop, hctx)
 	if m.cfg.OnLag != nil {

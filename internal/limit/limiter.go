@@ -29,8 +29,8 @@ type Options struct {
 	Retention time.Duration
 	// Timeout bounds every Redis call. Default 2s.
 	Timeout time.Duration
-	// MaxScan bounds the windows one tenant's deferral search may visit in
-	// one call. Default 100000.
+	// MaxScan bounds the windows the deferral searches of one batch may
+	// read, all tenants together (see bounded.go). Default DefaultMaxScan.
 	MaxScan int
 	// CacheBytes bounds the estimated heap bytes of the tenant states the
 	// Limiter remembers (key names, tenants known full, ttl chains); past
@@ -42,6 +42,11 @@ type Options struct {
 	// skew moves events between neighbouring windows but never lets a
 	// window's count pass its limit. Default time.Now.
 	Clock func() time.Time
+	// ReplayScope, if set, names the deployment in the keys of the replay
+	// records (Source): two deployments that share a Redis and a Prefix
+	// but not a ReplayScope never take each other's decisions for the same
+	// topic, partition and offset. Gatekeeper sets it to GROUP_ID.
+	ReplayScope string
 	// Registerer receives the limiter's metrics. Nil: not registered.
 	Registerer prometheus.Registerer
 }
@@ -72,7 +77,7 @@ func (o *Options) defaults() error {
 		o.Timeout = 2 * time.Second
 	}
 	if o.MaxScan == 0 {
-		o.MaxScan = 100000
+		o.MaxScan = DefaultMaxScan
 	}
 	if o.CacheBytes == 0 {
 		o.CacheBytes = DefaultCacheBytes
@@ -97,6 +102,7 @@ type Limiter struct {
 	rules   atomic.Pointer[Rules]
 	admit   *redis.Script
 	get     *redis.Script
+	release *redis.Script
 	metrics *metrics
 	// fullReason is the reason of events rejected for want of room.
 	fullReason string
@@ -121,9 +127,10 @@ type tenantState struct {
 	// for an event that costs fullCost or more (see fullFor).
 	full     time.Time
 	fullCost Cost
-	// chain: the ttl chain of a one-rule tenant as the last reply gave it;
-	// while now is before its end the script need not read the anchor.
-	chain chain
+	// chains: the ttl chain of each rule as the last reply gave it (nil:
+	// none known); while now is before its end the script need not read
+	// the anchor. A new slice replaces it, never changed in place.
+	chains []chain
 	// The links of stateCache's lists: list is nil while the state is not
 	// in the cache; bytes is its estimated size (stateBytes).
 	prev, next *tenantState
@@ -153,13 +160,14 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		rdb:     rdb,
 		cluster: cluster,
 		opts:    opts,
-		keys:    keys{prefix: opts.Prefix, kind: opts.WindowKind},
+		keys:    keys{prefix: opts.Prefix, kind: opts.WindowKind, scope: opts.ReplayScope},
 		admit:   redis.NewScript(lua.Admit),
 		get:     redis.NewScript(lua.AlignedGet),
+		release: redis.NewScript(lua.Release),
 	}
 	l.fullReason = fmt.Sprintf("no room within the deferral horizon (%v)", opts.Horizon)
 	l.rules.Store(rules)
-	for _, s := range []*redis.Script{l.admit, l.get} {
+	for _, s := range []*redis.Script{l.admit, l.get, l.release} {
 		cctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 		err := s.Load(cctx, rdb).Err()
 		cancel()
@@ -223,8 +231,8 @@ type group struct {
 	rules  []Rule
 	set    string
 	st     *tenantState
-	// chain is st.chain as read for this call (zero: unknown).
-	chain chain
+	// chains is st.chains as read for this call (nil: unknown).
+	chains []chain
 	// weighted: the rules count bytes or units (see Weighted); costs are
 	// then the costs of the events idx (else nil).
 	weighted bool
@@ -296,6 +304,7 @@ func (l *Limiter) admitFrom(ctx context.Context, src Source, tenants []string, c
 			for _, i := range g.idx {
 				out[i] = Decision{Kind: Admit}
 			}
+		case l.rejectNever(g, src, out):
 		default:
 			g.st = l.stateLocked(g, now)
 			if now.Before(g.st.full) && g.st.fullFor(g.costs) && !l.sent.mayReplay(src, g.idx) {
@@ -307,7 +316,7 @@ func (l *Limiter) admitFrom(ctx context.Context, src Source, tenants []string, c
 				}
 				continue
 			}
-			g.chain = g.st.chain
+			g.chains = g.st.chains
 			calls = append(calls, g)
 		}
 	}
@@ -335,20 +344,40 @@ func (l *Limiter) admitFrom(ctx context.Context, src Source, tenants []string, c
 
 // groups returns the events of tenants grouped by tenant, in the order of
 // their first events, with their rules; an error when noCosts and a tenant
-// has a rule counting bytes or units.
+// has a rule counting bytes or units. It allocates per batch, not per
+// tenant: the groups share one slice, and their idx lists one array (each
+// group's a full-capacity part of it).
 func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 	rules := l.rules.Load()
-	byTenant := make(map[string]*group, len(tenants)/2)
-	var order []*group
+	// First pass: number the tenants in order of first event, count their events.
+	byTenant := make(map[string]int32, len(tenants)/2)
+	gid := make([]int32, len(tenants))
+	sizes := make([]int32, 0, len(tenants))
+	for i, t := range tenants {
+		n, ok := byTenant[t]
+		if !ok {
+			n = int32(len(sizes))
+			byTenant[t] = n
+			sizes = append(sizes, 0)
+		}
+		gid[i] = n
+		sizes[n]++
+	}
+	slab := make([]group, len(sizes))
+	order := make([]*group, len(sizes))
+	idx := make([]int, len(tenants))
 	// Most tenants share a few rule lists (the "*" rules, one slice; live
 	// overrides with the same rules share one slice too): name each once
 	// per batch rather than once per tenant.
 	sets := map[*Rule]string{}
+	at := 0
 	for i, t := range tenants {
-		g := byTenant[t]
-		if g == nil {
+		n := gid[i]
+		g := &slab[n]
+		if order[n] == nil {
 			r, over := rules.lookup(t)
-			g = &group{tenant: t, rules: r, override: over}
+			*g = group{tenant: t, rules: r, override: over, idx: idx[at : at : at+int(sizes[n])]}
+			at += int(sizes[n])
 			if len(r) > 0 {
 				set, ok := sets[&r[0]]
 				if !ok {
@@ -361,22 +390,21 @@ func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 			if g.weighted && noCosts {
 				return nil, fmt.Errorf("admit: tenant %q has a rule counting bytes or units, and the events have no costs", t)
 			}
-			byTenant[t] = g
-			order = append(order, g)
+			order[n] = g
 		}
 		g.idx = append(g.idx, i)
 	}
 	return order, nil
 }
 
-// cacheChains keeps the ttl chains of the one-rule tenants in replies (the
-// last two numbers of each reply).
+// cacheChains keeps the ttl chains of the tenants in replies (the last two
+// numbers per rule of each reply).
 func (l *Limiter) cacheChains(calls []*group, replies []reply) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for j, g := range calls {
-		if r := replies[j].n; len(g.rules) == 1 && replies[j].failed == "" {
-			g.st.chain = chain{start: r[len(r)-2], end: r[len(r)-1]}
+		if replies[j].failed == "" {
+			g.st.chains = replyChains(replies[j].n, len(g.rules))
 		}
 	}
 }

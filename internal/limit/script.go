@@ -45,7 +45,7 @@ func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
 // script returns the KEYS and ARGV of one admit.lua call over groups. The
 // tenants' records go in one argument, a JSON array of numbers (see admit.lua),
 // followed by the costs of the tenants whose rules count bytes or units.
-func (l *Limiter) script(groups []*group, now, hend time.Time, src Source) ([]string, []any) {
+func (l *Limiter) script(groups []*group, now, hend time.Time, src Source, budget int) ([]string, []any) {
 	d := descriptors{index: map[Rule]int{}}
 	ks := make([]string, 0, 2*len(groups))
 	recs := make([]byte, 0, 40*len(groups))
@@ -63,10 +63,11 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src Source) ([]st
 		ks = append(ks, g.st.keys...)
 		num(int64(len(g.rules)))
 		num(int64(len(g.idx)))
-		for _, r := range g.rules {
+		for i, r := range g.rules {
 			num(int64(l.describe(&d, r, now, hend)))
-			num(g.chain.start)
-			num(g.chain.end)
+			c := g.chainOf(i)
+			num(c.start)
+			num(c.end)
 		}
 	}
 	if costsAt := nums + 1; weighted(groups) {
@@ -79,7 +80,7 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src Source) ([]st
 	}
 	recs = append(recs, ']')
 	av := make([]any, 0, 6+len(d.args))
-	av = append(av, now.UnixMilli(), hend.UnixMilli(), l.opts.MaxScan, len(d.index), len(groups))
+	av = append(av, now.UnixMilli(), hend.UnixMilli(), budget, len(d.index), len(groups))
 	av = append(av, d.args...)
 	av = append(av, recs)
 	return l.replayArgs(ks, av, groups, src)
@@ -98,7 +99,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src S
 		hend = now
 	}
 	if !l.cluster {
-		ks, av := l.script(calls, now, hend, src)
+		ks, av := l.script(calls, now, hend, src, l.scanBudget(1))
 		res, err := l.admit.Run(ctx, l.rdb, ks, av...).Result()
 		if err != nil {
 			l.metrics.redisErrors.Inc()
@@ -109,7 +110,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src S
 	cmds := make([]*redis.Cmd, len(calls))
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range calls {
-			ks, av := l.script(calls[i:i+1], now, hend, src)
+			ks, av := l.script(calls[i:i+1], now, hend, src, l.scanBudget(len(calls)))
 			cmds[i] = l.admit.EvalSha(ctx, p, ks, av...)
 		}
 		return nil
@@ -120,7 +121,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src S
 		_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i := range calls {
 				if cmds[i].Err() != nil && redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
-					ks, av := l.script(calls[i:i+1], now, hend, src)
+					ks, av := l.script(calls[i:i+1], now, hend, src, l.scanBudget(len(calls)))
 					cmds[i] = l.admit.Eval(ctx, p, ks, av...)
 				}
 			}

@@ -3,7 +3,10 @@
 // limit package runs them. All scripts take times from the caller's clock.
 package lua
 
-import _ "embed"
+import (
+	"embed"
+	"strings"
+)
 
 // TTLIncr is the seed's ttl-window increment: {count, seconds left}.
 //
@@ -25,7 +28,51 @@ var AlignedIncr string
 //go:embed aligned_get.lua
 var AlignedGet string
 
-// Admit is the batch admission script: admit, reserve, reject for many tenants in one call.
+// admitSources are the parts of the batch admission script, one idea each,
+// each with its contract in its header; AdmitParts joins them in this order.
 //
-//go:embed admit.lua
-var Admit string
+//go:embed admit/*.lua
+var admitSources embed.FS
+
+// AdmitParts are the names of the parts of Admit under admit/, in the
+// order they are joined: a part may use what the parts before it define.
+// The first holds the script's contract (KEYS, ARGV, reply).
+var AdmitParts = []string{
+	"10_call.lua",
+	"20_journal.lua",
+	"30_windows.lua",
+	"40_decode.lua",
+	"50_costs.lua",
+	"60_replay.lua",
+	"70_admit.lua",
+	"80_reserve.lua",
+	"90_run.lua",
+}
+
+// Admit is the batch admission script: admit, reserve, reject for many
+// tenants in one call. It is AdmitParts joined, each part ending in a
+// newline; Redis loads it as one script, which comments elsewhere call
+// admit.lua.
+var Admit = join(admitSources, "admit/", AdmitParts)
+
+// join returns the files names under dir of fsys, one after the other, each
+// ending in one newline. A missing part is a build mistake: it panics at
+// start-up (lua_test.go fails first).
+func join(fsys embed.FS, dir string, names []string) string {
+	var b strings.Builder
+	for _, n := range names {
+		src, err := fsys.ReadFile(dir + n)
+		if err != nil {
+			panic("lua: " + err.Error())
+		}
+		b.WriteString(strings.TrimRight(string(src), "\n"))
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// Release gives back the slot of a deferred event that came back after its
+// slot ended, once per trip.
+//
+//go:embed release.lua
+var Release string

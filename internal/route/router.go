@@ -18,6 +18,8 @@ import (
 // Writer writes messages to Kafka; *kafka.Writer implements it. WriteMessages
 // returns nil only when every message is acknowledged. It may return
 // kafka.WriteErrors, index-aligned with msgs, to say which ones failed.
+// Once it has returned nil it holds no reference to msgs, their headers or
+// the headers' values: the Gate reuses their memory for its next batch.
 // Implementations must be safe for concurrent use.
 type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
@@ -51,7 +53,8 @@ const writerBatchSize = 250
 // NewKafkaWriter returns a synchronous writer with the settings the gating
 // path relies on: acks from all in-sync replicas, a 2ms batch timeout, the
 // Murmur2 balancer on the key (the partitioning Java clients use), bounded
-// timeouts and no automatic topic creation. Messages must name their topic.
+// timeouts, no automatic topic creation, and the topics' partition counts
+// cached for a second (metadataCache). Messages must name their topic.
 // Close it when done.
 func NewKafkaWriter(brokers []string, opts WriterOptions) *kafka.Writer {
 	if opts.BatchBytes <= 0 {
@@ -73,7 +76,7 @@ func NewKafkaWriter(brokers []string, opts WriterOptions) *kafka.Writer {
 		BatchBytes:             opts.BatchBytes,
 		WriteTimeout:           opts.WriteTimeout,
 		ReadTimeout:            opts.ReadTimeout,
-		Transport:              opts.Transport,
+		Transport:              newMetadataCache(opts.Transport),
 		AllowAutoTopicCreation: false,
 	}
 	if l := opts.Logger; l != nil {

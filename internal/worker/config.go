@@ -159,7 +159,7 @@ type RetryConfig struct {
 	RetryLookahead int `split_words:"true" default:"10000" desc:"most deferred events held in memory per retry-tier partition while they wait for their release time (memory: about this many times the partitions of the retry tiers times the event size, with headers)"`
 	// RetryLookaheadBytes bounds the bytes of the deferred events the retry
 	// role holds per retry-tier partition.
-	RetryLookaheadBytes int `split_words:"true" default:"1048576" desc:"most bytes of deferred events held in memory per retry-tier partition (keys, values, headers and their overhead on the heap); fetching pauses while they are held"`
+	RetryLookaheadBytes int `split_words:"true" default:"262144" desc:"most bytes of deferred events held in memory per retry-tier partition (keys, values, headers and their overhead on the heap); fetching pauses while they are held"`
 	// RetrySecret, when set, is the HMAC-SHA256 key that signs the gk-
 	// headers of deferred events (gk-sig); events in the retry tiers whose
 	// signature is missing or does not match are dead-lettered. At least
@@ -194,6 +194,9 @@ type HTTPConfig struct {
 	// AdminTokens are more bearer tokens of the HTTP API, each with a name
 	// (for the audit of overrides) and a scope. Secret.
 	AdminTokens string `split_words:"true" desc:"more API tokens, comma-separated NAME:SCOPE:TOKEN; SCOPE read (usage, top, overrides, audit) or write (also set and delete overrides); tokens at least 16 bytes; ADMIN_TOKEN is admin:write"`
+	// Pprof serves Go's profiles under /debug/pprof/ on HTTP_ADDR, behind
+	// ADMIN_TOKEN when one is set.
+	Pprof bool `default:"false" desc:"serve Go's profiles (CPU, heap, allocations, goroutines) under /debug/pprof/ on HTTP_ADDR, behind ADMIN_TOKEN when it is set"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `split_words:"true" default:"info" desc:"debug, info, warn or error"`
 	// ShutdownGrace bounds the drain after SIGTERM.

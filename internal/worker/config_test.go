@@ -49,7 +49,7 @@ func TestConfigKeys(t *testing.T) {
 		"TENANT_FROM", "COST_FROM", "ROLES", "ON_REDIS_ERROR", "SHADOW",
 		"MAX_ATTEMPTS", "RETRY_LOOKAHEAD", "RETRY_LOOKAHEAD_BYTES", "RETRY_SECRET", "RETRY_SECRET_PREVIOUS",
 		"BATCH_SIZE", "BATCH_BYTES", "BATCH_WAIT", "MAX_MESSAGE_BYTES", "LIMITER_CACHE_BYTES",
-		"HTTP_ADDR", "ADMIN_TOKEN", "ADMIN_TOKENS", "LOG_LEVEL", "SHUTDOWN_GRACE",
+		"HTTP_ADDR", "ADMIN_TOKEN", "ADMIN_TOKENS", "PPROF", "LOG_LEVEL", "SHUTDOWN_GRACE",
 		"OVERRIDE_AUDIT_RETENTION", "OVERRIDE_AUDIT_MAX", "TOP_WINDOW",
 	}
 	for i := range want {
@@ -118,7 +118,7 @@ func TestConfigDefaults(t *testing.T) {
 		RetryConfig: RetryConfig{
 			MaxAttempts:         5,
 			RetryLookahead:      10000,
-			RetryLookaheadBytes: 1 << 20,
+			RetryLookaheadBytes: 256 << 10,
 		},
 		HTTPConfig: HTTPConfig{
 			HTTPAddr:      ":8080",

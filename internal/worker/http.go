@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/url"
 	"strings"
 	"time"
@@ -46,7 +47,9 @@ type httpConfig struct {
 	Tokens []apiToken
 	// Overrides serves the override API; nil: not served.
 	Overrides *overrideAPI
-	Log       *slog.Logger
+	// Pprof serves net/http/pprof under /debug/pprof/, behind AdminToken.
+	Pprof bool
+	Log   *slog.Logger
 }
 
 // UsageResponse is the body of GET /v1/usage/{tenant}. Tenants are opaque
@@ -60,8 +63,9 @@ type errorResponse struct {
 	Error string `json:"error"`
 }
 
-// newHandler returns the handler of /metrics, /healthz, /readyz and
-// GET /v1/usage/{tenant}.
+// newHandler returns the handler of /metrics, /healthz, /readyz,
+// GET /v1/usage/{tenant} and, with Pprof, /debug/pprof/ (pprof.Index
+// serves the named profiles: heap, allocs, goroutine, ...).
 func newHandler(c httpConfig) http.Handler {
 	if c.Ready == nil {
 		c.Ready = newReadiness(nil, 0, 0)
@@ -86,6 +90,11 @@ func newHandler(c httpConfig) http.Handler {
 	mux.Handle("GET "+usagePath+"{tenant...}", c.requireToken(http.HandlerFunc(c.usage)))
 	if c.Overrides != nil {
 		c.Overrides.routes(mux, c.requireScope)
+	}
+	if c.Pprof {
+		mux.Handle("GET /debug/pprof/", c.requireToken(http.HandlerFunc(pprof.Index)))
+		mux.Handle("GET /debug/pprof/profile", c.requireToken(http.HandlerFunc(pprof.Profile)))
+		mux.Handle("GET /debug/pprof/trace", c.requireToken(http.HandlerFunc(pprof.Trace)))
 	}
 	return mux
 }
