@@ -58,15 +58,15 @@ type Config struct {
 	// CloseTimeout bounds how long Run waits for kafka-go to end the
 	// generation and leave the group at shutdown.
 	CloseTimeout time.Duration
-	// FetchMaxWait is the socket deadline of a fetch on an idle partition.
-	// kafka-go asks the broker to wait FetchMaxWait minus 1s when it is over
-	// 1s (else minus a quarter) and keeps the rest as slack for the reply:
-	// the default 1.5s gives a 0.5s broker wait and 1s of slack, so a loaded
-	// machine does not turn idle fetches into i/o timeouts. It also bounds how
-	// long closing a partition reader takes.
+	// FetchMaxWait, with Timeout, bounds a fetch on an idle partition. The
+	// broker is asked to wait FetchMaxWait minus 1s when it is over 1s (else
+	// minus a quarter): the default 1.5s gives a 0.5s broker wait, so a
+	// partition's fetches see new records within half a second.
 	FetchMaxWait time.Duration
 	// MaxBytes caps the bytes of one fetch response per partition. A larger
-	// message is still fetched, alone.
+	// record batch is still fetched, alone. A partition holds at most one
+	// response, decoded, beside what it has handed over: there is no other
+	// queue (see committedFetcher).
 	MaxBytes int
 	// BackoffMin and BackoffMax bound the capped exponential backoff between
 	// attempts of a failing batch and after fetch errors.

@@ -257,30 +257,11 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 	defer hcancel()
 
 	log := m.log.With("topic", topic, "partition", pa.ID)
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:   m.cfg.Brokers,
-		Dialer:    m.cfg.Dialer,
-		Topic:     topic,
-		Partition: pa.ID,
-		// MinBytes stays 0 (kafka-go: 1). kafka-go's NewReader validates
-		// before applying defaults, so MaxBytes must be set: withDefaults does.
-		MaxBytes:        m.cfg.MaxBytes,
-		MaxWait:         m.cfg.FetchMaxWait,
-		ReadLagInterval: -1, // lag comes from each message's high watermark
-		Logger:          kafkaLogger(log, slog.LevelDebug),
-		ErrorLogger:     kafkaLogger(log, slog.LevelWarn),
-	})
-	defer func() {
-		if err := r.Close(); err != nil {
-			log.Warn("close partition reader", "err", err)
-		}
-	}()
 	// pa.Offset is the committed offset, or kafka.FirstOffset when the group
-	// has none for this partition.
-	if err := r.SetOffset(pa.Offset); err != nil {
-		log.Error("position partition reader", "offset", pa.Offset, "err", err)
-		return
-	}
+	// has none for this partition. The fetcher reads committed records only
+	// (read_committed): see committedFetcher.
+	r := newCommittedFetcher(&m.cfg, m.client, topic, pa.ID, pa.Offset)
+	defer r.Close()
 	log.Debug("partition assigned", "offset", pa.Offset, "generation", gen.ID)
 	p := &partition{
 		topic:         topic,

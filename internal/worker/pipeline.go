@@ -35,12 +35,13 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 	if err := waitForTopics(ctx, p, pipelineTopics(cfg, topics)); err != nil || ctx.Err() != nil {
 		return err
 	}
-	if err := verifyTopicLimits(ctx, p, topics); err != nil {
+	topicMax, err := verifyTopicLimits(ctx, p, topics)
+	if err != nil {
 		return err
 	}
 	writer := route.NewKafkaWriter(cfg.KafkaBrokers, route.WriterOptions{
 		Transport:    p.Transport,
-		BatchBytes:   int64(cfg.MaxMessageBytes),
+		BatchBytes:   writerBatchBytes(cfg.MaxMessageBytes, topicMax),
 		WriteTimeout: cfg.KafkaTimeout,
 		ReadTimeout:  cfg.KafkaTimeout,
 		Logger:       p.Log,
@@ -62,6 +63,7 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 		Signer:  signer,
 
 		MaxMessageBytes: cfg.MaxMessageBytes,
+		TopicMaxBytes:   topicMax,
 	}
 	if p.Router != nil {
 		p.Router.Store(router)
@@ -187,6 +189,11 @@ func (p Pipeline) gateGroup(m *pipelineMetrics, router *route.Router) (consumerG
 	}
 	gc := p.groupConfig(m)
 	gc.Topics = cfg.SourceTopics
+	// A fetch response is held whole until handed out: at most one per
+	// partition, of at most BATCH_BYTES (or one record batch when a single
+	// batch is larger), so fetching adds at most one batch's bytes per
+	// partition to the batch being decided.
+	gc.MaxBytes = cfg.BatchBytes
 	src, err := consume.NewGroup(gc, gate)
 	if err != nil {
 		return nil, fmt.Errorf("source consumer: %w", err)
@@ -261,6 +268,9 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, router *route.Router) consume.
 	// The retry tiers have a group of their own, so that their rebalances
 	// never disturb the source group.
 	dc.GroupID = cfg.GroupID + ".retry"
+	// Fetched and not yet in the look-ahead: one response per partition, of
+	// at most RETRY_LOOKAHEAD_BYTES (or one record batch).
+	dc.MaxBytes = cfg.RetryLookaheadBytes
 	// A retry partition without an owner holds events whose reserved slot
 	// is running out (an event back after its slot is checked again as new):
 	// after a crash, its partitions move after a lease (consume.Leases) and
