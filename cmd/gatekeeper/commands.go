@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/override"
 	"github.com/gatekeeper-dev/gatekeeper/internal/route"
 	"github.com/gatekeeper-dev/gatekeeper/internal/worker"
 )
@@ -98,6 +99,15 @@ func usageCmd(ctx context.Context, tenant string, stdout, stderr io.Writer) int 
 	opts, err := worker.LimiterOptions(cfg, nil)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	// The tenant's live override, if any, as the replicas enforce it.
+	store, err := override.NewStore(ctx, rdb, override.StoreOptions{Prefix: cfg.RedisKeyPrefix, Timeout: cfg.RedisTimeout})
+	if err == nil {
+		rules, err = store.Layer(ctx, rules, tenant)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "gatekeeper usage: overrides: %s\n", worker.OneLine(err.Error()))
 		return 1
 	}
 	lim, err := limit.New(ctx, rdb, rules, opts)

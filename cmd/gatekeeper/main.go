@@ -7,6 +7,8 @@
 //
 //	gatekeeper [run]          run the worker (the default)
 //	gatekeeper usage TENANT   print a tenant's current usage as JSON
+//	gatekeeper override ...   set, get, list, delete live overrides; their audit
+//	gatekeeper top            the tenants most deferred, rejected and admitted
 //	gatekeeper check-config   print the effective configuration (secrets masked)
 //	gatekeeper version        print the version
 //	gatekeeper help           print this help and the configuration variables
@@ -29,6 +31,9 @@ import (
 	"syscall"
 	_ "time/tzdata" // TIMEZONE works in images without a zone database.
 
+	"golang.org/x/term"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/opscli"
 	"github.com/gatekeeper-dev/gatekeeper/internal/worker"
 )
 
@@ -48,6 +53,9 @@ Usage:
   gatekeeper [run]          run the worker (the default)
   gatekeeper usage TENANT   print a tenant's current usage as JSON (reads Redis;
                             needs only GATEKEEPER_REDIS_* and the rules)
+  gatekeeper override ...   set, get, list, delete live overrides, read their audit
+                            (gatekeeper override for its usage)
+  gatekeeper top            the tenants most deferred, rejected and admitted
   gatekeeper check-config   print the effective configuration, secrets masked;
                             exit 1 with one line naming a bad variable
   gatekeeper version        print the version
@@ -86,6 +94,10 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return 2
 		}
 		return checkConfigCmd(ctx, stdout, stderr)
+	case "override":
+		return opscli.Override(ctx, args, stdout, stderr)
+	case "top":
+		return opscli.Top(ctx, args, stdout, stderr, isTerminal(stdout))
 	case "version":
 		fmt.Fprintln(stdout, versionString())
 		return 0
@@ -104,6 +116,13 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fmt.Fprintf(stderr, "gatekeeper: unknown command %q\n\n", cmd)
 	printUsage(stderr)
 	return 2
+}
+
+// isTerminal reports whether w is a terminal (gatekeeper top refreshes
+// in place there).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 func printUsage(w io.Writer) {

@@ -16,6 +16,11 @@
 //   - gatekeeper-bytes: the same binary with a byte rule beside the event
 //     rule on every tenant (the bytes of about as many events), so that
 //     every event's cost is counted too;
+//   - gatekeeper-overrides: the gatekeeper mode with -overrides live
+//     overrides (100,000) written through the override store before it
+//     starts, one per tenant t-0, t-1, ... (the data set's tenants first),
+//     each with the rule of "*": the same decisions as gatekeeper, so that
+//     the difference is the cost of carrying the overrides;
 //   - adversarial: the limiter's worst cases (made-up tenants limited to 0,
 //     daily quotas spent, events that fit only far ahead), in-process, one
 //     script call per batch: Redis time per 1,000 events and the slowest
@@ -67,14 +72,15 @@ const (
 	modeGatekeeper      = "gatekeeper"
 	modeGatekeeperIn    = "gatekeeper-within"
 	modeGatekeeperBytes = "gatekeeper-bytes"
+	modeGatekeeperOver  = "gatekeeper-overrides"
 	modeGatekeeperLib   = "gatekeeper-lib"
 )
 
-var allModes = []string{modePassthrough, modeGatekeeperIn, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperLib, modeAdversarial}
+var allModes = []string{modePassthrough, modeGatekeeperIn, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperOver, modeGatekeeperLib, modeAdversarial}
 
 // isBinary says whether mode runs the gatekeeper binary.
 func isBinary(mode string) bool {
-	return mode == modeGatekeeper || mode == modeGatekeeperIn || mode == modeGatekeeperBytes
+	return mode == modeGatekeeper || mode == modeGatekeeperIn || mode == modeGatekeeperBytes || mode == modeGatekeeperOver
 }
 
 // containsMode reports whether modes holds mode.
@@ -105,6 +111,7 @@ type options struct {
 	ModeTimeout  time.Duration
 	StallTimeout time.Duration
 	Profile      bool
+	Overrides    int
 }
 
 func main() {
@@ -125,7 +132,8 @@ func main() {
 	fs.Float64Var(&o.Deferred, "deferred", 1.0/3, "share of events the per-tenant limit leaves over it (diverted)")
 	fs.IntVar(&o.Batch, "batch", 500, "consumer batch size of every mode (GATEKEEPER_BATCH_SIZE)")
 	fs.IntVar(&o.Rounds, "rounds", 1, "times every mode drains the main data set, the modes interleaved; each is reported by its median round")
-	modes := fs.String("modes", "passthrough,gatekeeper-within,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,adversarial", "modes to run: "+strings.Join(allModes, ","))
+	modes := fs.String("modes", "passthrough,gatekeeper-within,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-overrides,adversarial", "modes to run: "+strings.Join(allModes, ","))
+	fs.IntVar(&o.Overrides, "overrides", 100000, "live overrides of the gatekeeper-overrides mode")
 	fs.StringVar(&o.Window, "window", "ttl", "Gatekeeper's GATEKEEPER_WINDOW: ttl (the seed's window, as seed-naive counts) or aligned")
 	fs.DurationVar(&o.WindowLen, "window-len", time.Hour, "length of the limit's window (every mode)")
 	fs.IntVar(&o.LiveEvents, "live-events", 10000, "events of the paced latency phase after each drain (0: none)")

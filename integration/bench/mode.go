@@ -52,6 +52,11 @@ func (d *driver) runMode(ctx context.Context, mr modeRun) (result, error) {
 	if !d.o.Keep {
 		defer d.cleanupMode(context.WithoutCancel(ctx), nm)
 	}
+	if mr.mode == modeGatekeeperOver {
+		if err := d.seedOverrides(ctx, mr, nm); err != nil {
+			return res, err
+		}
+	}
 	if err := d.resetRedisStats(ctx, &res); err != nil {
 		return res, err
 	}

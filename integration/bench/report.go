@@ -253,6 +253,9 @@ func (r *report) markdown() string {
 		b.WriteString("\n")
 		b.WriteString(f)
 	}
+	if r := overridesRatio(s.Results); r > 0 {
+		fmt.Fprintf(&b, "\ngatekeeper-overrides drains at %.3f times the events/s of gatekeeper (the cost of carrying the live overrides; the issue's bound is at least 0.95).\n", r)
+	}
 	b.WriteString("\nCommands per mode (drain):\n\n")
 	for _, x := range s.Results {
 		fmt.Fprintf(&b, "- %s: %d calls — %s\n", x.Mode, x.RedisCalls, strings.Join(x.TopCommands, ", "))
@@ -433,4 +436,22 @@ func (r *report) sweepChart() string {
 		bars = append(bars, bar{label: label, sub: sub, value: x.EventsPerSec, accent: isBinary(x.Mode)})
 	}
 	return barChart(fmt.Sprintf("Sweep, %d events per data set: events per second", r.Sweep[0].Events), "ev/s", bars)
+}
+
+// overridesRatio is the gatekeeper-overrides mode's events/s over the
+// gatekeeper mode's, 0 unless both ran.
+func overridesRatio(results []result) float64 {
+	var gk, over float64
+	for _, x := range results {
+		switch x.Mode {
+		case modeGatekeeper:
+			gk = x.EventsPerSec
+		case modeGatekeeperOver:
+			over = x.EventsPerSec
+		}
+	}
+	if gk == 0 {
+		return 0
+	}
+	return over / gk
 }

@@ -266,6 +266,14 @@ type DelayedConfig struct {
 	// partition goroutines, concurrently.
 	OnWaiting  func(topic string, delta int)
 	OnLateness func(topic string, late time.Duration)
+	// OnWaitingMessage, if set, is called as OnWaiting is, once per
+	// message, with the message (+1 when it starts waiting, -1 when it is
+	// released or its partition is given up). Called concurrently.
+	OnWaitingMessage func(m kafka.Message, delta int)
+
+	// Expedite, if set, may let waiting messages go before their release
+	// time (see Expediter).
+	Expedite Expediter
 }
 
 func (c DelayedConfig) withDefaults() DelayedConfig {

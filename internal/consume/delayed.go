@@ -93,7 +93,13 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 		fcancel()
 		<-fetched
 	}()
-	defer func() { r.waitingDelta(-r.h.Len()) }()
+	defer func() {
+		r.waitingDelta(-r.h.Len())
+		r.forgetWaiting()
+	}()
+	if c.Expedite != nil {
+		r.changed = c.Expedite.Changed()
+	}
 	r.tr.inherit(p.inherited)
 	p.inherited = nil
 
@@ -130,6 +136,8 @@ type delayedRun struct {
 	// timerC fires at timerAt, the earliest release time when it was set.
 	timerAt time.Time
 	timerC  <-chan time.Time
+	// changed is closed at the Expediter's next change (nil: none).
+	changed <-chan struct{}
 }
 
 // waitingDelta reports a change of n in the messages waiting.
@@ -151,8 +159,11 @@ func (r *delayedRun) push(m kafka.Message) {
 		}
 		return
 	}
-	r.h.push(m, r.c.ReleaseAt(m))
+	r.h.push(m, r.c.ReleaseAt(m), r.clock.Now())
 	r.waitingDelta(1)
+	if r.c.OnWaitingMessage != nil {
+		r.c.OnWaitingMessage(m, 1)
+	}
 }
 
 // takeFetched takes in everything fetched so far, so that a batch gathers
@@ -172,6 +183,11 @@ func (r *delayedRun) takeFetched(in <-chan kafka.Message) {
 // commits what is done; it reports false if stop ended the handling.
 func (r *delayedRun) release(stop, hctx context.Context, due []waiting) bool {
 	r.waitingDelta(-len(due))
+	if r.c.OnWaitingMessage != nil {
+		for _, w := range due {
+			r.c.OnWaitingMessage(w.msg, -1)
+		}
+	}
 	msgs := make([]kafka.Message, len(due))
 	offsets := make([]int64, len(due))
 	for i, w := range due {
@@ -245,6 +261,12 @@ func (r *delayedRun) wait(stop context.Context, in <-chan kafka.Message, now tim
 		r.push(m)
 	case <-r.timerC:
 		r.timerC = nil
+	case <-r.changed:
+		r.changed = r.c.Expedite.Changed()
+		if n := r.h.expedite(r.clock.Now(), r.c.Expedite.Early); n > 0 {
+			r.timerC = nil
+			r.p.log.Info("waiting messages released early after a raise", "topic", r.p.topic, "partition", r.p.id, "messages", n)
+		}
 	}
 	return true
 }

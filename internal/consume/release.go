@@ -11,8 +11,9 @@ import (
 
 // waiting is a fetched message held until its release time.
 type waiting struct {
-	msg kafka.Message
-	at  time.Time // zero: release at once
+	msg   kafka.Message
+	at    time.Time // zero: release at once
+	since time.Time // when it started waiting
 }
 
 // releaseHeap is a min-heap of waiting messages by release time, then
@@ -42,9 +43,9 @@ func (h *releaseItems) Pop() any {
 // Len returns the number of waiting messages.
 func (h *releaseHeap) Len() int { return len(h.items) }
 
-// push adds m, to be released at at.
-func (h *releaseHeap) push(m kafka.Message, at time.Time) {
-	heap.Push(&h.items, waiting{msg: m, at: at})
+// push adds m, to be released at at; it waits from since.
+func (h *releaseHeap) push(m kafka.Message, at, since time.Time) {
+	heap.Push(&h.items, waiting{msg: m, at: at, since: since})
 }
 
 // next returns the earliest release time; the heap must not be empty.

@@ -50,4 +50,7 @@ type Decision struct {
 	Until time.Time
 	// Reason says why, for Reject and Fail.
 	Reason string
+	// Override is the version of the live override whose rules decided the
+	// event (see Rules.WithOverlays), 0 when its tenant had none.
+	Override int64
 }

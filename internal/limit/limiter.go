@@ -192,7 +192,7 @@ func ruleLists(rs *Rules) [][]Rule {
 	for _, t := range rs.Tenants() {
 		out = append(out, rs.For(t))
 	}
-	return out
+	return append(out, rs.overlayLists()...)
 }
 
 // CheckRules reports whether rules can be used with the window kind.
@@ -237,6 +237,9 @@ type group struct {
 	// then the costs of the events idx (else nil).
 	weighted bool
 	costs    []Cost
+	// override is the version of the live override whose rules these are
+	// (0: none); every decision of the group carries it.
+	override int64
 }
 
 // Admit decides a batch that names no source and whose events cost nothing
@@ -272,6 +275,11 @@ func (l *Limiter) AdmitCosts(ctx context.Context, tenants []string, costs []Cost
 // the source's Low offset on, see Source) gets that decision back and
 // counts nothing; the others are decided as above, in order.
 func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string, costs []Cost) ([]Decision, error) {
+	return l.admitFrom(ctx, src, tenants, costs, false)
+}
+
+// admitFrom is AdmitFrom, or AdmitNow when nowOnly.
+func (l *Limiter) admitFrom(ctx context.Context, src Source, tenants []string, costs []Cost, nowOnly bool) ([]Decision, error) {
 	if err := checkSource(src, tenants); err != nil {
 		return nil, err
 	}
@@ -315,20 +323,22 @@ func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string, c
 	l.sent.mark(src, calls)
 	l.mu.Unlock()
 	if len(calls) == 0 {
+		markOverrides(order, out)
 		return out, nil
 	}
-	replies, err := l.call(ctx, now, calls, src)
+	replies, err := l.call(ctx, now, calls, src, nowOnly)
 	if err != nil {
 		return nil, err
 	}
 	for j, g := range calls {
-		if err := l.apply(g, replies[j], now, out); err != nil {
+		if err := l.apply(g, replies[j], now, out, nowOnly); err != nil {
 			return nil, err
 		}
 	}
 	if l.opts.WindowKind == TTL {
 		l.cacheChains(calls, replies)
 	}
+	markOverrides(order, out)
 	return out, nil
 }
 
@@ -356,22 +366,25 @@ func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 	slab := make([]group, len(sizes))
 	order := make([]*group, len(sizes))
 	idx := make([]int, len(tenants))
-	// Most tenants share one rule list (the "*" rules, one slice): name it
-	// once per batch rather than once per tenant.
-	var lastRules []Rule
-	var lastSet string
+	// Most tenants share a few rule lists (the "*" rules, one slice; live
+	// overrides with the same rules share one slice too): name each once
+	// per batch rather than once per tenant.
+	sets := map[*Rule]string{}
 	at := 0
 	for i, t := range tenants {
 		n := gid[i]
 		g := &slab[n]
 		if order[n] == nil {
-			*g = group{tenant: t, rules: rules.For(t), idx: idx[at : at : at+int(sizes[n])]}
+			r, over := rules.lookup(t)
+			*g = group{tenant: t, rules: r, override: over, idx: idx[at : at : at+int(sizes[n])]}
 			at += int(sizes[n])
-			if len(g.rules) > 0 && len(lastRules) == len(g.rules) && &lastRules[0] == &g.rules[0] {
-				g.set = lastSet
-			} else {
-				g.set = ruleSetID(l.opts.WindowKind, g.rules)
-				lastRules, lastSet = g.rules, g.set
+			if len(r) > 0 {
+				set, ok := sets[&r[0]]
+				if !ok {
+					set = ruleSetID(l.opts.WindowKind, r)
+					sets[&r[0]] = set
+				}
+				g.set = set
 			}
 			g.weighted = Weighted(g.rules)
 			if g.weighted && noCosts {

@@ -145,6 +145,9 @@ type Rules struct {
 	byTenant map[string][]Rule
 	fallback []Rule // "*"
 	spec     string
+	// over are the live overrides layered over byTenant and fallback (see
+	// WithOverlays); nil when none.
+	over *overlays
 }
 
 // String returns the spec the rules were parsed from.
@@ -154,6 +157,11 @@ func (rs *Rules) String() string { return rs.spec }
 func (rs *Rules) For(tenant string) []Rule {
 	if rs == nil {
 		return nil
+	}
+	if rs.over != nil {
+		if o, ok := rs.over.byTenant[tenant]; ok {
+			return o.Rules
+		}
 	}
 	if r, ok := rs.byTenant[tenant]; ok {
 		return r

@@ -89,12 +89,15 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src Source, budge
 // call runs admit.lua: one call for the batch on a single node; on Redis
 // Cluster one call per tenant (each tenant's keys share a slot), pipelined so
 // that go-redis sends one round trip per node, the nodes in parallel.
-func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src Source) ([]reply, error) {
+func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src Source, nowOnly bool) ([]reply, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
 	start := time.Now()
 	defer func() { l.metrics.redisSeconds.WithLabelValues("admit").Observe(time.Since(start).Seconds()) }()
 	hend := now.Add(l.opts.Horizon)
+	if nowOnly {
+		hend = now
+	}
 	if !l.cluster {
 		ks, av := l.script(calls, now, hend, src, l.scanBudget(1))
 		res, err := l.admit.Run(ctx, l.rdb, ks, av...).Result()
@@ -210,7 +213,7 @@ func (l *Limiter) parseReplies(res any, groups []*group) ([]reply, error) {
 
 // apply turns one tenant's reply into decisions, in the tenant's event order:
 // its replayed events get their recorded decisions, the others the reply's.
-func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) error {
+func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision, nowOnly bool) error {
 	idx := l.applyReplayed(g, rep.replayed, out)
 	if rep.failed != "" {
 		for _, i := range idx {
@@ -238,7 +241,10 @@ func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) erro
 		give(cnt, Decision{Kind: Defer, Due: time.UnixMilli(due), Until: time.UnixMilli(until)})
 	}
 	reason := scanReason
-	if full := r[len(r)-1]; full > 0 && next < len(idx) {
+	if nowOnly {
+		reason = NowReason
+	}
+	if full := r[len(r)-1]; full > 0 && next < len(idx) && !nowOnly {
 		reason = l.fullReason
 		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon), idx[next])
 	}

@@ -24,7 +24,12 @@ type Usage struct {
 // (admitted events and slots reserved in it), the limit, what remains, and
 // when the window ends. A ttl rule with no live window reports zero and a
 // reset of now (its window starts at the next event). It reads only.
-func (l *Limiter) Usage(ctx context.Context, tenant string) (_ []Usage, err error) {
+func (l *Limiter) Usage(ctx context.Context, tenant string) ([]Usage, error) {
+	return l.usageUnder(ctx, tenant, l.rules.Load().For(tenant))
+}
+
+// usageUnder is Usage for the given rules of the tenant.
+func (l *Limiter) usageUnder(ctx context.Context, tenant string, rules []Rule) (_ []Usage, err error) {
 	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
 	start := time.Now()
@@ -35,7 +40,6 @@ func (l *Limiter) Usage(ctx context.Context, tenant string) (_ []Usage, err erro
 		}
 	}()
 	now := l.opts.Clock()
-	rules := l.rules.Load().For(tenant)
 	out := make([]Usage, len(rules))
 	wkeys := make([]string, len(rules))
 	if l.opts.WindowKind == TTL {

@@ -54,6 +54,11 @@ type Retrier struct {
 	Admission
 	// MaxAttempts is the most deferrals of one event; zero means DefaultMaxAttempts.
 	MaxAttempts int
+	// Expedited, if set, reports whether a message released before its
+	// time was let go early on purpose (its tenant's rules were raised:
+	// consume.Expediter); such a message is checked now (see early.go)
+	// instead of failing the batch with ErrEarly.
+	Expedited func(m kafka.Message) bool
 }
 
 // Validate reports a missing part or a bad setting.
@@ -101,6 +106,7 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 			return fmt.Errorf("retrier: %w", err)
 		}
 	}
+	r.checkEarly(ctx, &b, msgs)
 	if err := r.Router.Route(ctx, b.items); err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
@@ -131,6 +137,7 @@ type retryBatch struct {
 	trips       map[trip]int       // the index in tenants of each trip
 	counts      map[string]int     // gatekeeper_decisions_total by label
 	sigFailures map[string]int     // gatekeeper_retry_sig_failures_total by reason
+	early       []earlyCheck       // events released early after a raise
 }
 
 // pendingRetry is an event to admit again: msgs[i], deferred as d, whose
@@ -185,6 +192,9 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, now time.Time)
 			return nil
 		}
 		if release := due.Add(-tier.LowerBound); now.Before(release) {
+			if r.early(b, i, m) {
+				return nil
+			}
 			return fmt.Errorf("topic %s partition %d offset %d: %w: now %s, release at %s",
 				m.Topic, m.Partition, m.Offset, ErrEarly, now.Format(time.RFC3339Nano), release.Format(time.RFC3339Nano))
 		}
@@ -199,6 +209,9 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, now time.Time)
 		return nil
 	}
 	if now.Before(d.Due) {
+		if r.early(b, i, m) {
+			return nil
+		}
 		return fmt.Errorf("topic %s partition %d offset %d: %w: now %s, due %s",
 			m.Topic, m.Partition, m.Offset, ErrEarly, now.Format(time.RFC3339Nano), d.Due.Format(time.RFC3339Nano))
 	}

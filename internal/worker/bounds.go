@@ -63,6 +63,12 @@ var settingRanges = []settingRange{
 	// At least the shortest retention a window gets (limit.retention); at
 	// most the longest window.
 	durations("RETENTION", time.Minute, limit.MaxWindow),
+	// The audit of override changes: at least an hour, at most a year;
+	// at least 100 entries, at most 10 million (about 1 KiB each).
+	durations("OVERRIDE_AUDIT_RETENTION", time.Hour, 366*24*time.Hour),
+	counts("OVERRIDE_AUDIT_MAX", 100, 10_000_000),
+	// The top view's window: a second to a day.
+	durations("TOP_WINDOW", time.Second, 24*time.Hour),
 }
 
 // rangeChecks returns one check per variable of settingRanges, so that a

@@ -35,6 +35,7 @@ type Config struct {
 	RetryConfig
 	BoundsConfig
 	HTTPConfig
+	OverridesConfig
 
 	// limits are the rules of LIMITS or LIMITS_FILE as Validate parsed them:
 	// Rules returns them, and the limits-file watcher starts from the
@@ -197,6 +198,9 @@ type HTTPConfig struct {
 	HTTPAddr string `split_words:"true" default:":8080" desc:"listen address of metrics, health and the usage API"`
 	// AdminToken, when set, is the bearer token the usage API requires. Secret.
 	AdminToken string `split_words:"true" desc:"bearer token for the usage API, at least 16 bytes (none: the API is open, with a warning)"`
+	// AdminTokens are more bearer tokens of the HTTP API, each with a name
+	// (for the audit of overrides) and a scope. Secret.
+	AdminTokens string `split_words:"true" desc:"more API tokens, comma-separated NAME:SCOPE:TOKEN; SCOPE read (usage, top, overrides, audit) or write (also set and delete overrides); tokens at least 16 bytes; ADMIN_TOKEN is admin:write"`
 	// Pprof serves Go's profiles under /debug/pprof/ on HTTP_ADDR, behind
 	// ADMIN_TOKEN when one is set.
 	Pprof bool `default:"false" desc:"serve Go's profiles (CPU, heap, allocations, goroutines) under /debug/pprof/ on HTTP_ADDR, behind ADMIN_TOKEN when it is set"`
@@ -204,6 +208,17 @@ type HTTPConfig struct {
 	LogLevel string `split_words:"true" default:"info" desc:"debug, info, warn or error"`
 	// ShutdownGrace bounds the drain after SIGTERM.
 	ShutdownGrace time.Duration `split_words:"true" default:"25s" desc:"time to finish writes, commit and leave the group after SIGTERM"`
+}
+
+// OverridesConfig is the Overrides group of Config: the audit of live
+// overrides and the top view.
+type OverridesConfig struct {
+	// OverrideAuditRetention bounds how long audit entries of overrides are kept.
+	OverrideAuditRetention time.Duration `split_words:"true" default:"720h" desc:"how long the audit of override changes is kept"`
+	// OverrideAuditMax bounds the audit entries of overrides kept.
+	OverrideAuditMax int `split_words:"true" default:"100000" desc:"most audit entries of override changes kept (the oldest go first)"`
+	// TopWindow is the window of the top view's counts.
+	TopWindow time.Duration `split_words:"true" default:"1m" desc:"window of the top view (GET /v1/tenants/top, gatekeeper top): counts of the current and the last window"`
 }
 
 // configError is a bad configuration value. Its text is one line that starts

@@ -16,7 +16,7 @@ const mask = "****"
 // Masked returns a copy for printing, with every secret that is set shown as
 // "****" (an unset secret stays empty, so that it shows as unset).
 func (c Config) Masked() Config {
-	for _, s := range []*string{&c.AdminToken, &c.RetrySecret, &c.RetrySecretPrevious, &c.RedisPassword, &c.KafkaSASLPassword} {
+	for _, s := range []*string{&c.AdminToken, &c.AdminTokens, &c.RetrySecret, &c.RetrySecretPrevious, &c.RedisPassword, &c.KafkaSASLPassword} {
 		if *s != "" {
 			*s = mask
 		}
@@ -89,7 +89,7 @@ func UnknownVars(env []string) ([]string, error) {
 	var out []string
 	for _, kv := range env {
 		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, EnvPrefix+"_") && !strings.HasPrefix(k, EnvPrefix+"_TEST_") && !slices.Contains(keys, k) {
+		if strings.HasPrefix(k, EnvPrefix+"_") && !strings.HasPrefix(k, EnvPrefix+"_TEST_") && !slices.Contains(keys, k) && !slices.Contains(cliVars, k) {
 			out = append(out, k)
 		}
 	}

@@ -49,7 +49,8 @@ func TestConfigKeys(t *testing.T) {
 		"TENANT_FROM", "COST_FROM", "ROLES", "ON_REDIS_ERROR", "SHADOW",
 		"MAX_ATTEMPTS", "RETRY_LOOKAHEAD", "RETRY_LOOKAHEAD_BYTES", "RETRY_SECRET", "RETRY_SECRET_PREVIOUS", "RETRY_ACCEPT_UNSIGNED_UNTIL",
 		"BATCH_SIZE", "BATCH_BYTES", "BATCH_WAIT", "MAX_MESSAGE_BYTES", "LIMITER_CACHE_BYTES",
-		"HTTP_ADDR", "ADMIN_TOKEN", "PPROF", "LOG_LEVEL", "SHUTDOWN_GRACE",
+		"HTTP_ADDR", "ADMIN_TOKEN", "ADMIN_TOKENS", "PPROF", "LOG_LEVEL", "SHUTDOWN_GRACE",
+		"OVERRIDE_AUDIT_RETENTION", "OVERRIDE_AUDIT_MAX", "TOP_WINDOW",
 	}
 	for i := range want {
 		want[i] = EnvPrefix + "_" + want[i]
@@ -130,6 +131,11 @@ func TestConfigDefaults(t *testing.T) {
 			MaxMessageBytes:   1 << 20,
 			LimiterCacheBytes: 16 << 20,
 			BatchWait:         50 * time.Millisecond,
+		},
+		OverridesConfig: OverridesConfig{
+			OverrideAuditRetention: 720 * time.Hour,
+			OverrideAuditMax:       100000,
+			TopWindow:              time.Minute,
 		},
 	}
 	// The rules Validate parsed are not a setting.
@@ -427,7 +433,8 @@ func TestConfigMasked(t *testing.T) {
 	const token = "tok-0123456789abcdef"
 	setEnv(t, with(minimal(), "ADMIN_TOKEN", token, "REDIS_PASSWORD", "rpw",
 		"KAFKA_SASL_MECHANISM", "PLAIN", "KAFKA_SASL_USERNAME", "user", "KAFKA_SASL_PASSWORD", "kpw",
-		"RETRY_SECRET", retrySecret, "RETRY_SECRET_PREVIOUS", previous))
+		"RETRY_SECRET", retrySecret, "RETRY_SECRET_PREVIOUS", previous,
+		"ADMIN_TOKENS", "ops:write:ops-token-0123456789"))
 	cfg, err := LoadConfig()
 	if err != nil {
 		t.Fatal(err)
@@ -447,7 +454,7 @@ func TestConfigMasked(t *testing.T) {
 		t.Fatal(err)
 	}
 	all := strings.Join(lines, "\n")
-	for _, secret := range []string{token, "rpw", "kpw", retrySecret, previous} {
+	for _, secret := range []string{token, "rpw", "kpw", retrySecret, previous, "ops-token-0123456789"} {
 		if strings.Contains(all, "="+secret) {
 			t.Errorf("masked environ shows %q:\n%s", secret, all)
 		}

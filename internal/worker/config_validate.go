@@ -118,6 +118,7 @@ func (c *Config) routingChecks() []func() error {
 			return nil
 		},
 		c.checkAdminToken,
+		c.checkAdminTokens,
 		c.checkRetrySecret,
 		func() error {
 			if _, ok := logLevels[c.LogLevel]; !ok {

@@ -2,8 +2,6 @@ package worker
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,6 +42,11 @@ type httpConfig struct {
 	Ready      *readiness
 	Usage      usageFunc
 	AdminToken string // empty: the usage API is open
+	// Tokens are the API's tokens (ADMIN_TOKEN and ADMIN_TOKENS); when
+	// empty, AdminToken alone is.
+	Tokens []apiToken
+	// Overrides serves the override API; nil: not served.
+	Overrides *overrideAPI
 	// Pprof serves net/http/pprof under /debug/pprof/, behind AdminToken.
 	Pprof bool
 	Log   *slog.Logger
@@ -85,6 +88,9 @@ func newHandler(c httpConfig) http.Handler {
 	// {tenant...} takes the rest of the path, so a tenant holding "/" works
 	// escaped (%2F) or not; the tenant is unescaped from the escaped path.
 	mux.Handle("GET "+usagePath+"{tenant...}", c.requireToken(http.HandlerFunc(c.usage)))
+	if c.Overrides != nil {
+		c.Overrides.routes(mux, c.requireScope)
+	}
 	if c.Pprof {
 		mux.Handle("GET /debug/pprof/", c.requireToken(http.HandlerFunc(pprof.Index)))
 		mux.Handle("GET /debug/pprof/profile", c.requireToken(http.HandlerFunc(pprof.Profile)))
@@ -126,25 +132,10 @@ func (c httpConfig) readyz(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte(b.String()))
 }
 
-// requireToken lets a request through only with "Authorization: Bearer
-// <AdminToken>", when a token is configured.
+// requireToken lets a request through only with the bearer token of a
+// token of any scope, when a token is configured (requireScope).
 func (c httpConfig) requireToken(next http.Handler) http.Handler {
-	if c.AdminToken == "" {
-		return next
-	}
-	// Compare digests so that neither content nor length leaks through timing.
-	want := sha256.Sum256([]byte(c.AdminToken))
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		auth := r.Header.Get("Authorization")
-		scheme, token, ok := strings.Cut(auth, " ")
-		got := sha256.Sum256([]byte(strings.TrimSpace(token)))
-		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="gatekeeper"`)
-			writeJSON(w, http.StatusUnauthorized, errorResponse{Error: "missing or wrong bearer token"})
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
+	return c.requireScope(ScopeRead, next)
 }
 
 // tenantFromPath returns the tenant of a usage request: the escaped path

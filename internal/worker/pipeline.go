@@ -124,7 +124,7 @@ func (p Pipeline) admission(m *pipelineMetrics, router *route.Router) (route.Adm
 		return route.Admission{}, fmt.Errorf("GATEKEEPER_COST_FROM: %w", err)
 	}
 	return route.Admission{
-		Admitter:     p.Limiter,
+		Admitter:     p.admitter(),
 		Router:       router,
 		CostFrom:     costFrom,
 		OnRedisError: p.onRedisError(),
@@ -230,6 +230,9 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 		return nil, err
 	}
 	retrier := &route.Retrier{Admission: adm, MaxAttempts: cfg.MaxAttempts}
+	if p.Live != nil && p.Live.Expediter != nil {
+		retrier.Expedited = p.Live.Expediter.Expedited
+	}
 	if err := retrier.Validate(); err != nil {
 		return nil, err // Validate's errors already start with "retrier: "
 	}
@@ -261,6 +264,7 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, router *route.Router) consume.
 		MetadataKeys: signingKeys(cfg.RetrySecret, cfg.RetrySecretPrevious),
 		OnDistrusted: func(topic, reason string) { m.distrusted.WithLabelValues(topic, reason).Inc() },
 	}
+	p.Live.retryHooks(&dc)
 	// The retry tiers have a group of their own, so that their rebalances
 	// never disturb the source group.
 	dc.GroupID = cfg.GroupID + ".retry"

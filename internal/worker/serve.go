@@ -56,6 +56,7 @@ type state struct {
 	draining atomic.Bool // shutting down
 	joined   atomic.Pointer[[]func() bool]
 	router   atomic.Pointer[route.Router]
+	live     atomic.Pointer[live]
 }
 
 // worker is what Serve builds before anything runs: the configuration, the
@@ -161,6 +162,9 @@ func (w *worker) loadRules() (*Watcher, *limit.Rules, error) {
 		if err := w.cfg.CheckUnits(r); err != nil {
 			return fmt.Errorf("%s_COST_FROM %w", EnvPrefix, err)
 		}
+		if lv := w.st.live.Load(); lv != nil {
+			return lv.Layers.SetBase(r)
+		}
 		return lim.SetRules(r)
 	}, w.log, w.reg)
 	if err != nil {
@@ -229,6 +233,10 @@ func (st *state) readyChecks(dialer *kafka.Dialer, brokers []string) []readyChec
 // the handler of metrics, health and the usage API; serveHTTP serves it.
 func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, error) {
 	cfg := w.cfg
+	tokens, err := cfg.apiTokens()
+	if err != nil {
+		return nil, nil, bad("ADMIN_TOKENS", "%v", err)
+	}
 	ready := newReadiness(w.st.readyChecks(w.dialer, cfg.KafkaBrokers), min(cfg.RedisTimeout, cfg.KafkaTimeout), readyMaxAge)
 	if err := w.reg.Register(newReadyCollector(ready)); err != nil {
 		return nil, nil, fmt.Errorf("readiness metrics: %w", err)
@@ -245,8 +253,23 @@ func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, er
 			return lim.Usage(ctx, tenant)
 		},
 		AdminToken: cfg.AdminToken,
-		Pprof:      cfg.Pprof,
-		Log:        w.log,
+		Tokens:     tokens,
+		Overrides: &overrideAPI{
+			live:    w.st.live.Load,
+			limiter: w.st.limiter.Load,
+			kind:    limit.WindowKind(cfg.Window),
+			rdb: func() redis.UniversalClient {
+				if rdb := w.st.redis.Load(); rdb != nil {
+					return *rdb
+				}
+				return nil
+			},
+			prefix:  cfg.RedisKeyPrefix,
+			timeout: cfg.RedisTimeout,
+			log:     w.log,
+		},
+		Pprof: cfg.Pprof,
+		Log:   w.log,
 	})
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", cfg.HTTPAddr)
@@ -273,6 +296,14 @@ func (w *worker) run(ctx context.Context, watcher *Watcher, rules *limit.Rules, 
 		return nil
 	}
 	w.st.limiter.Store(lim)
+	lv, err := startLive(ctx, w.log, w.cfg, rdb, lim, rules, opts, w.reg)
+	if err != nil {
+		return fmt.Errorf("live overrides: %w", err)
+	}
+	if lv == nil { // ctx done while waiting for Redis
+		return nil
+	}
+	w.st.live.Store(lv)
 	if warn, err := limit.CheckEviction(ctx, rdb); err != nil {
 		w.log.Debug("cannot read redis maxmemory-policy", slog.String("err", OneLine(err.Error())))
 	} else if warn != "" {
@@ -285,6 +316,8 @@ func (w *worker) run(ctx context.Context, watcher *Watcher, rules *limit.Rules, 
 	if watcher != nil {
 		pg.Go(func() error { return watcher.Run(pctx) })
 	}
+	pg.Go(func() error { return lv.Watcher.Run(pctx) })
+	pg.Go(func() error { return lv.Publisher.Run(pctx) })
 	pg.Go(func() error {
 		defer cancel()
 		return StartPipeline(pctx, Pipeline{
@@ -298,6 +331,7 @@ func (w *worker) run(ctx context.Context, watcher *Watcher, rules *limit.Rules, 
 			Paused:     &w.st.paused,
 			Joined:     &w.st.joined,
 			Router:     &w.st.router,
+			Live:       lv,
 		})
 	})
 	return pg.Wait()
@@ -432,4 +466,8 @@ type Pipeline struct {
 	// Router, if set, receives the router, whose failing writes /readyz
 	// reports.
 	Router *atomic.Pointer[route.Router]
+	// Live, if set, are the live overrides and the top view: its Admitter
+	// decides instead of Limiter, its Expediter and Tracker hook into the
+	// retry tiers.
+	Live *live
 }

@@ -8,7 +8,7 @@ import "fmt"
 // as a trusted network may make them harmless.
 func (c *Config) Warnings() []string {
 	var out []string
-	if c.AdminToken == "" {
+	if c.AdminToken == "" && c.AdminTokens == "" {
 		out = append(out, fmt.Sprintf("%s_ADMIN_TOKEN is not set: the usage API is open to anyone who reaches %s", EnvPrefix, c.HTTPAddr))
 	}
 	if c.KafkaSASLMechanism != "" && !c.KafkaTLS {

@@ -1,0 +1,450 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+)
+
+// Tokens of the override tests: one that writes, one that reads.
+const (
+	ovWriteToken = "ops-token-0123456789abcdef"
+	ovReadToken  = "viewer-token-0123456789abc"
+)
+
+func ovTokensEnv() []string {
+	return []string{"GATEKEEPER_ADMIN_TOKENS", "ops:write:" + ovWriteToken + ",viewer:read:" + ovReadToken}
+}
+
+// ovDo sends method path with a JSON body to p as token and decodes the
+// answer into out (when not nil); it returns the status.
+func ovDo(t testing.TB, p *gkProc, token, method, path string, body, out any) int {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, "http://"+p.HTTP+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	c := http.Client{Timeout: 5 * time.Second}
+	res, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	data, _ := io.ReadAll(res.Body)
+	if out != nil && res.StatusCode/100 == 2 {
+		if err := json.Unmarshal(data, out); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, data)
+		}
+	}
+	return res.StatusCode
+}
+
+type ovView struct {
+	Override *struct {
+		Version int64    `json:"version"`
+		Rules   []string `json:"rules"`
+	} `json:"override"`
+	RulesInForce   []string `json:"rules_in_force"`
+	AppliedVersion int64    `json:"applied_version"`
+}
+
+func ovInForce(t testing.TB, p *gkProc, tenant string) ovView {
+	var v ovView
+	if st := ovDo(t, p, ovReadToken, "GET", "/v1/overrides/"+url.PathEscape(tenant), nil, &v); st != 200 {
+		t.Fatalf("GET override %s: status %d", tenant, st)
+	}
+	return v
+}
+
+// ovSlowlog prints the slowest Redis calls since start of the override
+// scripts and top publishing, and fails above a generous ceiling.
+func ovSlowlog(t *testing.T, prefix string) {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer rdb.Close()
+	logs, err := rdb.SlowLogGet(context.Background(), 128).Result()
+	if err != nil {
+		t.Fatalf("slowlog: %v", err)
+	}
+	var slowest time.Duration
+	var what string
+	for _, l := range logs {
+		if strings.Contains(strings.Join(l.Args, " "), prefix) && l.Duration > slowest {
+			slowest, what = l.Duration, strings.Join(l.Args[:min(3, len(l.Args))], " ")
+		}
+	}
+	t.Logf("slowest Redis call of this test in SLOWLOG: %v %s", slowest, what)
+	if slowest > 50*time.Millisecond {
+		t.Errorf("a Redis call took %v (%s), over the 50ms ceiling", slowest, what)
+	}
+}
+
+// TestOverridePropagationThreeReplicas writes overrides through each of
+// three replicas and measures how soon every replica enforces them; then
+// checks the refused stale write, the scopes, expiry and the audit trail.
+func TestOverridePropagationThreeReplicas(t *testing.T) {
+	f := newFlow(t, 3)
+	env := f.env(t, append(ovTokensEnv(), "GATEKEEPER_LIMITS", "*=5/1m")...)
+	var procs []*gkProc
+	for i := range 3 {
+		procs = append(procs, startGatekeeper(t, fmt.Sprintf("gk%d", i), env))
+	}
+	for _, p := range procs {
+		p.waitReady(90 * time.Second)
+	}
+
+	// Propagation: each write through one replica, polled on all three.
+	const writes = 40
+	var lat []time.Duration
+	for i := range writes {
+		tenant := fmt.Sprintf("prop-%d", i)
+		rule := fmt.Sprintf("%d/1m", 100+i)
+		t0 := time.Now()
+		var rec struct{ Version int64 }
+		body := map[string]any{"rules": []string{rule}, "reason": "propagation test", "version": 0}
+		if st := ovDo(t, procs[i%3], ovWriteToken, "PUT", "/v1/overrides/"+tenant, body, &rec); st != 200 {
+			t.Fatalf("PUT %s: status %d", tenant, st)
+		}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, p := range procs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Since(t0) < 10*time.Second {
+					if v := ovInForce(t, p, tenant); slices.Equal(v.RulesInForce, []string{rule}) {
+						mu.Lock()
+						lat = append(lat, time.Since(t0))
+						mu.Unlock()
+						return
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				t.Errorf("%s: %s not in force after 10s", p.Name, tenant)
+			}()
+		}
+		wg.Wait()
+	}
+	slices.Sort(lat)
+	p50, p99 := lat[len(lat)/2], lat[(len(lat)*99+99)/100-1]
+	t.Logf("propagation over %d replica applications (write to in force on each of 3 replicas, 5ms polling): p50 %v, p99 %v, max %v",
+		len(lat), p50.Round(time.Millisecond), p99.Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
+	if p99 > time.Second {
+		t.Errorf("propagation p99 %v, want at most 1s", p99)
+	}
+
+	// A stale write is refused, not merged: the API answers 409 with the
+	// current version, the CLI exits 3, and the override is unchanged.
+	stale := map[string]any{"rules": []string{"1/1m"}, "reason": "stale", "version": 0}
+	if st := ovDo(t, procs[1], ovWriteToken, "PUT", "/v1/overrides/prop-0", stale, nil); st != http.StatusConflict {
+		t.Errorf("stale PUT: status %d, want 409", st)
+	}
+	cli := map[string]string{"GATEKEEPER_URL": "http://" + procs[2].HTTP, "GATEKEEPER_TOKEN": ovWriteToken}
+	out, errOut, code := opsRun(t, cli, "override", "set", "prop-0", "2/1m", "--reason", "stale from the CLI", "--version", "0")
+	if code != 3 || !strings.Contains(errOut, "stale version") {
+		t.Errorf("CLI stale set: exit %d, stderr %q, stdout %q; want exit 3 and a stale version message", code, errOut, out)
+	}
+	if v := ovInForce(t, procs[0], "prop-0"); !slices.Equal(v.RulesInForce, []string{"100/1m"}) || v.Override.Version != 1 {
+		t.Errorf("after stale writes: %+v, want 100/1m at version 1", v)
+	}
+	// gatekeeper usage reads Redis directly, and shows the override's rules too.
+	out, errOut, code = opsRun(t, map[string]string{"GATEKEEPER_LIMITS": "*=5/1m", "GATEKEEPER_REDIS_KEY_PREFIX": env["GATEKEEPER_REDIS_KEY_PREFIX"]}, "usage", "prop-0")
+	if code != 0 || !strings.Contains(out, `"rule": "100/1m"`) {
+		t.Errorf("gatekeeper usage prop-0: exit %d: %s %s; want the rule 100/1m", code, out, errOut)
+	}
+	// The read token may read, not write.
+	if st := ovDo(t, procs[0], ovReadToken, "PUT", "/v1/overrides/x", map[string]any{"rules": []string{"1/1m"}, "reason": "r", "version": 0}, nil); st != http.StatusForbidden {
+		t.Errorf("PUT with the read token: status %d, want 403", st)
+	}
+
+	// Expiry: set through the CLI with --expires 2s; within a second of
+	// the expiry every replica is back to the base rules.
+	out, errOut, code = opsRun(t, cli, "override", "set", "cut", "0/1m", "--reason", "misbehaving", "--expires", "2s")
+	if code != 0 {
+		t.Fatalf("CLI set with expiry: exit %d: %s %s", code, out, errOut)
+	}
+	var set struct {
+		Expires time.Time `json:"expires"`
+	}
+	if err := json.Unmarshal([]byte(out), &set); err != nil {
+		t.Fatalf("CLI set output: %v: %s", err, out)
+	}
+	for _, p := range procs {
+		waitFor(t, 5*time.Second, p.Name+": cut in force", func() (bool, string) {
+			v := ovInForce(t, p, "cut")
+			return slices.Equal(v.RulesInForce, []string{"0/1m"}), fmt.Sprint(v.RulesInForce)
+		})
+	}
+	var back []time.Duration
+	for _, p := range procs {
+		for {
+			v := ovInForce(t, p, "cut")
+			if slices.Equal(v.RulesInForce, []string{"5/1m"}) {
+				back = append(back, time.Since(set.Expires))
+				break
+			}
+			if time.Since(set.Expires) > 5*time.Second {
+				t.Fatalf("%s: cut still %v 5s after its expiry", p.Name, v.RulesInForce)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	t.Logf("expiry honoured on the three replicas %v after the expiry time", back)
+	for _, b := range back {
+		if b > time.Second {
+			t.Errorf("expiry honoured %v late, want within 1s", b)
+		}
+	}
+
+	// The other commands as the README writes them: a dry run writes
+	// nothing and shows the counts against the new rules; get, list and
+	// delete.
+	out, errOut, code = opsRun(t, cli, "override", "set", "prop-1", "7/1m", "--reason", "try", "--dry-run")
+	if code != 0 || !strings.Contains(out, "dry run for prop-1") || !strings.Contains(out, "new  7/1m") || !strings.Contains(out, "now  101/1m") {
+		t.Errorf("dry run: exit %d:\n%s%s", code, out, errOut)
+	}
+	if v := ovInForce(t, procs[0], "prop-1"); v.Override.Version != 2 {
+		t.Errorf("the dry run wrote: %+v", v)
+	}
+	out, _, code = opsRun(t, cli, "override", "get", "prop-1")
+	if code != 0 || !strings.Contains(out, `"rules_in_force": [`) || !strings.Contains(out, `"101/1m"`) {
+		t.Errorf("get: exit %d:\n%s", code, out)
+	}
+	out, _, code = opsRun(t, cli, "override", "list")
+	if n := strings.Count(out, "propagation test"); code != 0 || n != writes {
+		t.Errorf("list: exit %d, %d overrides of the propagation, want %d:\n%s", code, n, writes, out)
+	}
+	out, errOut, code = opsRun(t, cli, "override", "delete", "prop-1", "--reason", "done")
+	if code != 0 || !strings.Contains(out, `"deleted": true`) {
+		t.Errorf("delete: exit %d: %s %s", code, out, errOut)
+	}
+	for _, p := range procs {
+		waitFor(t, 2*time.Second, p.Name+": prop-1 back to the base rules", func() (bool, string) {
+			v := ovInForce(t, p, "prop-1")
+			return slices.Equal(v.RulesInForce, []string{"5/1m"}), fmt.Sprint(v.RulesInForce)
+		})
+	}
+
+	// A shadow override counts and reports, and does not enforce: shady's 5
+	// events all go downstream under 5/1m, while the shadow 1/1m would have
+	// admitted one and deferred four.
+	out, errOut, code = opsRun(t, cli, "override", "set", "shady", "1/1m", "--reason", "try 1/1m", "--shadow")
+	if code != 0 {
+		t.Fatalf("shadow set: exit %d: %s %s", code, out, errOut)
+	}
+	for _, p := range procs {
+		waitFor(t, 2*time.Second, p.Name+": the shadow override applied", func() (bool, string) {
+			n := p.metric(t, "gatekeeper_overrides", `kind="shadow"`)
+			return n == 1, fmt.Sprint(n)
+		})
+	}
+	var shady []kafka.Message
+	for i := range 5 {
+		shady = append(shady, kafka.Message{Key: []byte("shady"), Value: ev{ID: 1000 + i}.value()})
+	}
+	produce(t, f.Source, shady)
+	waitFor(t, 20*time.Second, "shady's 5 events downstream", func() (bool, string) {
+		o := readOutputs(t, f)
+		return opsCountKey(o.down, "shady") == 5, o.String()
+	})
+	var sAdmit, sDefer float64
+	for _, p := range procs {
+		sAdmit += p.metric(t, "gatekeeper_override_shadow_decisions_total", `decision="admit"`)
+		sDefer += p.metric(t, "gatekeeper_override_shadow_decisions_total", `decision="defer"`)
+	}
+	if sAdmit != 1 || sDefer != 4 {
+		t.Errorf("shadow decisions: admit %v, defer %v; want 1 and 4", sAdmit, sDefer)
+	}
+
+	// The audit trail: who (token name), when, why, before and after.
+	waitFor(t, 5*time.Second, "the expiry in the audit", func() (bool, string) {
+		out, _, _ := opsRun(t, cli, "override", "audit", "cut")
+		return strings.Contains(out, " expire "), out
+	})
+	out, _, code = opsRun(t, cli, "override", "audit", "cut")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) != 3 || !strings.Contains(lines[1], "expire") || !strings.Contains(lines[1], "expiry") ||
+		!strings.Contains(lines[2], "set") || !strings.Contains(lines[2], "ops") || !strings.Contains(lines[2], "misbehaving") || !strings.Contains(lines[2], "0/1m") {
+		t.Errorf("audit of cut: exit %d:\n%s\nwant the set by ops (misbehaving, 0/1m), then the expiry", code, out)
+	}
+	var audit struct {
+		Entries []struct {
+			Version int64                     `json:"version"`
+			Op      string                    `json:"op"`
+			By      string                    `json:"by"`
+			Reason  string                    `json:"reason"`
+			Before  *struct{ Rules []string } `json:"before"`
+		} `json:"entries"`
+	}
+	if st := ovDo(t, procs[1], ovReadToken, "GET", "/v1/audit?tenant=prop-0", nil, &audit); st != 200 || len(audit.Entries) != 1 || audit.Entries[0].Reason != "propagation test" {
+		t.Errorf("audit of prop-0 from the API: status %d %+v, want the one set (the stale writes are not changes)", st, audit)
+	}
+	ovSlowlog(t, keyPrefix(t))
+}
+
+// TestOverrideRaiseMovesBacklogForward defers a tenant's events under a low
+// limit, raises the limit with an override, and checks that the deferred
+// events are forwarded early, counted in the current window under the
+// raised limit and never over it.
+func TestOverrideRaiseMovesBacklogForward(t *testing.T) {
+	f := newFlow(t, 1)
+	// At least 20s left in this minute, so that the reservations all lie in
+	// later windows when the limit is raised.
+	if s := time.Now().Second(); s > 40 {
+		time.Sleep(time.Duration(61-s) * time.Second)
+	}
+	prefix := keyPrefix(t)
+	env := f.env(t, append(ovTokensEnv(), "GATEKEEPER_LIMITS", "*=5/1m", "GATEKEEPER_REDIS_KEY_PREFIX", prefix)...)
+	p := startGatekeeper(t, "gk", env)
+	p.waitReady(90 * time.Second)
+	var msgs []kafka.Message
+	for i := range 30 {
+		msgs = append(msgs, kafka.Message{Key: []byte("acme"), Value: ev{ID: i}.value()})
+	}
+	produce(t, f.Source, msgs)
+	waitFor(t, 30*time.Second, "5 admitted and 25 deferred", func() (bool, string) {
+		out := readOutputs(t, f)
+		return len(out.down) == 5 && len(out.retry) >= 25, out.String()
+	})
+	// Let the retry consumer fetch them into its waiting heaps.
+	waitFor(t, 30*time.Second, "25 waiting", func() (bool, string) {
+		n := p.metric(t, "gatekeeper_deferred_waiting")
+		return n == 25, fmt.Sprint(n)
+	})
+	raised := time.Now()
+	body := map[string]any{"rules": []string{"100/1m"}, "reason": "customer escalation", "version": 0}
+	if st := ovDo(t, p, ovWriteToken, "PUT", "/v1/overrides/acme", body, nil); st != 200 {
+		t.Fatalf("PUT: status %d", st)
+	}
+	var out outputs
+	waitFor(t, 20*time.Second, "all 30 downstream", func() (bool, string) {
+		out = readOutputs(t, f)
+		return len(out.down) == 30, out.String()
+	})
+	early := 0
+	for _, m := range out.down {
+		due := header(m, "gk-due")
+		if due == "" {
+			continue
+		}
+		var ms int64
+		fmt.Sscan(due, &ms)
+		if m.Time.Before(time.UnixMilli(ms)) {
+			early++
+		}
+	}
+	t.Logf("after the raise at %s: %d of 25 deferred events forwarded before their reserved slots (all 30 downstream within %v)",
+		raised.Format("15:04:05.000"), early, time.Since(raised).Round(time.Millisecond))
+	if early != 25 || len(out.down) != 30 {
+		t.Errorf("got %s, %d downstream before their due time; want 30 downstream, 25 early", out, early)
+	}
+	// Never over the rules in force: this minute's window counts 30 of 100.
+	cur := time.Now().Truncate(time.Minute).UnixMilli()
+	for _, w := range readWindows(t, redisAddr(), prefix) {
+		if w.Tenant == "acme" && w.Start == cur && w.Count > 100 {
+			t.Errorf("window %d counts %d, over the raised limit 100", w.Start, w.Count)
+		}
+	}
+	if n := p.metric(t, "gatekeeper_decisions_total", "decision", "admit_early"); n != 25 {
+		t.Errorf("gatekeeper_decisions_total{decision=admit_early} = %v, want 25", n)
+	}
+	ovSlowlog(t, prefix)
+}
+
+// TestTopInTerminal runs gatekeeper top in a terminal (tmux) and as plain
+// output, against a replica that defers and rejects.
+func TestTopInTerminal(t *testing.T) {
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Fatal("tmux is needed for the terminal view")
+	}
+	f := newFlow(t, 1)
+	env := f.env(t, append(ovTokensEnv(), "GATEKEEPER_LIMITS", "*=5/1m;bulk=2/1m", "GATEKEEPER_DEFER_HORIZON", "2m")...)
+	p := startGatekeeper(t, "gk", env)
+	p.waitReady(90 * time.Second)
+	var msgs []kafka.Message
+	for i := range 40 {
+		msgs = append(msgs, kafka.Message{Key: []byte("bulk"), Value: []byte(fmt.Sprint(i))})
+	}
+	for i := range 3 {
+		msgs = append(msgs, kafka.Message{Key: []byte("light"), Value: []byte(fmt.Sprint(i))})
+	}
+	produce(t, f.Source, msgs)
+	if st := ovDo(t, p, ovWriteToken, "PUT", "/v1/overrides/light", map[string]any{"rules": []string{"50/1m"}, "reason": "vip", "version": 0}, nil); st != 200 {
+		t.Fatalf("PUT: %d", st)
+	}
+	cli := map[string]string{"GATEKEEPER_URL": "http://" + p.HTTP, "GATEKEEPER_TOKEN": ovReadToken}
+	// Plain output (not a terminal): printed once.
+	waitFor(t, 20*time.Second, "bulk in the plain top", func() (bool, string) {
+		out, _, code := opsRun(t, cli, "top")
+		return code == 0 && strings.Contains(out, "bulk") && strings.Contains(out, "light"), out
+	})
+	out, _, _ := opsRun(t, cli, "top", "--sort", "rejected")
+	t.Logf("gatekeeper top, piped:\n%s", out)
+	if strings.Contains(out, "\x1b[") {
+		t.Errorf("plain top holds escape sequences: %q", out)
+	}
+	bulk := regexpRow(out, "bulk")
+	if len(bulk) < 5 || bulk[1] != "2" || bulk[2] != "4" || bulk[3] != "34" {
+		t.Errorf("bulk row %q, want 2 admitted, 4 deferred (2 a window in the 2m horizon), 34 rejected:\n%s", bulk, out)
+	}
+	if !strings.Contains(regexpLine(out, "light"), "v1") {
+		t.Errorf("light's row does not show its override v1:\n%s", out)
+	}
+	// In a terminal: refreshed in place.
+	sock := "gkt-" + uniqueName(t)
+	args := []string{"-L", sock, "new-session", "-d", "-s", "top", "-x", "160", "-y", "40", "env",
+		"GATEKEEPER_URL=" + cli["GATEKEEPER_URL"], "GATEKEEPER_TOKEN=" + ovReadToken, gatekeeperBinary(t), "top", "--interval", "200ms"}
+	if b, err := exec.Command("tmux", args...).CombinedOutput(); err != nil {
+		t.Fatalf("tmux: %v: %s", err, b)
+	}
+	t.Cleanup(func() { exec.Command("tmux", "-L", sock, "kill-server").Run() })
+	capture := func() string {
+		b, _ := exec.Command("tmux", "-L", sock, "capture-pane", "-p", "-t", "top").Output()
+		return string(b)
+	}
+	var first string
+	waitFor(t, 10*time.Second, "the view in the terminal", func() (bool, string) {
+		first = capture()
+		return strings.Contains(first, "bulk") && strings.Contains(first, "Ctrl-C quits"), first
+	})
+	waitFor(t, 10*time.Second, "a refresh (the clock moves)", func() (bool, string) {
+		c := capture()
+		return strings.SplitN(c, "\n", 2)[0] != strings.SplitN(first, "\n", 2)[0] && strings.Contains(c, "bulk"), c
+	})
+	if n := strings.Count(capture(), "gatekeeper top -"); n != 1 {
+		t.Errorf("the terminal shows %d headers, want 1 (redrawn in place):\n%s", n, capture())
+	}
+}
+
+func regexpLine(out, tenant string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == tenant {
+			return l
+		}
+	}
+	return ""
+}
+
+// regexpRow returns the first row of tenant in the current window: its fields.
+func regexpRow(out, tenant string) []string {
+	return strings.Fields(regexpLine(out, tenant))
+}

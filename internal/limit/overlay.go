@@ -1,0 +1,229 @@
+package limit
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// Overlay is one tenant's rules from a live override, layered over the
+// rules of LIMITS or LIMITS_FILE by Rules.WithOverlays. It is a value type.
+type Overlay struct {
+	// Rules replace the tenant's own rules (or the "*" rules) while the
+	// override is in force; none admits everything.
+	Rules []Rule
+	// Version is the override's version, carried by every decision made
+	// under it (Decision.Override).
+	Version int64
+}
+
+// overlays are the live overrides of one Rules, immutable once built.
+type overlays struct {
+	byTenant map[string]Overlay
+	version  int64
+}
+
+// WithOverlays returns rules that give each tenant of over its overlay's
+// rules and every other tenant its rules in rs (rs's own overlays are
+// dropped); version names the whole set of overrides (Rules.Version). rs
+// is not changed, and the result shares its maps and takes over, which the
+// caller must not change afterwards. A limiter decides each batch on one
+// Rules value (SetRules swaps a pointer), so a batch never sees half of a
+// change.
+//
+// Overlays with the same rules are made to share one rule list, so that a
+// batch names each distinct list once, however many tenants have it.
+func (rs *Rules) WithOverlays(over map[string]Overlay, version int64) *Rules {
+	shared := map[string][]Rule{}
+	for t, o := range over {
+		if len(o.Rules) == 0 {
+			continue
+		}
+		k := ruleSetID("", o.Rules)
+		if s, ok := shared[k]; ok {
+			o.Rules = s
+			over[t] = o
+		} else {
+			shared[k] = o.Rules
+		}
+	}
+	out := &Rules{}
+	if rs != nil {
+		out.byTenant, out.fallback, out.spec = rs.byTenant, rs.fallback, rs.spec
+	}
+	if out.byTenant == nil {
+		out.byTenant = map[string][]Rule{}
+	}
+	if len(over) > 0 || version != 0 {
+		out.over = &overlays{byTenant: over, version: version}
+	}
+	return out
+}
+
+// Base returns rs without its overlays: the rules of LIMITS or LIMITS_FILE.
+func (rs *Rules) Base() *Rules {
+	if rs == nil || rs.over == nil {
+		return rs
+	}
+	return rs.WithOverlays(nil, 0)
+}
+
+// Version returns the version of the set of overrides layered over rs (0:
+// none).
+func (rs *Rules) Version() int64 {
+	if rs == nil || rs.over == nil {
+		return 0
+	}
+	return rs.over.version
+}
+
+// OverrideVersion returns the version of the tenant's override in rs, 0
+// when it has none.
+func (rs *Rules) OverrideVersion(tenant string) int64 {
+	if rs == nil || rs.over == nil {
+		return 0
+	}
+	return rs.over.byTenant[tenant].Version
+}
+
+// lookup returns the tenant's rules and the version of its override (0:
+// none): For and OverrideVersion in one map lookup.
+func (rs *Rules) lookup(tenant string) ([]Rule, int64) {
+	if rs == nil {
+		return nil, 0
+	}
+	if rs.over != nil {
+		if o, ok := rs.over.byTenant[tenant]; ok {
+			return o.Rules, o.Version
+		}
+	}
+	if r, ok := rs.byTenant[tenant]; ok {
+		return r, 0
+	}
+	return rs.fallback, 0
+}
+
+// Overridden returns the number of tenants with an override in rs.
+func (rs *Rules) Overridden() int {
+	if rs == nil || rs.over == nil {
+		return 0
+	}
+	return len(rs.over.byTenant)
+}
+
+// overlayLists returns the rule lists of the overlays, for CheckRules.
+func (rs *Rules) overlayLists() [][]Rule {
+	if rs == nil || rs.over == nil {
+		return nil
+	}
+	out := make([][]Rule, 0, len(rs.over.byTenant))
+	for _, o := range rs.over.byTenant {
+		out = append(out, o.Rules)
+	}
+	return out
+}
+
+// ParseRuleList parses the rules of one tenant, as written after "=" in
+// LIMITS ("1000/1m", "10MiB/1m", "5000u/1m"): each at most once per measure
+// and window. Errors quote the bad rule.
+func ParseRuleList(specs []string) ([]Rule, error) {
+	var out []Rule
+	for _, s := range specs {
+		r, err := parseRule(strings.TrimSpace(s))
+		if err != nil {
+			return nil, err
+		}
+		if err := checkTwice(out, r); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// CheckTenant reports a tenant name that rules cannot name: empty, over
+// MaxTenantBytes, holding "=" or control characters.
+func CheckTenant(t string) error {
+	if t == "" {
+		return fmt.Errorf("empty tenant")
+	}
+	return checkTenant(t)
+}
+
+// RuleStrings returns rules as written in LIMITS, sorted as given.
+func RuleStrings(rules []Rule) []string {
+	out := make([]string, len(rules))
+	for i, r := range rules {
+		out[i] = r.String()
+	}
+	return out
+}
+
+// Raised reports whether the rules now let a tenant have more than the
+// rules before in some window: a counter of before has no rule in now, or
+// a higher limit there. Rules without counters (none) admit everything.
+func Raised(before, now []Rule) bool {
+	if len(before) == 0 {
+		return false
+	}
+	if len(now) == 0 {
+		return true
+	}
+	limits := make(map[string]int64, len(now))
+	for _, r := range now {
+		limits[r.Counter()] = r.Limit
+	}
+	for _, r := range before {
+		l, ok := limits[r.Counter()]
+		if !ok || l > r.Limit {
+			return true
+		}
+	}
+	return false
+}
+
+// NowReason is the reason of events AdmitNow did not admit: no room in the
+// current window (nothing was reserved for them).
+const NowReason = "no room in the current window"
+
+// AdmitNow decides a batch as AdmitFrom does, except that it reserves
+// nothing: the events that fit in the current window of every rule are
+// admitted and counted there, the others are rejected with NowReason and
+// counted nowhere. It is how an event deferred under lower rules is
+// checked early after its tenant's rules were raised: admitted now if the
+// rules in force have room now, else left to its reserved slot.
+func (l *Limiter) AdmitNow(ctx context.Context, src Source, tenants []string, costs []Cost) ([]Decision, error) {
+	return l.admitFrom(ctx, src, tenants, costs, true)
+}
+
+// markOverrides gives every decision of a tenant under an override the
+// override's version.
+func markOverrides(order []*group, out []Decision) {
+	for _, g := range order {
+		if g.override == 0 {
+			continue
+		}
+		for _, i := range g.idx {
+			out[i].Override = g.override
+		}
+	}
+}
+
+// OverlayTenants lists the tenants with an override in rs, in no order.
+func (rs *Rules) OverlayTenants() []string {
+	if rs == nil || rs.over == nil {
+		return nil
+	}
+	out := make([]string, 0, len(rs.over.byTenant))
+	for t := range rs.over.byTenant {
+		out = append(out, t)
+	}
+	return out
+}
+
+// UsageUnder returns the tenant's usage as Usage does, but under rules
+// instead of the rules in force: what its counters hold now against them
+// (a dry run of an override). It reads only.
+func (l *Limiter) UsageUnder(ctx context.Context, tenant string, rules []Rule) ([]Usage, error) {
+	return l.usageUnder(ctx, tenant, rules)
+}

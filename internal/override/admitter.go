@@ -1,0 +1,183 @@
+package override
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+)
+
+// Tally receives every batch's decisions (the operator's top view). It must
+// be safe for concurrent use and cheap: it runs on the hot path, without
+// Redis.
+type Tally interface {
+	Record(tenants []string, ds []limit.Decision)
+	RecordShadow(tenants []string, ds []limit.Decision)
+}
+
+// Admitter decides batches with the Limiter (whose rules carry the live
+// overrides), then reports: decisions made under an override (a metric, and
+// at debug level one log line per tenant and override version on each
+// replica), the decisions of the Shadow
+// limiter for the tenants with a shadow override (counted, never
+// enforced), and every decision to the Tally. It implements
+// route.Admitter and route.NowAdmitter and is safe for concurrent use.
+type Admitter struct {
+	Limiter *limit.Limiter
+	// Shadow counts the shadow overrides (its rules are only theirs, under
+	// a key prefix of its own); nil: none.
+	Shadow *limit.Limiter
+	Tally  Tally
+	Log    *slog.Logger
+
+	m      *admitMetrics
+	mu     sync.Mutex
+	logged map[string]int64 // tenant -> override version last logged
+}
+
+// NewAdmitter returns an Admitter; its metrics go to reg (nil: not
+// registered).
+func NewAdmitter(lim, shadow *limit.Limiter, tally Tally, log *slog.Logger, reg prometheus.Registerer) (*Admitter, error) {
+	m := &admitMetrics{
+		under: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gatekeeper_override_decisions_total",
+			Help: "Events decided under a live override, by decision."}, []string{"decision"}),
+		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gatekeeper_override_shadow_decisions_total",
+			Help: "What shadow overrides would have decided (not enforced), by decision; errors counts failed shadow calls."}, []string{"decision"}),
+	}
+	for _, k := range []string{"admit", "defer", "reject", "fail"} {
+		m.under.WithLabelValues(k)
+		m.shadow.WithLabelValues(k)
+	}
+	m.shadow.WithLabelValues("error")
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.under, m.shadow} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("override metrics: %w", err)
+			}
+		}
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Admitter{Limiter: lim, Shadow: shadow, Tally: tally, Log: log, m: m, logged: map[string]int64{}}, nil
+}
+
+type admitMetrics struct {
+	under, shadow *prometheus.CounterVec
+}
+
+// AdmitFrom decides with the Limiter and reports (see Admitter).
+func (a *Admitter) AdmitFrom(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error) {
+	ds, err := a.Limiter.AdmitFrom(ctx, src, tenants, costs)
+	if err != nil {
+		return nil, err
+	}
+	a.report(tenants, ds)
+	a.shadow(ctx, tenants, costs)
+	return ds, nil
+}
+
+// AdmitNow decides with the Limiter's AdmitNow and reports.
+func (a *Admitter) AdmitNow(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error) {
+	ds, err := a.Limiter.AdmitNow(ctx, src, tenants, costs)
+	if err != nil {
+		return nil, err
+	}
+	a.report(tenants, ds)
+	return ds, nil
+}
+
+// report counts the decisions under overrides, logs the first decision of
+// each tenant under each override version, and tallies.
+func (a *Admitter) report(tenants []string, ds []limit.Decision) {
+	if a.Tally != nil {
+		a.Tally.Record(tenants, ds)
+	}
+	var n [5]int
+	any := false
+	for i, d := range ds {
+		if d.Override == 0 {
+			continue
+		}
+		any = true
+		if int(d.Kind) < len(n) {
+			n[d.Kind]++
+		}
+		a.trace(tenants[i], d)
+	}
+	if !any {
+		return
+	}
+	for k, c := range n {
+		if c > 0 {
+			a.m.under.WithLabelValues(limit.Kind(k).String()).Add(float64(c))
+		}
+	}
+}
+
+// trace logs the first decision of tenant under an override version.
+func (a *Admitter) trace(tenant string, d limit.Decision) {
+	a.mu.Lock()
+	seen := a.logged[tenant] == d.Override
+	if !seen {
+		a.logged[tenant] = d.Override
+		if len(a.logged) > 1<<20 {
+			clear(a.logged)
+		}
+	}
+	a.mu.Unlock()
+	if !seen {
+		a.Log.Debug("deciding under override", slog.String("tenant", tenant), slog.Int64("override_version", d.Override),
+			slog.String("first_decision", d.Kind.String()))
+	}
+}
+
+// shadow decides the events of the tenants with a shadow override with the
+// Shadow limiter, counts and tallies what it would have done. Its errors
+// are counted and logged, never the batch's.
+func (a *Admitter) shadow(ctx context.Context, tenants []string, costs []limit.Cost) {
+	if a.Shadow == nil {
+		return
+	}
+	rules := a.Shadow.Rules()
+	if rules.Overridden() == 0 {
+		return
+	}
+	var st []string
+	var sc []limit.Cost
+	for i, t := range tenants {
+		if rules.OverrideVersion(t) != 0 {
+			st = append(st, t)
+			if costs != nil {
+				sc = append(sc, costs[i])
+			}
+		}
+	}
+	if len(st) == 0 {
+		return
+	}
+	ds, err := a.Shadow.AdmitCosts(ctx, st, sc)
+	if err != nil {
+		a.m.shadow.WithLabelValues("error").Inc()
+		a.Log.Warn("shadow override check failed (nothing enforced depends on it)", slog.String("error", err.Error()))
+		return
+	}
+	var n [5]int
+	for _, d := range ds {
+		if int(d.Kind) < len(n) {
+			n[d.Kind]++
+		}
+	}
+	for k, c := range n {
+		if c > 0 {
+			a.m.shadow.WithLabelValues(limit.Kind(k).String()).Add(float64(c))
+		}
+	}
+	if a.Tally != nil {
+		a.Tally.RecordShadow(st, ds)
+	}
+}
