@@ -46,6 +46,9 @@ type Options struct {
 	Clock func() time.Time
 	// Registerer receives the limiter's metrics. Nil: not registered.
 	Registerer prometheus.Registerer
+	// Capacity is the budget shared by every tenant (G12; capacity.go).
+	// None: tenants have only their own rules. Not with Redis Cluster.
+	Capacity Capacity
 }
 
 func (o *Options) defaults() error {
@@ -151,6 +154,9 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		return nil, err
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
+	if err := checkCapacityUse(rules, opts, cluster); err != nil {
+		return nil, err
+	}
 	l := &Limiter{
 		rdb:     rdb,
 		cluster: cluster,
@@ -209,6 +215,9 @@ func CheckRules(rules *Rules, kind WindowKind) error {
 // windows; the local cache is keyed by rule set and never applies to new rules.
 func (l *Limiter) SetRules(r *Rules) error {
 	if err := CheckRules(r, l.opts.WindowKind); err != nil {
+		return err
+	}
+	if err := CheckCapacity(r, l.opts.Capacity); err != nil {
 		return err
 	}
 	l.rules.Store(r)
@@ -339,11 +348,11 @@ func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 	for i, t := range tenants {
 		g := byTenant[t]
 		if g == nil {
-			g = &group{tenant: t, rules: rules.For(t)}
+			g = &group{tenant: t, rules: l.rulesFor(rules, t)}
 			if len(g.rules) > 0 && len(lastRules) == len(g.rules) && &lastRules[0] == &g.rules[0] {
 				g.set = lastSet
 			} else {
-				g.set = ruleSetID(l.opts.WindowKind, g.rules)
+				g.set = l.setID(g.rules)
 				lastRules, lastSet = g.rules, g.set
 			}
 			g.weighted = Weighted(g.rules)
@@ -456,6 +465,8 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src Source) ([]st
 			num(g.chain.end)
 		}
 	}
+	capFirst := len(ks) + 1
+	ks = l.capacityKeys(ks)
 	if costsAt := nums + 1; weighted(groups) {
 		for i, g := range groups {
 			if g.costs != nil {
@@ -469,7 +480,8 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src Source) ([]st
 	av = append(av, now.UnixMilli(), hend.UnixMilli(), l.opts.MaxScan, len(d.index), len(groups))
 	av = append(av, d.args...)
 	av = append(av, recs)
-	return l.replayArgs(ks, av, groups, src)
+	ks, av = l.replayArgs(ks, av, groups, src)
+	return ks, l.capacityArgs(av, groups, now, capFirst)
 }
 
 // call runs admit.lua: one call for the batch on a single node; on Redis

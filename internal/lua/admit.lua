@@ -35,8 +35,9 @@
 --   script only adds its two suffixes to a rule key (wkey, anchor_key, below:
 --   limit.WindowSep and limit.AnchorSuffix), and TestAdmitScriptKeys checks
 --   that the keys it writes are the ones keys.go builds.
---   Then, when the caller names the call's source partition, the replay
---   record key, last (see Replay record below).
+--   Then, with a capacity, its keys (see capacity.lua); then, when the
+--   caller names the call's source partition, the replay record key, last
+--   (see Replay record below).
 -- ARGV[1] now (unix ms)      ARGV[2] horizon end (now + horizon, unix ms)
 -- ARGV[3] most windows one tenant may scan
 -- ARGV[4] number of rule descriptors   ARGV[5] number of tenants
@@ -66,6 +67,7 @@
 --   grown; the script reads the anchor before writing it, and before trusting
 --   the cache to open a window (a lost anchor then starts a new chain).
 --   Then, with a source partition, the replay arguments (see Replay record).
+--   Then, with a capacity, its arguments (see capacity.lua).
 -- Reply: one flat array, per tenant in order:
 --   admitted, reservations, due_1, count_1, until_1, ..., rejected, full_until,
 --   then chain start, chain end per rule for ttl rules
@@ -108,7 +110,9 @@ local out = {}
 -- The journal of the call's writes, newest last, three slots each: op, key,
 -- arg. op 1: the key did not hold a count before (undo: DEL); op 2: the
 -- count grew by -arg (undo: HINCRBY arg); op 3: an anchor that held arg,
--- {start, until} or false (undo: put it back).
+-- {start, until} or false (undo: put it back); op 4: a hash field grew by
+-- -arg[2] (undo: HINCRBY arg[1] arg[2]); op 5: the field arg did not exist
+-- (undo: HDEL). (Ops 4 and 5 are the capacity's.)
 local journal = {}
 local jn = 0
 
@@ -122,8 +126,13 @@ end
 local function undo(mark)
   while jn > mark do
     local op, key, arg = journal[jn - 2], journal[jn - 1], journal[jn]
+    counts[key] = nil -- capacity: a shared key is read again after an undo
     if op == 2 then
       redis.call("HINCRBY", key, "count", arg)
+    elseif op == 4 then -- capacity: a field grew by -arg[2]
+      redis.call("HINCRBY", key, arg[1], arg[2])
+    elseif op == 5 then -- capacity: a field did not exist
+      redis.call("HDEL", key, arg)
     elseif op == 3 and arg then
       redis.call("HSET", key, "start", arg[1], "until", arg[2])
       redis.call("PEXPIRE", key, string.format("%.0f", tonumber(arg[2]) - now + 1000))
@@ -202,8 +211,13 @@ local function count_of(key)
   return c
 end
 
+-- @capacity.lua (the shared capacity's part is joined here: lua.go)
+
 -- add counts `by` events in the window [s, e) of rule r.
 local function add(r, s, e, by)
+  if r.cap then -- capacity
+    return cap_add(r, s, e, by)
+  end
   local key = wkey(r.key, s)
   local c = count_of(key)
   if c == 0 then
@@ -348,6 +362,7 @@ if low ~= "" then
   low = tonumber(low)
   rkey = KEYS[#KEYS]
 end
+cap_parse(a + (rkey and 6 or 2)) -- capacity: its arguments follow
 
 -- chunks_of returns the chunks of record rec: {lo, hi, h (where the header
 -- starts), s (where the offsets start), l1, l2}. A damaged record is read
@@ -609,6 +624,9 @@ local function rules_of(k, q, nrules, w)
     rules[ri] = r
     q = q + 3
   end
+  if ncap > 0 then -- capacity: the tenant (cap_ti, see run) shares it
+    cap_rules(rules, cap_ti)
+  end
   return rules
 end
 
@@ -733,7 +751,7 @@ end
 -- counts them there.
 local function admit_all(rules, n)
   for _, r in ipairs(rules) do
-    r.room = r.limit - count_of(wkey(r.key, r.cs))
+    r.room = room_of(r, r.cs) -- capacity: was r.limit - count_of(wkey(r.key, r.cs))
   end
   local admitted = fit(rules, 1, n)
   if admitted > 0 then
@@ -776,7 +794,7 @@ local function reserve(rules, fkey, rest, first, pos, w)
         break
       end
       r.ts, r.te = s, e
-      local room = r.limit - count_of(wkey(r.key, s))
+      local room = room_of(r, s) -- capacity: was r.limit - count_of(wkey(r.key, s))
       r.room = room
       if room < minroom then
         minroom = room
@@ -857,13 +875,13 @@ local function decide(k, p, nrules, n, c, w)
   local rules = rules_of(k + 1, p + 2, nrules, w)
   -- 1. admit into the current windows.
   local admitted
-  if nrules == 1 and not w then
+  if nrules == 1 and not w and ncap == 0 then -- capacity: not alone
     admitted = admit_one(rules[1], n, c)
   else
     admitted = admit_all(rules, n)
   end
   local first = math.huge
-  for ri = 1, nrules do
+  for ri = 1, #rules do -- capacity: its rules too (#rules, was nrules)
     if rules[ri].ce < first then
       first = rules[ri].ce
     end
@@ -871,6 +889,9 @@ local function decide(k, p, nrules, n, c, w)
   -- 2. reserve the rest in the earliest future windows with room.
   local res, rest, t = reserve(rules, fkey, n - admitted, first, admitted + 1, w)
   keep_chains(rules)
+  if ncap > 0 then -- capacity: what the tenant was refused now
+    cap_done(rules, n, admitted)
+  end
   -- 3. what is left is rejected.
   local full = 0
   if rest > 0 and t > hend then
@@ -927,7 +948,7 @@ local function run(ti, p, k)
     if n == 0 then
       -- Every event of the tenant was replayed: nothing to decide.
       done = idle(ti, p, o)
-    elseif nrules == 1 then
+    elseif nrules == 1 and ncap == 0 then -- capacity: no fast path
       local d, cst, cend = descs[recs[p + 2]], recs[p + 3], recs[p + 4]
       local cs, ce = nil, nil
       if d.kind ~= "t" then
@@ -973,6 +994,7 @@ local function run(ti, p, k)
     if not done then
       slow[ti] = true
       at[1], at[2], at[3], at[4], at[5] = ti, p, k, mark, o
+      cap_ti = ti -- capacity
       decide(k, p, nrules, n, c, w)
     end
     k, p = k + 1 + nrules, p + 2 + 3 * nrules
