@@ -189,3 +189,71 @@ func TestCapacityExactAcrossLimiters(t *testing.T) {
 		t.Errorf("only %d windows booked: the test did not load the capacity", checked)
 	}
 }
+
+// TestCapacityLateTenant: b floods alone for three seconds and reserves far
+// ahead; d starts flooding in the fourth second. From the next second on d
+// gets its share (half), though b had reserved into those seconds first.
+func TestCapacityLateTenant(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("100/1s")
+	l := newTestLimiter(t, testRedis(t), "*=100000/1m", Options{Clock: clk.Now, Capacity: c, Horizon: time.Minute})
+	ctx := context.Background()
+	start := clk.Now()
+	const steps = 20
+	for sec := 0; sec < 8; sec++ {
+		for k := 0; k < steps; k++ {
+			clk.Set(start.Add(time.Duration(sec)*time.Second + time.Duration(k)*time.Second/steps))
+			batch := repeat("b", 300/steps)
+			if sec >= 3 {
+				batch = append(batch, repeat("d", 300/steps)...)
+			}
+			if _, err := l.Admit(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for sec := 0; sec < 8; sec++ {
+		count, _, got := capWindow(t, l, c[0], start.Add(time.Duration(sec)*time.Second))
+		t.Logf("second %d: count %d, booked %v", sec, count, got)
+		if count != 100 {
+			t.Errorf("second %d: count %d, want 100", sec, count)
+		}
+		if sec >= 4 && (got["d"] < 47 || got["d"] > 53) {
+			t.Errorf("second %d: the late tenant booked %d, want its share 50 ± 3", sec, got["d"])
+		}
+	}
+	// Before d came, b had reserved half of the seconds ahead (these among them).
+	if _, _, got := capWindow(t, l, c[0], start.Add(10*time.Second)); got["b"] != 50 {
+		t.Errorf("second 10: b reserved %d, want half the capacity (50)", got["b"])
+	}
+}
+
+// TestCapacityBrokenTenant: a tenant whose own key is broken fails alone,
+// and what the call wrote for it in the capacity's window is taken back.
+func TestCapacityBrokenTenant(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("100/1s")
+	rdb := testRedis(t)
+	l := newTestLimiter(t, rdb, "*=100000/1m", Options{Clock: clk.Now, Capacity: c})
+	ctx := context.Background()
+	r := mustRules(t, "*=100000/1m").For("x")[0]
+	s, _ := WindowBounds(r, clk.Now(), time.UTC)
+	if err := rdb.Set(ctx, l.keys.window("x", r, s), "junk", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := l.Admit(ctx, []string{"y", "x", "y", "x", "z"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := kinds(ds); got != "afafa" {
+		t.Errorf("decisions %s, want afafa", got)
+	}
+	count, active, booked := capWindow(t, l, c[0], clk.Now().Truncate(time.Second))
+	if count != 3 || active != 2 || booked["x"] != 0 {
+		t.Errorf("capacity window: count %d, active weight %d, booked %v; want 3, 2 (y, z), none for x", count, active, booked)
+	}
+	h, _ := rdb.HGetAll(ctx, l.keys.capacity(c[0])+WindowSep+strconv.FormatInt(s.Truncate(time.Second).UnixMilli(), 10)).Result()
+	if _, ok := h["r:x"]; ok {
+		t.Errorf("the failed tenant is still marked active: %v", h)
+	}
+}
