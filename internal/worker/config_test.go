@@ -38,7 +38,7 @@ func TestConfigKeys(t *testing.T) {
 	want := []string{
 		// DESIGN.md's contract: these names are relied on by operators.
 		"KAFKA_BROKERS", "GROUP_ID", "SOURCE_TOPICS", "DOWNSTREAM_TOPIC", "RETRY_TOPIC", "DLQ_TOPIC",
-		"REDIS_ADDRS", "REDIS_CLUSTER", "REDIS_KEY_PREFIX", "TENANT_FROM", "COST_FROM", "LIMITS", "LIMITS_FILE", "WINDOW", "TIMEZONE",
+		"REDIS_ADDRS", "REDIS_CLUSTER", "REDIS_KEY_PREFIX", "TENANT_FROM", "COST_FROM", "LIMITS", "LIMITS_FILE", "CAPACITY", "WINDOW", "TIMEZONE",
 		"DEFER_HORIZON", "ON_REDIS_ERROR", "MAX_ATTEMPTS", "SHADOW", "HTTP_ADDR", "ADMIN_TOKEN", "LOG_LEVEL",
 		// Operational additions.
 		"ROLES", "BATCH_SIZE", "RETRY_LOOKAHEAD", "BATCH_BYTES", "RETRY_LOOKAHEAD_BYTES", "MAX_MESSAGE_BYTES", "LIMITER_CACHE_BYTES", "BATCH_WAIT", "SHUTDOWN_GRACE", "REDIS_TIMEOUT", "KAFKA_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "RETENTION",
@@ -189,6 +189,7 @@ func TestConfigGoodValues(t *testing.T) {
 		{"json tenant", with(minimal(), "TENANT_FROM", "json:customer.id")},
 		{"byte rules", with(minimal(), "LIMITS", "*=100/1m,10MiB/1m;acme=1000/1m,10MiB/1m,2GiB/1d")},
 		{"unit rules", with(minimal(), "LIMITS", "*=5000u/1m", "COST_FROM", "header:x-cost")},
+		{"capacity", with(minimal(), "CAPACITY", "5000/1s,200000/1m", "LIMITS", "*=100/1m;acme=1000/1m,weight:3,floor:200/1s")},
 		{"json cost", with(minimal(), "COST_FROM", "json:usage.tokens")},
 		{"ttl", with(minimal(), "WINDOW", "ttl", "LIMITS", "*=10/7m")},
 		{"zone", with(minimal(), "TIMEZONE", "Europe/Berlin")},
@@ -266,6 +267,10 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "COST_FROM", "json:a..b"), "COST_FROM"},
 		{with(minimal(), "LIMITS", "*=5000u/1m"), "COST_FROM"}, // units need COST_FROM
 		{with(minimal(), "LIMITS", "*=10mib/1m"), "LIMITS"},
+		{with(minimal(), "CAPACITY", "5000/1h"), "CAPACITY"},
+		{with(minimal(), "CAPACITY", "5000/1s", "REDIS_ADDRS", "a:1,b:2"), "CAPACITY"},
+		{with(minimal(), "CAPACITY", "100/1s", "LIMITS", "*=10/1s;a=floor:60/1s;b=floor:50/1s"), "LIMITS"},
+		{with(minimal(), "LIMITS", "*=10/1s;a=weight:0"), "LIMITS"},
 		{with(minimal(), "LIMITS", "<unset>"), "LIMITS"},
 		{with(minimal(), "LIMITS", " "), "LIMITS"},
 		{with(minimal(), "LIMITS", "acme=lots"), "LIMITS"},

@@ -40,6 +40,7 @@ func LimiterOptions(cfg *Config, reg prometheus.Registerer) (limit.Options, erro
 		Timeout:    cfg.RedisTimeout,
 		CacheBytes: int64(cfg.LimiterCacheBytes),
 		Registerer: reg,
+		Capacity:   cfg.CapacityRules(),
 	}, nil
 }
 
