@@ -3,11 +3,14 @@ package limit
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // capWindow reads a capacity window's hash: the count, the active weight and
@@ -256,4 +259,69 @@ func TestCapacityBrokenTenant(t *testing.T) {
 	if _, ok := h["r:x"]; ok {
 		t.Errorf("the failed tenant is still marked active: %v", h)
 	}
+}
+
+// TestCapacityUsageAndMetrics: the usage API's share of a flooding tenant
+// (booked, level, entitlement, events waiting in later windows) and the
+// collector's capacity used per window, without tenant labels.
+func TestCapacityUsageAndMetrics(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("100/1s")
+	reg := prometheus.NewRegistry()
+	l := newTestLimiter(t, testRedis(t), "*=100000/1m;b=weight:2", Options{Clock: clk.Now, Capacity: c, Horizon: time.Minute, Registerer: reg})
+	ctx := context.Background()
+	start := clk.Now()
+	for sec := 0; sec < 3; sec++ {
+		for k := 0; k < 10; k++ {
+			clk.Set(start.Add(time.Duration(sec)*time.Second + time.Duration(k)*100*time.Millisecond))
+			if _, err := l.Admit(ctx, append(repeat("b", 30), repeat("a", 3)...)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	clk.Set(start.Add(2500 * time.Millisecond))
+	us, err := l.CapacityUsage(ctx, "b")
+	if err != nil || len(us) != 1 {
+		t.Fatalf("CapacityUsage: %v %v", us, err)
+	}
+	u := us[0]
+	t.Logf("%+v", u)
+	// Both were capped the second before: level 100 / (2 + 1).
+	if u.Capacity != "100/1s" || u.Used != 100 || u.Weight != 2 || math.Abs(u.Level-100.0/3) > 0.001 || u.Entitlement != 66 ||
+		u.Booked < u.Entitlement || u.Share != float64(u.Booked)/100 || u.Waiting == 0 || u.Refused == 0 || u.ActiveWeight != 3 {
+		t.Errorf("b's share: %+v; want used 100, level 33.3, entitlement 66 (weight 2), booked at least that, events refused and waiting, active weight 3", u)
+	}
+	if v := gathered(t, reg, "gatekeeper_capacity_used", "last"); v != 100 {
+		t.Errorf("used in the last window: %v, want 100", v)
+	}
+	if v := gathered(t, reg, "gatekeeper_capacity_limit", ""); v != 100 {
+		t.Errorf("capacity limit: %v, want 100", v)
+	}
+}
+
+// gathered returns the value of a gathered gauge whose window label is
+// window (any series when window is empty); no series fails the test.
+func gathered(t *testing.T, reg *prometheus.Registry, name, window string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if window == "" {
+				return m.GetGauge().GetValue()
+			}
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "window" && lp.GetValue() == window {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{window=%q}", name, window)
+	return 0
 }

@@ -180,6 +180,11 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		return nil, err
 	}
 	l.metrics = m
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(newCapacityCollector(l)); err != nil {
+			return nil, fmt.Errorf("limiter metrics: %w", err)
+		}
+	}
 	l.states = newStateCache(opts.CacheBytes, m)
 	return l, nil
 }

@@ -238,6 +238,13 @@ func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, er
 			}
 			return lim.Usage(ctx, tenant)
 		},
+		Capacity: func(ctx context.Context, tenant string) ([]limit.CapacityShare, error) {
+			lim := w.st.limiter.Load()
+			if lim == nil {
+				return nil, errors.New("limiter not started")
+			}
+			return lim.CapacityUsage(ctx, tenant)
+		},
 		AdminToken: cfg.AdminToken,
 		Log:        w.log,
 	})
