@@ -32,8 +32,9 @@
 -- held at its floor, or capped (field sf sums the d of the satisfied and the
 -- floors of the held, field wc the weights of the capped), so
 --   lv = (C - sf) / wc      (C / a when no tenant was capped)
--- is one step of the water-filling fixed point, exact once the sets of
--- satisfied and capped tenants stop changing. In the current window the
+-- is one Newton step towards the water level, exact once the sets of
+-- satisfied and capped tenants stop changing; it goes down at most by
+-- half a window, and never under the equal share C / a. In the current window the
 -- level holds until ramp_lo of the window has passed, then rises
 -- geometrically to the whole capacity at ramp_hi (work-conserving: what
 -- the others left goes to whoever has events, by level). In a future
@@ -137,10 +138,19 @@ local function cap_level(r)
   local lv = st.lv
   if not lv then
     local p = cap_state(wkey(r.key, d.cs - d.step))
+    local equal = d.limit / math.max(1, p.a, st.a)
     if p.wc > 0 then
-      lv = math.max(0, (d.limit - p.sf) / p.wc)
+      -- A Newton step on sum(min(d, w * lv)) = C: from below it stays
+      -- below the answer; from above it may overshoot, so it goes down at
+      -- most by half, and never under the equal share, which the answer
+      -- is never under (sum(min(d, w * lv)) <= a * lv).
+      lv = (d.limit - p.sf) / p.wc
+      if p.lv and lv < p.lv / 2 then
+        lv = p.lv / 2
+      end
+      lv = math.max(lv, equal)
     else
-      lv = d.limit / math.max(1, p.a, st.a)
+      lv = equal
     end
     cap_touch(r, key, d.ce, st)
     redis.call("HSET", key, "lv", string.format("%.6f", lv))
