@@ -19,8 +19,8 @@ import (
 // capWin is one capacity window as Redis holds it: what each tenant booked
 // there and was refused there (decided while it was current, gone later).
 type capWin struct {
-	start          int64
-	count          int64
+	start           int64
+	count           int64
 	booked, refused map[string]int64
 }
 
