@@ -12,7 +12,11 @@
 //     only by its environment;
 //   - gatekeeper-bytes: the same binary with a byte rule beside the event
 //     rule on every tenant (the bytes of about as many events), so that
-//     every event's cost is counted too.
+//     every event's cost is counted too;
+//   - adversarial: the limiter's worst cases (made-up tenants limited to 0,
+//     daily quotas spent, events that fit only far ahead), in-process, one
+//     script call per batch: Redis time per 1,000 events and the slowest
+//     call (SLOWLOG); see adversarial.go.
 //
 // Modes 1-3 run in a child process of this command (it re-executes itself
 // with -child MODE), Gatekeeper as its own binary, so that each mode's peak
@@ -62,7 +66,10 @@ const (
 	modeGatekeeperLib   = "gatekeeper-lib"
 )
 
-var allModes = []string{modePassthrough, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperLib}
+var allModes = []string{modePassthrough, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperLib, modeAdversarial}
+
+// containsMode reports whether modes holds mode.
+func containsMode(modes []string, mode string) bool { return slices.Contains(modes, mode) }
 
 type options struct {
 	Brokers      []string
@@ -109,7 +116,7 @@ func main() {
 	fs.Float64Var(&o.Deferred, "deferred", 1.0/3, "share of events the per-tenant limit leaves over it (diverted)")
 	fs.IntVar(&o.Batch, "batch", 500, "consumer batch size of every mode (GATEKEEPER_BATCH_SIZE)")
 	fs.IntVar(&o.Rounds, "rounds", 1, "times every mode drains the main data set, the modes interleaved; each is reported by its median round")
-	modes := fs.String("modes", "passthrough,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes", "modes to run: "+strings.Join(allModes, ","))
+	modes := fs.String("modes", "passthrough,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,adversarial", "modes to run: "+strings.Join(allModes, ","))
 	fs.StringVar(&o.Window, "window", "ttl", "Gatekeeper's GATEKEEPER_WINDOW: ttl (the seed's window, as seed-naive counts) or aligned")
 	fs.DurationVar(&o.WindowLen, "window-len", time.Hour, "length of the limit's window (every mode)")
 	fs.IntVar(&o.LiveEvents, "live-events", 10000, "events of the paced latency phase after each drain (0: none)")
@@ -232,6 +239,9 @@ func run(ctx context.Context, o options) error {
 	if err := d.mainScenario(ctx, &rep); err != nil {
 		return err
 	}
+	if err := d.adversarialScenario(ctx, &rep); err != nil {
+		return err
+	}
 	if err := d.sweepScenario(ctx, &rep); err != nil {
 		return err
 	}
@@ -301,6 +311,11 @@ func (d *driver) buildGatekeeper(ctx context.Context) error {
 func (d *driver) mainScenario(ctx context.Context, rep *report) error {
 	o := d.o
 	wl := o.Workload
+	if len(o.Modes) == 1 && o.Modes[0] == modeAdversarial {
+		// No Kafka mode: no data set.
+		rep.Main = scenario{Workload: wl, Window: fmt.Sprintf("%s %s", o.Window, ruleUnit(o.WindowLen)), Batch: o.Batch}
+		return nil
+	}
 	src, limit, err := d.dataset(ctx, wl)
 	if err != nil {
 		return err
@@ -310,6 +325,9 @@ func (d *driver) mainScenario(ctx context.Context, rep *report) error {
 	rounds := map[string][]result{}
 	for round := 1; round <= o.Rounds; round++ {
 		for _, mode := range o.Modes {
+			if mode == modeAdversarial {
+				continue // not drained from Kafka: see adversarialScenario
+			}
 			mr := modeRun{mode: mode, wl: wl, src: src, limit: limit, batch: o.Batch, live: o.LiveEvents, tag: mode}
 			if o.Rounds > 1 {
 				mr.tag = fmt.Sprintf("%s-r%d", mode, round)
@@ -324,7 +342,7 @@ func (d *driver) mainScenario(ctx context.Context, rep *report) error {
 			rounds[mode] = append(rounds[mode], r)
 			rep.Main.Results = rep.Main.Results[:0]
 			for _, m := range o.Modes {
-				if len(rounds[m]) > 0 {
+				if len(rounds[m]) > 0 && m != modeAdversarial {
 					rep.Main.Results = append(rep.Main.Results, median(rounds[m]))
 				}
 			}

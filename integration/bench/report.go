@@ -127,6 +127,8 @@ type report struct {
 	Finished time.Time `json:"finished,omitzero"`
 	Main     scenario  `json:"main"`
 	Sweep    []result  `json:"sweep,omitempty"`
+	// Adversarial holds the adversarial mode's cases (see adversarial.go).
+	Adversarial []advResult `json:"adversarial,omitempty"`
 }
 
 // fillRatios sets each result's ratio to the passthrough of its scenario
@@ -262,6 +264,11 @@ func (r *report) markdown() string {
 		for _, n := range x.Notes {
 			fmt.Fprintf(&b, "  - note: %s\n", n)
 		}
+	}
+	if t := r.adversarialTable(); t != "" {
+		fmt.Fprintf(&b, "\n## Adversarial: the limiter's worst cases\n\n")
+		fmt.Fprintf(&b, "In-process against the same Redis, one script call per batch of %d events, a fixed clock; Redis busy from `INFO commandstats`, the slowest call from `SLOWLOG` (every command logged during the mode), window reads are `HMGET` calls (G11: bounded by the batch, see \"Bounded work per call\" in README.md).\n\n", s.Batch)
+		b.WriteString(t)
 	}
 	if len(r.Sweep) > 0 {
 		b.WriteString("\n## Sweep: tenants × batch size\n\n")

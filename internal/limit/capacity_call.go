@@ -67,7 +67,8 @@ func (l *Limiter) capacityKeys(ks []string) []string {
 	return ks
 }
 
-// capacityArgs appends the capacity's arguments (capacity.lua's header):
+// capacityArgs appends the capacity's arguments (35_capacity.lua's header),
+// then "cap:<where they start>", last:
 // first is the index in KEYS (1-based) of the first capacity key.
 func (l *Limiter) capacityArgs(av []any, groups []*group, now time.Time, first int) []any {
 	c := l.opts.Capacity
@@ -94,11 +95,12 @@ func (l *Limiter) capacityArgs(av []any, groups []*group, now time.Time, first i
 	}
 	names = append(names, ']')
 	shares = append(shares, ']')
+	at := len(av) + 1 // where the capacity's arguments start in ARGV
 	av = append(av, len(c), first, capacityRampLow, capacityRampHigh, names, shares)
 	sums := floorSums(rules, c)
 	for i, r := range c {
 		s, _ := WindowBounds(r, now, l.opts.Location)
 		av = append(av, r.Limit, r.Length().Milliseconds(), s.UnixMilli(), retention(r, l.opts.Retention).Milliseconds(), sums[i])
 	}
-	return av
+	return append(av, "cap:"+strconv.Itoa(at))
 }

@@ -10,7 +10,7 @@ import (
 // Key layout. This file is the one owner of the layout of the counter keys;
 // admit.lua receives the rule keys (and frontier keys) in KEYS and builds a
 // rule's window and anchor keys from its rule key with the two suffixes below
-// (wkey and anchor_key there). TestAdmitScriptKeys runs the script against a
+// (wkey and anchor_key in internal/lua/admit/30_windows.lua). TestAdmitScriptKeys runs the script against a
 // real Redis and holds the keys it writes to the keys built here.
 //
 //	<prefix>:{<tenant>}:<counter>             rule key (keys.rule)

@@ -31,8 +31,8 @@ type Options struct {
 	Retention time.Duration
 	// Timeout bounds every Redis call. Default 2s.
 	Timeout time.Duration
-	// MaxScan bounds the windows one tenant's deferral search may visit in
-	// one call. Default 100000.
+	// MaxScan bounds the windows the deferral searches of one batch may
+	// read, all tenants together (see bounded.go). Default DefaultMaxScan.
 	MaxScan int
 	// CacheBytes bounds the estimated heap bytes of the tenant states the
 	// Limiter remembers (key names, tenants known full, ttl chains); past
@@ -77,7 +77,7 @@ func (o *Options) defaults() error {
 		o.Timeout = 2 * time.Second
 	}
 	if o.MaxScan == 0 {
-		o.MaxScan = 100000
+		o.MaxScan = DefaultMaxScan
 	}
 	if o.CacheBytes == 0 {
 		o.CacheBytes = DefaultCacheBytes
@@ -304,6 +304,7 @@ func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string, c
 			for _, i := range g.idx {
 				out[i] = Decision{Kind: Admit}
 			}
+		case l.rejectNever(g, src, out):
 		default:
 			g.st = l.stateLocked(g, now)
 			if now.Before(g.st.full) && g.st.fullFor(g.costs) && !l.sent.mayReplay(src, g.idx) {
@@ -446,7 +447,7 @@ func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
 // script returns the KEYS and ARGV of one admit.lua call over groups. The
 // tenants' records go in one argument, a JSON array of numbers (see admit.lua),
 // followed by the costs of the tenants whose rules count bytes or units.
-func (l *Limiter) script(groups []*group, now, hend time.Time, src Source) ([]string, []any) {
+func (l *Limiter) script(groups []*group, now, hend time.Time, src Source, budget int) ([]string, []any) {
 	d := descriptors{index: map[Rule]int{}}
 	ks := make([]string, 0, 2*len(groups))
 	recs := make([]byte, 0, 40*len(groups))
@@ -482,7 +483,7 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src Source) ([]st
 	}
 	recs = append(recs, ']')
 	av := make([]any, 0, 6+len(d.args))
-	av = append(av, now.UnixMilli(), hend.UnixMilli(), l.opts.MaxScan, len(d.index), len(groups))
+	av = append(av, now.UnixMilli(), hend.UnixMilli(), budget, len(d.index), len(groups))
 	av = append(av, d.args...)
 	av = append(av, recs)
 	ks, av = l.replayArgs(ks, av, groups, src)
@@ -499,7 +500,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src S
 	defer func() { l.metrics.redisSeconds.WithLabelValues("admit").Observe(time.Since(start).Seconds()) }()
 	hend := now.Add(l.opts.Horizon)
 	if !l.cluster {
-		ks, av := l.script(calls, now, hend, src)
+		ks, av := l.script(calls, now, hend, src, l.scanBudget(1))
 		res, err := l.admit.Run(ctx, l.rdb, ks, av...).Result()
 		if err != nil {
 			l.metrics.redisErrors.Inc()
@@ -510,7 +511,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src S
 	cmds := make([]*redis.Cmd, len(calls))
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range calls {
-			ks, av := l.script(calls[i:i+1], now, hend, src)
+			ks, av := l.script(calls[i:i+1], now, hend, src, l.scanBudget(len(calls)))
 			cmds[i] = l.admit.EvalSha(ctx, p, ks, av...)
 		}
 		return nil
@@ -521,7 +522,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src S
 		_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i := range calls {
 				if cmds[i].Err() != nil && redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
-					ks, av := l.script(calls[i:i+1], now, hend, src)
+					ks, av := l.script(calls[i:i+1], now, hend, src, l.scanBudget(len(calls)))
 					cmds[i] = l.admit.Eval(ctx, p, ks, av...)
 				}
 			}

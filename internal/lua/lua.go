@@ -4,7 +4,7 @@
 package lua
 
 import (
-	_ "embed"
+	"embed"
 	"strings"
 )
 
@@ -28,26 +28,46 @@ var AlignedIncr string
 //go:embed aligned_get.lua
 var AlignedGet string
 
-// Admit is the batch admission script: admit, reserve, reject for many
-// tenants in one call: admit.lua with capacity.lua joined where it says so.
-var Admit = join(admitBody, capacityMark, capacityPart)
-
-//go:embed admit.lua
-var admitBody string
-
-// capacityPart is the shared capacity's part of Admit (see its header).
+// admitSources are the parts of the batch admission script, one idea each,
+// each with its contract in its header; AdmitParts joins them in this order.
 //
-//go:embed capacity.lua
-var capacityPart string
+//go:embed admit/*.lua
+var admitSources embed.FS
 
-// capacityMark is the line of admit.lua that capacity.lua replaces.
-const capacityMark = "-- @capacity.lua (the shared capacity's part is joined here: lua.go)\n"
+// AdmitParts are the names of the parts of Admit under admit/, in the
+// order they are joined: a part may use what the parts before it define.
+// The first holds the script's contract (KEYS, ARGV, reply).
+var AdmitParts = []string{
+	"10_call.lua",
+	"20_journal.lua",
+	"30_windows.lua",
+	"35_capacity.lua",
+	"40_decode.lua",
+	"50_costs.lua",
+	"60_replay.lua",
+	"70_admit.lua",
+	"80_reserve.lua",
+	"90_run.lua",
+}
 
-// join returns body with part in place of its one line mark; it panics when
-// the mark is not there once (a build mistake, caught by any test).
-func join(body, mark, part string) string {
-	if strings.Count(body, mark) != 1 {
-		panic("lua: the mark " + strings.TrimSpace(mark) + " is not in the script once")
+// Admit is the batch admission script: admit, reserve, reject for many
+// tenants in one call. It is AdmitParts joined, each part ending in a
+// newline; Redis loads it as one script, which comments elsewhere call
+// admit.lua.
+var Admit = join(admitSources, "admit/", AdmitParts)
+
+// join returns the files names under dir of fsys, one after the other, each
+// ending in one newline. A missing part is a build mistake: it panics at
+// start-up (lua_test.go fails first).
+func join(fsys embed.FS, dir string, names []string) string {
+	var b strings.Builder
+	for _, n := range names {
+		src, err := fsys.ReadFile(dir + n)
+		if err != nil {
+			panic("lua: " + err.Error())
+		}
+		b.WriteString(strings.TrimRight(string(src), "\n"))
+		b.WriteString("\n")
 	}
-	return strings.Replace(body, mark, part, 1)
+	return b.String()
 }

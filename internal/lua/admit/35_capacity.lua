@@ -1,8 +1,12 @@
--- capacity: the shared capacity (G12), a part of admit.lua, joined into it at
--- build time where admit.lua says "@capacity.lua" (see lua.go). It adds to
--- every tenant's rules one rule per capacity rule, on global keys, whose
--- room is the tenant's fair entitlement in the window, bounded by what the
--- capacity has left; admit.lua's search treats them as any other rule.
+-- capacity: the shared capacity (G12). It adds to every tenant's rules
+-- (rules_of, 40_decode.lua) one rule per capacity rule, on global keys, whose
+-- room (room_of, used by 70_admit.lua and 80_reserve.lua) is the tenant's
+-- fair entitlement in the window, bounded by what the capacity has left;
+-- the search treats them as any other rule. It wraps add (30_windows.lua)
+-- so that a booking in a capacity window is also the tenant's, and after a
+-- tenant's decision (decide, 90_run.lua) cap_done records what it was
+-- refused. Without a capacity (ncap 0) nothing here runs, and 90_run.lua's
+-- fast path is used as before.
 --
 -- KEYS: the capacity rules' key prefixes <prefix>:cap:<counter> (limit's
 --   keys.capacity), at KEYS[first] onwards (see ARGV); windows are
@@ -13,8 +17,8 @@
 --             there or sent events while it was the current window
 --     fb      what was booked under named tenants' floors
 --     <tenant field>  what that tenant booked there
--- ARGV, after the replay arguments (the last of which is ARGV[a+1] without a
---   source, ARGV[a+5] with one), only when a capacity is set:
+-- ARGV, after the replay arguments, only when a capacity is set (the last
+--   ARGV is then "cap:<the index of the first of them>"):
 --   number of capacity rules, the index in KEYS of the first capacity key,
 --   the end of the ramp (per mille of the window), the tenants' fields (a
 --   JSON array of strings, in call order), the tenants' shares (a JSON
@@ -50,7 +54,7 @@
 -- decided then that did not go there); a sums the weights of those tenants.
 
 local ncap = 0
-local capd = {}   -- per capacity rule: limit, step, cs, ce, ret, ffloor, key, lv
+local capd = {}   -- per capacity rule: limit, step, cs, ce, retention, ffloor, key, lv
 local capn = none -- per tenant: its name in fields
 local caps = none -- per tenant: weight, floor per rule (flat)
 local ramp_lo, ramp_hi = 0.75, 0.95
@@ -71,10 +75,17 @@ local function cap_parse(at)
     local step, cs = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
     capd[ci] = {
       limit = tonumber(ARGV[at]), step = step, cs = cs, ce = cs + step,
-      ret = tonumber(ARGV[at + 3]), ffloor = tonumber(ARGV[at + 4]),
+      retention = tonumber(ARGV[at + 3]), ffloor = tonumber(ARGV[at + 4]),
       key = KEYS[first + ci - 1], lv = false,
     }
     at = at + 5
+  end
+end
+
+do
+  local tail = ARGV[#ARGV]
+  if string.sub(tail, 1, 4) == "cap:" then
+    cap_parse(tonumber(string.sub(tail, 5)))
   end
 end
 
@@ -113,7 +124,7 @@ local function cap_touch(r, key, e, st)
   if not st.live then
     cur = key
     redis.call("HSET", key, "expire", e)
-    redis.call("PEXPIRE", key, e - now + r.ret)
+    redis.call("PEXPIRE", key, e - now + r.retention)
     note(1, key, false)
     st.live = true
   end
@@ -181,13 +192,13 @@ local function cap_rules(rules, ti)
   for ci = 1, ncap do
     local d = capd[ci]
     local r = {
-      limit = d.limit, kind = "a", step = d.step, base = d.cs, ret = d.ret,
-      bounds = none, key = d.key, hint = 1, maxend = 0, cached = false,
-      chainend = 0, cs = d.cs, ce = d.ce, ts = 0, te = 0, cost = false,
+      limit = d.limit, kind = "a", step = d.step, base = d.cs, retention = d.retention,
+      bounds = none, key = d.key, bound_at = 1, counted_until = 0, chain_cached = false,
+      chain_end = 0, cur_start = d.cs, cur_end = d.ce, at_start = 0, at_end = 0, costs = false, anchor_read = none,
       room = 0, take = 0, cap = d, field = capn[ti],
       w = caps[base + 1], f = caps[base + 1 + ci], b = {},
     }
-    local key = wkey(r.key, r.cs)
+    local key = wkey(r.key, r.cur_start)
     cur = key
     local v = redis.call("HMGET", key, "t:" .. r.field, "r:" .. r.field)
     r.b[key] = tonumber(v[1]) or false
@@ -195,7 +206,7 @@ local function cap_rules(rules, ti)
     cap_level(r)
     if not r.r0 then
       local st = cap_state(key)
-      cap_touch(r, key, r.ce, st)
+      cap_touch(r, key, r.cur_end, st)
       redis.call("HSET", key, "r:" .. r.field, 0)
       note(5, key, "r:" .. r.field)
       cap_hincr(key, "a", r.w)
@@ -210,7 +221,7 @@ end
 local function cap_done(rules, n, admitted)
   for _, r in ipairs(rules) do
     if r.cap then
-      local key = wkey(r.key, r.cs)
+      local key = wkey(r.key, r.cur_start)
       local lv = r.cap.lv
       local b1, r1 = r.b[key] or 0, (r.r0 or 0) + n - admitted
       if n > admitted then
@@ -306,4 +317,18 @@ local function cap_add(r, s, e, by)
       st.fb = st.fb + under
     end
   end
+end
+
+-- add (30_windows.lua) books in a capacity window through cap_add.
+local count_add = add
+add = function(r, s, e, by)
+  if r.cap then
+    return cap_add(r, s, e, by)
+  end
+  return count_add(r, s, e, by)
+end
+
+-- A shared window read before an undo is read again after it.
+on_undo = function(key)
+  counts[key] = nil
 end

@@ -1,0 +1,65 @@
+package limit
+
+import "fmt"
+
+// Bounded work (G11). The Redis work of one admit.lua call is bounded by
+// its batch, whatever the rules, the horizon or the windows' length:
+//
+//   - an event that a rule of its tenant can never admit is rejected here,
+//     without Redis: an event rule of limit 0 (never), and, in weigh, an
+//     event whose cost is over the whole limit of a byte or unit rule;
+//   - the deferral searches of one call read at most Options.MaxScan windows
+//     all together (see "Budget" in internal/lua/admit/10_call.lua): when the budget is spent, a
+//     tenant's events that were not placed are deferred, unreserved, to the
+//     point where its search stopped (a Decision whose Until equals its Due)
+//     and are checked as new when they come back;
+//   - a tenant that got nothing in a call keeps its search frontier at most
+//     a minute (80_reserve.lua), and a tenant whose events are all rejected here
+//     writes no key at all.
+
+// DefaultMaxScan is the default of Options.MaxScan: window reads per script
+// call, all tenants together. A read and the search's work around it cost
+// Redis 7 to 12 µs of CPU (measured on a loaded machine by
+// TestBoundedFitsFarAhead), so the searches of a call stay near 10 ms.
+const DefaultMaxScan = 1024
+
+// never returns the reason why rules never admit an event of their tenant
+// (an event rule of limit 0), or "".
+func never(rules []Rule) string {
+	for _, r := range rules {
+		if r.Measure == Events && r.Limit < 1 {
+			return fmt.Sprintf("rule %s never admits an event: its limit is 0", r)
+		}
+	}
+	return ""
+}
+
+// rejectNever decides without Redis the events of g when a rule of g never
+// admits one, unless one of them may have been decided by Redis before
+// (src, see sentOffsets): that one gets its recorded decision back from
+// Redis. It reports whether g was decided. l.mu must be held.
+func (l *Limiter) rejectNever(g *group, src Source, out []Decision) bool {
+	why := never(g.rules)
+	if why == "" || l.sent.mayReplay(src, g.idx) {
+		return false
+	}
+	for _, i := range g.idx {
+		out[i] = Decision{Kind: Reject, Reason: why}
+	}
+	return true
+}
+
+// scanBudget returns the window reads each of calls script calls may spend
+// on deferral searches: Options.MaxScan for the one call of a single Redis;
+// on Redis Cluster, where each tenant has a call of its own, a share of it
+// each (at least minScanShare), so that one batch costs about as much.
+func (l *Limiter) scanBudget(calls int) int {
+	if calls <= 1 {
+		return l.opts.MaxScan
+	}
+	return max(minScanShare, (l.opts.MaxScan+calls-1)/calls)
+}
+
+// minScanShare is the least budget of one tenant's call on Redis Cluster:
+// enough to reserve a few windows ahead.
+const minScanShare = 16

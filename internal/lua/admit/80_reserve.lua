@@ -1,0 +1,108 @@
+-- reserve: reserving a tenant's next events in future windows.
+--
+-- Contract. reserve places the events that admission left, in order, in
+-- the earliest windows up to the horizon where every rule has room for
+-- them, counting each in the windows that hold its due time, and moves the
+-- tenant's frontier (see the header). It reads at most what is left of the
+-- call's budget of windows (see Budget): when that runs out, the events not
+-- placed are deferred, unreserved, to where the search stopped. What it
+-- leaves is rejected by its caller.
+
+-- reserve reserves rest events, the pos-th on, in order, in the earliest
+-- windows from first on where every rule has room for them (costs: the
+-- tenant's cost lists, nil for event rules alone), up to the horizon, and
+-- moves the tenant's frontier (key fkey). It returns the reservations
+-- (due, count, until each), what is left and where the search stopped.
+local function reserve(rules, fkey, rest, first, pos, costs)
+  local res = none
+  local t = first
+  local got = pos > 1 -- the tenant got something in the call
+  if rest > 0 then
+    res = {}
+    cur = fkey
+    local fr = tonumber(redis.call("GET", fkey))
+    if fr and fr > t then
+      t = fr
+    end
+  end
+  local spent = false
+  while rest > 0 and t <= hend do
+    -- The windows of every rule that hold t (at_start, at_end), their room,
+    -- the least room, the earliest end.
+    local minroom, untilt = math.huge, math.huge
+    local past = false
+    for _, r in ipairs(rules) do
+      local s, e = win(r, t)
+      if not s then
+        past = true
+        break
+      end
+      r.at_start, r.at_end = s, e
+      local key = wkey(r.key, s)
+      if counts[key] == nil then
+        if budget < 1 then
+          spent = true
+          break
+        end
+        budget = budget - 1
+      end
+      local room = room_of(r, s) -- 35_capacity.lua
+      r.room = room
+      if room < minroom then
+        minroom = room
+      end
+      if e < untilt then
+        untilt = e
+      end
+    end
+    if past then
+      t = hend + 1
+      break
+    end
+    if spent then
+      break
+    end
+    -- Event rules alone: as many as the least room (fit, inline).
+    local take = rest
+    if costs then
+      take = fit(rules, pos, rest)
+    elseif minroom < take then
+      take = minroom > 0 and minroom or 0
+    end
+    if take > 0 then
+      for _, r in ipairs(rules) do
+        local by = r.costs and r.take or take
+        if by > 0 then
+          add(r, r.at_start, r.at_end, by)
+        end
+      end
+      res[#res + 1] = t
+      res[#res + 1] = take
+      res[#res + 1] = untilt
+      rest, pos = rest - take, pos + take
+      got = true
+    end
+    -- On past the windows too full for the next event; when all are
+    -- placed, past those they filled, for the next call.
+    local jump = blocked(rules, pos, take, rest > 0)
+    if jump > 0 then
+      t = jump
+    end
+  end
+  if spent then
+    -- Deferred, unreserved: they come back at t and are checked as new.
+    res[#res + 1] = t
+    res[#res + 1] = rest
+    res[#res + 1] = t
+    rest = 0
+  end
+  if t > first then
+    local life = t - now
+    if not got and life > idle_frontier_ms then
+      life = idle_frontier_ms
+    end
+    redis.call("SET", fkey, string.format("%.0f", t), "PX", string.format("%.0f", life + 1000))
+    note(1, fkey, false) -- a frontier is a hint: none is always safe
+  end
+  return res, rest, t
+end

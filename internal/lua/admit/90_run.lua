@@ -1,0 +1,248 @@
+-- run: deciding each tenant, and the call's end.
+--
+-- Contract. Each tenant is decided in the call's order: admitted into the
+-- current windows (70_admit.lua), its next events reserved (80_reserve.lua),
+-- the rest rejected; its reply is appended to out at out_at[ti]. Most
+-- tenants take the fast path in run, one HINCRBY. A tenant's failure takes
+-- back what the call wrote for it and the other tenants go on; any other
+-- error takes back the whole call (see Failures). The replay record is read
+-- before the first tenant and written after the last (60_replay.lua).
+
+-- reply appends a tenant's decision to out: admitted, the reservations
+-- (due, count, until each), rejected, full_until, then the chains of its
+-- ttl rules.
+local function reply(admitted, res, rest, full, rules)
+  local o = #out
+  out[o + 1] = admitted
+  out[o + 2] = #res / 3
+  for i = 1, #res do
+    out[o + 2 + i] = res[i]
+  end
+  o = o + 2 + #res
+  out[o + 1] = rest
+  out[o + 2] = full
+  o = o + 2
+  for ri = 1, #rules do
+    local r = rules[ri]
+    if r.kind == "t" then
+      out[o + 1] = r.base
+      out[o + 2] = r.chain_end
+      o = o + 2
+    end
+  end
+end
+
+-- decide decides the n events of tenant ti, whose costs are costs (nil:
+-- none; c: what the fast path counted, if anything), and appends its reply
+-- to out.
+local function decide(ti, n, c, costs)
+  local fkey = KEYS[key_at[ti]]
+  local rules = rules_of(ti, costs)
+  -- 0. an event rule of limit 0 admits nothing, ever: no window to read.
+  for _, r in ipairs(rules) do
+    if not r.costs and r.limit < 1 then
+      reply(0, none, n, hend + 1, rules)
+      return
+    end
+  end
+  -- 1. admit into the current windows.
+  local admitted
+  if #rules == 1 and not costs then
+    admitted = admit_one(rules[1], n, c)
+  else
+    admitted = admit_all(rules, n)
+  end
+  local first = math.huge
+  for _, r in ipairs(rules) do
+    if r.cur_end < first then
+      first = r.cur_end
+    end
+  end
+  -- 2. reserve the rest in the earliest future windows with room.
+  local res, rest, t = reserve(rules, fkey, n - admitted, first, admitted + 1, costs)
+  keep_chains(rules)
+  if ncap > 0 then -- what the tenant was refused now (35_capacity.lua)
+    cap_done(rules, n, admitted)
+  end
+  -- 3. what is left is rejected.
+  local full = 0
+  if rest > 0 and t > hend then
+    full = t
+  end
+  reply(admitted, res, rest, full, rules)
+end
+
+-- Where the tenant in decide stands: {its number, where its writes
+-- (journal) and its reply (out) begin}, for a failure in decide. A table,
+-- not locals: the embedded Lua of make demo (gopher-lua) does not keep a
+-- local shared with a closure once an error has unwound it. (A failure in
+-- the fast path raises its own.)
+local at = {0, 0, 0}
+
+-- slow[ti] is true for the tenants that went to decide or failed: the
+-- others were decided in the fast path, whose one count is not journaled
+-- (see undo_call).
+local slow = {}
+
+-- idle replies for tenant ti, without new events, at out[o + 1]: nothing
+-- decided, its ttl chains as cached.
+local function idle(ti, o)
+  slow[ti] = true -- nothing to take back
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = 0, 0, 0, 0
+  local p = rec_at[ti]
+  if descs[recs[p + 2]].kind == "t" then
+    o = o + 4
+    for q = p + 3, p + 3 * recs[p], 3 do
+      out[o + 1], out[o + 2] = recs[q], recs[q + 1]
+      o = o + 2
+    end
+  end
+  return true
+end
+
+-- run decides the tenants from the first-th on. An error stops it at the
+-- failing tenant, which the loop at the end fails alone, or the whole call
+-- with it.
+--
+-- Fast path, inline (most tenants take it, and here a Lua call or a table
+-- write shows): a tenant with one rule whose current window is known
+-- without reading Redis (aligned; ttl with a cached chain that already
+-- covers the current window) is counted optimistically, by the events'
+-- total cost for a rule with costs; when everything fits and no window
+-- opens in a cached chain, that is the whole decision. Otherwise decide
+-- goes on from the count made (with costs, from the count taken back).
+local function run(first)
+  local recs, descs, out, journal, keys = recs, descs, out, journal, KEYS -- registers, not upvalues
+  for ti = first, ntenants do
+    local p, k = rec_at[ti], key_at[ti]
+    local nrules, n = recs[p], recs[p + 1]
+    local mark, o = jn, #out
+    out_at[ti] = o + 1
+    local c, done = nil, false
+    local costs = cost_lists[ti]
+    if n == 0 then
+      -- Every event of the tenant was replayed: nothing to decide.
+      done = idle(ti, o)
+    elseif nrules == 1 and ncap == 0 then -- no fast path with a capacity
+      local d, chain_start, chain_end = descs[recs[p + 2]], recs[p + 3], recs[p + 4]
+      local cs, ce = nil, nil -- the current window, when known
+      if d.kind ~= "t" then
+        chain_end = nil
+        cs, ce = d.cur_start, d.cur_end
+      elseif chain_end > now then
+        cs = chain_start + math.floor((now - chain_start) / d.step) * d.step
+        ce = cs + d.step
+      end
+      local by = n -- what the events cost the rule
+      if costs then
+        by = total(costs[1], n, d.limit)
+      end
+      if cs and (not chain_end or ce <= chain_end) and by <= d.limit then
+        local key = keys[k + 1] .. ":" .. num(cs) -- wkey, inline
+        c = redis.pcall("HINCRBY", key, "count", by)
+        if type(c) == "table" then -- it wrote nothing
+          error({key = key, why = fault(c.err), msg = c.err, at = {ti, mark, o}})
+        end
+        if c <= d.limit and (c ~= by or not chain_end) then
+          if c == by then
+            opened(key, ce, d.retention)
+          end
+          out[o + 1], out[o + 2], out[o + 3], out[o + 4] = n, 0, 0, 0
+          if chain_end then
+            out[o + 5], out[o + 6] = chain_start, chain_end
+          end
+          done = true
+        elseif costs then
+          -- Costs are decided from the counts as they were: take this back.
+          if c == by then
+            redis.call("DEL", key)
+          else
+            redis.call("HINCRBY", key, "count", -by)
+          end
+          c = nil
+        else
+          journal[jn + 1], journal[jn + 2], journal[jn + 3] = c == n and 1 or 2, key, -n -- incr, inline
+          jn = jn + 3
+        end
+      end
+    end
+    if not done then
+      slow[ti] = true
+      at[1], at[2], at[3] = ti, mark, o
+      decide(ti, n, c, costs)
+    end
+  end
+end
+
+-- undo_call takes back every write of the call: the journal's, and the
+-- count of each tenant decided in the fast path, n events (or their total
+-- cost) in the window that holds now, found from the tenant's record.
+local function undo_call()
+  undo(0)
+  for ti = 1, ntenants do
+    if out_at[ti] == nil or out[out_at[ti]] == nil then
+      return -- ti and the tenants after it were not decided
+    end
+    if not slow[ti] then
+      local p = rec_at[ti]
+      local n, d = recs[p + 1], descs[recs[p + 2]]
+      local cs = d.cur_start
+      if d.kind == "t" then
+        cs = recs[p + 3] + math.floor((now - recs[p + 3]) / d.step) * d.step
+      end
+      local key = wkey(KEYS[key_at[ti] + 1], cs)
+      local by = n
+      if cost_lists[ti] then
+        by = total(cost_lists[ti][1], n, d.limit)
+      end
+      if redis.call("HINCRBY", key, "count", -by) <= 0 then
+        redis.call("DEL", key)
+      end
+    end
+  end
+end
+
+-- finish records the call's decisions and ends the reply with the
+-- replayed events; a failure to write the record takes the call back.
+local function finish()
+  if rkey then
+    local ok, e = pcall(keep_record)
+    if not ok then
+      undo_call()
+      return redis.error_reply(tostring(type(e) == "table" and (e.err or e.msg) or e))
+    end
+  end
+  local o = #out
+  out[o + 1] = #replayed / 4
+  for i = 1, #replayed do
+    out[o + 1 + i] = replayed[i]
+  end
+  return out
+end
+
+if rkey then
+  replay_phase()
+end
+local ti = 1
+while true do
+  local ok, e = pcall(run, ti)
+  if ok then
+    return finish()
+  end
+  local key, why = failure(e)
+  if not key then
+    undo_call()
+    return redis.error_reply(why)
+  end
+  local pos = type(e) == "table" and e.at or at
+  local mark, o = pos[2], pos[3]
+  ti = pos[1]
+  undo(mark)
+  for i = #out, o + 1, -1 do
+    out[i] = nil
+  end
+  out[o + 1], out[o + 2], out[o + 3] = -1, key, why
+  out_at[ti] = o + 1
+  slow[ti] = true
+  ti = ti + 1
+end
