@@ -11,7 +11,7 @@ import (
 // that in every window what all tenants together are admitted or have
 // reserved there is at most the capacity (G12). Tenants share it by weighted
 // max-min fairness: see the README's "A shared capacity, shared fairly" and
-// internal/lua/capacity.lua, which keeps it.
+// internal/lua/admit/35_capacity.lua, which keeps it.
 
 // MaxWeight is the largest weight of a tenant.
 const MaxWeight = 1000

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// The capacity's part of an admit.lua call (see internal/lua/capacity.lua).
+// The capacity's part of an admit.lua call (see internal/lua/admit/35_capacity.lua).
 
 // The ramp of the current window's level, in per mille of the window: it
 // holds until capacityRampLow, then rises to the whole capacity at

@@ -18,7 +18,7 @@ import (
 //	<rule key>:anchor                         a ttl chain (keys.anchor)
 //	<prefix>:{<tenant>}:frontier:<rule set>   search frontier (keys.frontier)
 //	<prefix>:cap:<counter>                    capacity rule key (keys.capacity)
-//	<capacity key>:<window start ms>          a capacity window (capacity.lua)
+//	<capacity key>:<window start ms>          a capacity window (admit/35_capacity.lua)
 //
 // <counter> is the rule's window as written ("1m" for the rule "1000/1m"), then
 // "/bytes" for a byte rule ("10MiB/1m") or "/units" for a unit rule ("500u/1m"),
@@ -112,7 +112,7 @@ func (k keys) capacity(r Rule) string {
 
 // capacityField is the field of what a tenant booked in a capacity window's
 // hash: "t:" and its encoded name, apart from the window's own fields
-// (capacity.lua's header); "r:" and the name holds what it was refused.
+// (35_capacity.lua's header); "r:" and the name holds what it was refused.
 func capacityField(tenant string) string { return "t:" + encodeTenant(tenant) }
 
 // replay returns the key of the replay record of a source partition on a
