@@ -64,9 +64,18 @@ const (
 	modeGatekeeper      = "gatekeeper"
 	modeGatekeeperBytes = "gatekeeper-bytes"
 	modeGatekeeperLib   = "gatekeeper-lib"
+	// gatekeeper-capacity is gatekeeper with a shared capacity
+	// (GATEKEEPER_CAPACITY) above the data set's rate: what keeping the
+	// capacity and the tenants' shares costs, beside the same run without.
+	modeGatekeeperCapacity = "gatekeeper-capacity"
 )
 
-var allModes = []string{modePassthrough, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperLib, modeAdversarial}
+var allModes = []string{modePassthrough, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperCapacity, modeGatekeeperLib, modeAdversarial}
+
+// gatekeeperBinaryMode reports whether mode runs the gatekeeper binary.
+func gatekeeperBinaryMode(mode string) bool {
+	return mode == modeGatekeeper || mode == modeGatekeeperBytes || mode == modeGatekeeperCapacity
+}
 
 // containsMode reports whether modes holds mode.
 func containsMode(modes []string, mode string) bool { return slices.Contains(modes, mode) }
@@ -116,7 +125,7 @@ func main() {
 	fs.Float64Var(&o.Deferred, "deferred", 1.0/3, "share of events the per-tenant limit leaves over it (diverted)")
 	fs.IntVar(&o.Batch, "batch", 500, "consumer batch size of every mode (GATEKEEPER_BATCH_SIZE)")
 	fs.IntVar(&o.Rounds, "rounds", 1, "times every mode drains the main data set, the modes interleaved; each is reported by its median round")
-	modes := fs.String("modes", "passthrough,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,adversarial", "modes to run: "+strings.Join(allModes, ","))
+	modes := fs.String("modes", "passthrough,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-capacity,adversarial", "modes to run: "+strings.Join(allModes, ","))
 	fs.StringVar(&o.Window, "window", "ttl", "Gatekeeper's GATEKEEPER_WINDOW: ttl (the seed's window, as seed-naive counts) or aligned")
 	fs.DurationVar(&o.WindowLen, "window-len", time.Hour, "length of the limit's window (every mode)")
 	fs.IntVar(&o.LiveEvents, "live-events", 10000, "events of the paced latency phase after each drain (0: none)")
@@ -289,7 +298,7 @@ func newDriver(ctx context.Context, o options) (d *driver, closeDriver func(), e
 // buildGatekeeper builds ./cmd/gatekeeper into the work directory when a
 // gatekeeper binary mode runs and no binary was given.
 func (d *driver) buildGatekeeper(ctx context.Context) error {
-	if !slices.Contains(d.o.Modes, modeGatekeeper) && !slices.Contains(d.o.Modes, modeGatekeeperBytes) || d.o.GKBin != "" {
+	if !slices.ContainsFunc(d.o.Modes, gatekeeperBinaryMode) || d.o.GKBin != "" {
 		return nil
 	}
 	bin, err := filepath.Abs(filepath.Join(d.o.Work, "gatekeeper"))

@@ -159,9 +159,8 @@ func benchLimits(mr modeRun, unit string) string {
 // childCommand is the command of mr's mode.
 func (d *driver) childCommand(mr modeRun, nm modeNames) *exec.Cmd {
 	o := d.o
-	if mr.mode == modeGatekeeper || mr.mode == modeGatekeeperBytes {
-		cmd := exec.Command(o.GKBin)
-		cmd.Env = gatekeeperEnv(map[string]string{
+	if gatekeeperBinaryMode(mr.mode) {
+		env := map[string]string{
 			"KAFKA_BROKERS":    strings.Join(o.Brokers, ","),
 			"GROUP_ID":         nm.base,
 			"SOURCE_TOPICS":    mr.src + "," + nm.live,
@@ -172,7 +171,13 @@ func (d *driver) childCommand(mr modeRun, nm modeNames) *exec.Cmd {
 			"WINDOW":           o.Window,
 			"BATCH_SIZE":       strconv.Itoa(mr.batch),
 			"HTTP_ADDR":        "127.0.0.1:0",
-		}, o.GKEnv)
+		}
+		if mr.mode == modeGatekeeperCapacity {
+			// Never binding: every event is still booked in it.
+			env["CAPACITY"] = "1000000000/1s"
+		}
+		cmd := exec.Command(o.GKBin)
+		cmd.Env = gatekeeperEnv(env, o.GKEnv)
 		return cmd
 	}
 	c := childConfig{Mode: mr.mode, Brokers: strings.Join(o.Brokers, ","), Redis: o.Redis, Group: nm.base,

@@ -331,7 +331,7 @@ func (r *report) mainChart() string {
 	var bars []bar
 	for _, x := range r.Main.Results {
 		sub := fmt.Sprintf("%.2f× passthrough, %s Redis calls/1k", x.Ratio, fmtPer1k(x.per1k(x.RedisCalls)))
-		bars = append(bars, bar{label: x.Mode, sub: sub, value: x.EventsPerSec, accent: x.Mode == modeGatekeeper || x.Mode == modeGatekeeperBytes})
+		bars = append(bars, bar{label: x.Mode, sub: sub, value: x.EventsPerSec, accent: gatekeeperBinaryMode(x.Mode)})
 	}
 	w := r.Main.Workload
 	return barChart(fmt.Sprintf("End to end, %d events, %d tenants, batch %d: events per second", w.Events, w.Tenants, r.Main.Batch), "ev/s", bars)
@@ -345,7 +345,7 @@ func (r *report) sweepChart() string {
 			label = fmt.Sprintf("%d tenants, batch %d", x.Tenants, x.Batch)
 		}
 		sub := fmt.Sprintf("%s Redis calls/1k, %s EVALSHA/1k", fmtPer1k(x.per1k(x.RedisCalls)), fmtPer1k(x.per1k(x.EvalSHA)))
-		bars = append(bars, bar{label: label, sub: sub, value: x.EventsPerSec, accent: x.Mode == modeGatekeeper || x.Mode == modeGatekeeperBytes})
+		bars = append(bars, bar{label: label, sub: sub, value: x.EventsPerSec, accent: gatekeeperBinaryMode(x.Mode)})
 	}
 	return barChart(fmt.Sprintf("Sweep, %d events per data set: events per second", r.Sweep[0].Events), "ev/s", bars)
 }
