@@ -5,6 +5,7 @@ package fault
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -44,6 +45,7 @@ var runID = strings.ToLower(rand.Text()[:6])
 // nothing (G8).
 func TestRollingUpdate(t *testing.T) {
 	runScenario(t, scenario{name: "rolling-update", replicas: 3, load: loadDuration, exact: true,
+		capacity: fmt.Sprintf("%d/1s", capacityPerSecond),
 		fault: func(r *run) dupParams {
 			for i := range 3 {
 				r.sleepUntil(1500*time.Millisecond + time.Duration(i)*10*time.Second)
@@ -194,4 +196,7 @@ type scenario struct {
 	// fault runs in the test goroutine while the load runs; it calls
 	// r.mark at the start of each fault and returns what dupBound needs.
 	fault func(r *run) dupParams
+	// capacity, when set, is GATEKEEPER_CAPACITY of the fleet, and every
+	// window of it is checked to hold at most its limit (G12).
+	capacity string
 }
