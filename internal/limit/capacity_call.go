@@ -9,11 +9,11 @@ import (
 // The capacity's part of an admit.lua call (see internal/lua/admit/35_capacity.lua).
 
 // The ramp of the current window's level, in per mille of the window: it
-// holds until capacityRampLow, then rises to the whole capacity at
-// capacityRampHigh (README: the model).
+// holds until capacityRampLow, then rises to three times itself at
+// capacityRampHigh, after which what is left is anyone's (README: the model).
 const (
-	capacityRampLow  = 750
-	capacityRampHigh = 950
+	capacityRampLow  = 800
+	capacityRampHigh = 970
 )
 
 // ErrCapacityCluster is returned by New for a capacity on Redis Cluster:

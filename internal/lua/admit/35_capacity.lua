@@ -36,12 +36,13 @@
 -- held at its floor, or capped (field sf sums the d of the satisfied and the
 -- floors of the held, field wc the weights of the capped), so
 --   lv = (C - sf) / wc      (C / a when no tenant was capped)
--- is one Newton step towards the water level, exact once the sets of
--- satisfied and capped tenants stop changing; it goes down at most by
--- half a window, and never under the equal share C / a. In the current window the
--- level holds until ramp_lo of the window has passed, then rises
--- geometrically to the whole capacity at ramp_hi (work-conserving: what
--- the others left goes to whoever has events, by level). In a future
+-- is a Newton step towards the water level, exact once the sets of
+-- satisfied and capped tenants stop changing; the level taken is the mean
+-- of it and the level before (damped), and never under the equal share
+-- C / a. In the current window the level holds until ramp_lo of the window
+-- has passed, then rises linearly to three times itself at ramp_hi: what
+-- the others left goes to the tenants with events, all at one level
+-- (work-conserving); from ramp_hi on anyone may take what is left. In a future
 -- window a tenant may reserve at most half its share at the current level
 -- (at least one event), so that a tenant arriving later finds room from
 -- the next window on. Bookings above a tenant's floor leave room for the
@@ -57,7 +58,7 @@ local ncap = 0
 local capd = {}   -- per capacity rule: limit, step, cs, ce, retention, ffloor, key, lv
 local capn = none -- per tenant: its name in fields
 local caps = none -- per tenant: weight, floor per rule (flat)
-local ramp_lo, ramp_hi = 0.75, 0.95
+local ramp_lo, ramp_hi = 0.8, 0.97
 local cap_ti = 0  -- the tenant being decided (run sets it)
 
 -- cap_parse reads the capacity arguments from ARGV[at] on, when present.
@@ -151,13 +152,13 @@ local function cap_level(r)
     local p = cap_state(wkey(r.key, d.cs - d.step))
     local equal = d.limit / math.max(1, p.a, st.a)
     if p.wc > 0 then
-      -- A Newton step on sum(min(d, w * lv)) = C: from below it stays
-      -- below the answer; from above it may overshoot, so it goes down at
-      -- most by half, and never under the equal share, which the answer
-      -- is never under (sum(min(d, w * lv)) <= a * lv).
+      -- A Newton step on sum(min(d, w * lv)) = C, damped (the mean with
+      -- the level before: the demand a window sees depends on its level,
+      -- and undamped steps oscillate), and never under the equal share,
+      -- which the answer is never under (sum(min(d, w * lv)) <= a * lv).
       lv = (d.limit - p.sf) / p.wc
-      if p.lv and lv < p.lv / 2 then
-        lv = p.lv / 2
+      if p.lv then
+        lv = (lv + p.lv) / 2
       end
       lv = math.max(lv, equal)
     else
@@ -260,9 +261,8 @@ local function cap_room(r, s)
     if phi >= ramp_hi then
       e, protect = C, false
     else
-      if phi > ramp_lo and lv * r.w < C then
-        lv = math.max(lv, 1e-6)
-        lv = lv * (C / lv) ^ ((phi - ramp_lo) / (ramp_hi - ramp_lo))
+      if phi > ramp_lo then
+        lv = lv * (1 + 2 * (phi - ramp_lo) / (ramp_hi - ramp_lo))
       end
       e = math.floor(r.w * lv + 1e-9)
     end
