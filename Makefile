@@ -62,7 +62,7 @@ BENCH_ARGS          ?=
 # Duration of each fuzz target in `make fuzz`.
 FUZZTIME   ?= 20s
 
-.PHONY: all build test vet bench demo fuzz servers-up servers-down servers-status
+.PHONY: all build check test vet bench demo fuzz servers-up servers-down servers-status
 
 all: build
 
@@ -72,6 +72,14 @@ build:
 vet:
 	$(GO) vet ./...
 	$(GO) vet -tags fault $(FAULT_PKG)
+
+# The quick check of the edit-compile-test loop: vet, then every package's tests with -short
+# and the GATEKEEPER_TEST_* servers unset, so that the tests that need Kafka or Redis skip
+# (testenv skips them under -short; integration skips whole) and nothing is started.
+# Under three minutes on two cores; `make test` stays the whole suite (and what CI runs).
+CHECK_ENV := env -u GATEKEEPER_LOCAL_DIR -u GATEKEEPER_TEST_KAFKA -u GATEKEEPER_TEST_REDIS -u GATEKEEPER_TEST_REDIS_CLUSTER
+check: vet
+	$(CHECK_ENV) $(GO) test -short -race -count=1 -timeout 10m ./...
 
 # vet first: it needs no servers, so a compile error fails before Kafka starts.
 test: vet

@@ -23,7 +23,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
-	"github.com/gatekeeper-dev/gatekeeper/internal/route"
 	"github.com/gatekeeper-dev/gatekeeper/internal/worker"
 )
 
@@ -218,51 +217,25 @@ func newDemoNames(unique bool) demoNames {
 // demoConfig is the gatekeeper configuration of the demo: the values an
 // operator would set, with short windows, a short horizon and short waits.
 func demoConfig(conn demoConn, brokers, redisAddrs []string, n demoNames) *worker.Config {
-	return &worker.Config{
-		KafkaBrokers:        brokers,
-		GroupID:             n.Group,
-		SourceTopics:        []string{n.Source},
-		DownstreamTopic:     n.Downstream,
-		RetryTopic:          n.Retry,
-		DLQTopic:            n.DLQ,
-		RedisAddrs:          redisAddrs,
-		RedisKeyPrefix:      n.Prefix,
-		TenantFrom:          "json:tenant",
-		Limits:              demoLimits(),
-		Window:              string(limit.Aligned),
-		Timezone:            "UTC",
-		DeferHorizon:        demoHorizon,
-		OnRedisError:        route.RedisPause,
-		MaxAttempts:         5,
-		HTTPAddr:            "127.0.0.1:0",
-		LogLevel:            "warn",
-		Roles:               []string{route.RoleGate, route.RoleRetry},
-		BatchSize:           500,
-		RetryLookahead:      10000,
-		BatchBytes:          4 << 20,
-		RetryLookaheadBytes: 1 << 20,
-		MaxMessageBytes:     1 << 20,
-		LimiterCacheBytes:   16 << 20,
-		BatchWait:           20 * time.Millisecond,
-		ShutdownGrace:       15 * time.Second,
-		RedisTimeout:        2 * time.Second,
-		KafkaTimeout:        10 * time.Second,
-		KafkaSessionTimeout: 10 * time.Second,
-		Retention:           10 * time.Minute,
-		RedisUsername:       conn.RedisUsername,
-		RedisPassword:       conn.RedisPassword,
-		RedisTLS:            conn.RedisTLS,
-		KafkaSASLMechanism:  conn.KafkaSASLMechanism,
-		KafkaSASLUsername:   conn.KafkaSASLUsername,
-		KafkaSASLPassword:   conn.KafkaSASLPassword,
-		KafkaTLS:            conn.KafkaTLS,
-		KafkaTLSCaFile:      conn.KafkaTLSCaFile,
-		KafkaTLSCertFile:    conn.KafkaTLSCertFile,
-		KafkaTLSKeyFile:     conn.KafkaTLSKeyFile,
-		RedisTLSCaFile:      conn.RedisTLSCaFile,
-		RedisTLSCertFile:    conn.RedisTLSCertFile,
-		RedisTLSKeyFile:     conn.RedisTLSKeyFile,
-	}
+	// Every other variable keeps its default (worker.DefaultConfig).
+	cfg := worker.DefaultConfig()
+	cfg.KafkaBrokers, cfg.GroupID = brokers, n.Group
+	cfg.SourceTopics, cfg.DownstreamTopic, cfg.RetryTopic, cfg.DLQTopic = []string{n.Source}, n.Downstream, n.Retry, n.DLQ
+	cfg.RedisAddrs, cfg.RedisKeyPrefix = redisAddrs, n.Prefix
+	cfg.TenantFrom = "json:tenant"
+	cfg.Limits = demoLimits()
+	cfg.DeferHorizon = demoHorizon
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.LogLevel = "warn"
+	cfg.BatchWait = 20 * time.Millisecond
+	cfg.ShutdownGrace = 15 * time.Second
+	cfg.KafkaSessionTimeout = 10 * time.Second
+	cfg.Retention = 10 * time.Minute
+	cfg.RedisUsername, cfg.RedisPassword = conn.RedisUsername, conn.RedisPassword
+	cfg.RedisTLS, cfg.RedisTLSCaFile, cfg.RedisTLSCertFile, cfg.RedisTLSKeyFile = conn.RedisTLS, conn.RedisTLSCaFile, conn.RedisTLSCertFile, conn.RedisTLSKeyFile
+	cfg.KafkaSASLMechanism, cfg.KafkaSASLUsername, cfg.KafkaSASLPassword = conn.KafkaSASLMechanism, conn.KafkaSASLUsername, conn.KafkaSASLPassword
+	cfg.KafkaTLS, cfg.KafkaTLSCaFile, cfg.KafkaTLSCertFile, cfg.KafkaTLSKeyFile = conn.KafkaTLS, conn.KafkaTLSCaFile, conn.KafkaTLSCertFile, conn.KafkaTLSKeyFile
+	return &cfg
 }
 
 // runDemo starts the servers (embedded unless opts.Conn names real ones),
@@ -513,7 +486,7 @@ func (e *demoEnv) startLimiter(ctx context.Context, reg prometheus.Registerer) (
 // every write the pipeline made, stops the readers and returns the summary.
 func (e *demoEnv) collect(tl *tally, stopReaders func()) *demoSummary {
 	if err := catchUp(context.Background(), e.admin, e.names, tl, 30*time.Second); err != nil {
-		e.log.Warn("output topics not read to their end", slog.String("error", err.Error()))
+		e.log.Warn("output topics not read to their end", slog.String("err", err.Error()))
 	}
 	stopReaders()
 	return tl.summary(time.Now())
@@ -713,7 +686,7 @@ func deleteDemoTopics(ctx context.Context, admin *kafka.Client, n demoNames, log
 		}
 	}
 	if err != nil {
-		log.Warn("delete demo topics", slog.String("error", err.Error()))
+		log.Warn("delete demo topics", slog.String("err", err.Error()))
 	}
 }
 

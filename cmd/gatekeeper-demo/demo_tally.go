@@ -152,7 +152,7 @@ func readDemoTopic(ctx context.Context, brokers []string, dialer *kafka.Dialer, 
 		m, err := r.ReadMessage(ctx)
 		if err != nil {
 			if ctx.Err() == nil && !errors.Is(err, context.Canceled) {
-				log.Warn("read output topic", slog.String("topic", topic), slog.Int("partition", partition), slog.String("error", err.Error()))
+				log.Warn("read output topic", slog.String("topic", topic), slog.Int("partition", partition), slog.String("err", err.Error()))
 			}
 			return
 		}

@@ -156,7 +156,7 @@ func runCmd(ctx context.Context, stderr io.Writer) int {
 		}
 	}
 	if serr != nil {
-		log.Error("gatekeeper stopped", slog.String("error", worker.OneLine(serr.Error())))
+		log.Error("gatekeeper stopped", slog.String("err", worker.OneLine(serr.Error())))
 		return 1
 	}
 	log.Info("stopped")

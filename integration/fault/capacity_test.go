@@ -1,3 +1,5 @@
+//go:build fault
+
 package fault
 
 import (

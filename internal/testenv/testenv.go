@@ -21,10 +21,19 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// skipShort skips a test that needs a server under -short (make check).
+func skipShort(t testing.TB, server string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("-short: skipping the test against %s (make test runs it)", server)
+	}
+}
+
 // Kafka returns the broker address of GATEKEEPER_TEST_KAFKA (host:port), and
-// skips the test when it is not set.
+// skips the test when it is not set or under -short.
 func Kafka(t testing.TB) string {
 	t.Helper()
+	skipShort(t, "a real Kafka broker")
 	addr := os.Getenv("GATEKEEPER_TEST_KAFKA")
 	if addr == "" {
 		t.Skip("GATEKEEPER_TEST_KAFKA is not set: skipping the test against a real Kafka broker " +
@@ -35,9 +44,11 @@ func Kafka(t testing.TB) string {
 
 // Redis returns a client of GATEKEEPER_TEST_REDIS (required to work when
 // set) or of 127.0.0.1:6379 (test skipped if nothing answers there), and its
-// address. The client is closed when the test ends.
+// address. The client is closed when the test ends. Under -short the test is
+// skipped.
 func Redis(t testing.TB) (*redis.Client, string) {
 	t.Helper()
+	skipShort(t, "Redis")
 	addr := os.Getenv("GATEKEEPER_TEST_REDIS")
 	required := addr != ""
 	if !required {
@@ -59,9 +70,11 @@ func Redis(t testing.TB) (*redis.Client, string) {
 
 // RedisCluster returns a client of the Redis Cluster named by
 // GATEKEEPER_TEST_REDIS_CLUSTER (comma-separated seed addresses; make test
-// starts one). Unset, the test is skipped; set but not answering, it fails.
+// starts one). Unset or under -short, the test is skipped; set but not
+// answering, it fails.
 func RedisCluster(t testing.TB) *redis.ClusterClient {
 	t.Helper()
+	skipShort(t, "a Redis Cluster")
 	addrs := os.Getenv("GATEKEEPER_TEST_REDIS_CLUSTER")
 	if addrs == "" {
 		t.Skip("GATEKEEPER_TEST_REDIS_CLUSTER is not set: run `make test`, which starts a real Redis Cluster")

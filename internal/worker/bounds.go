@@ -96,19 +96,13 @@ func configFields(c *Config) (map[string]reflect.Value, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := reflect.ValueOf(c).Elem()
-	out := make(map[string]reflect.Value, len(keys))
-	for i := range v.NumField() {
-		if !v.Type().Field(i).IsExported() {
-			continue
-		}
-		if len(out) == len(keys) {
-			return nil, fmt.Errorf("config has more fields than envconfig sees (%d)", len(keys))
-		}
-		out[strings.TrimPrefix(keys[len(out)], EnvPrefix+"_")] = v.Field(i)
+	fields := leafFields(reflect.ValueOf(c).Elem(), nil)
+	if len(fields) != len(keys) {
+		return nil, fmt.Errorf("config has %d fields, envconfig sees %d", len(fields), len(keys))
 	}
-	if len(out) != len(keys) {
-		return nil, fmt.Errorf("config has %d fields, envconfig sees %d", len(out), len(keys))
+	out := make(map[string]reflect.Value, len(keys))
+	for i, k := range keys {
+		out[strings.TrimPrefix(k, EnvPrefix+"_")] = fields[i]
 	}
 	return out, nil
 }

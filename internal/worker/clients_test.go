@@ -47,7 +47,7 @@ func TestNewRedisKind(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rdb, err := NewRedis(context.Background(), &Config{RedisAddrs: tt.addrs, RedisCluster: tt.mode, RedisTimeout: 2 * time.Second})
+			rdb, err := NewRedis(context.Background(), &Config{RedisConfig: RedisConfig{RedisAddrs: tt.addrs, RedisCluster: tt.mode, RedisTimeout: 2 * time.Second}})
 			if err != nil {
 				t.Fatalf("got %v, want a client", err)
 			}
@@ -75,7 +75,7 @@ func TestNewRedisKind(t *testing.T) {
 // master, where a single-node client would get MOVED.
 func TestNewRedisOneClusterAddress(t *testing.T) {
 	nodes := testCluster(t)
-	cfg := &Config{RedisAddrs: nodes[:1], RedisTimeout: 2 * time.Second}
+	cfg := &Config{RedisConfig: RedisConfig{RedisAddrs: nodes[:1], RedisTimeout: 2 * time.Second}}
 	ctx := context.Background()
 	rdb, err := NewRedis(ctx, cfg)
 	if err != nil {
@@ -127,7 +127,7 @@ func TestNewRedisUnreachable(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	rdb, err := NewRedis(context.Background(), &Config{RedisAddrs: []string{addr}, RedisTimeout: 300 * time.Millisecond})
+	rdb, err := NewRedis(context.Background(), &Config{RedisConfig: RedisConfig{RedisAddrs: []string{addr}, RedisTimeout: 300 * time.Millisecond}})
 	if err == nil {
 		rdb.Close()
 		t.Fatal("got a client, want an error")

@@ -37,15 +37,19 @@ func TestConfigKeys(t *testing.T) {
 	}
 	want := []string{
 		// DESIGN.md's contract: these names are relied on by operators.
-		"KAFKA_BROKERS", "GROUP_ID", "SOURCE_TOPICS", "DOWNSTREAM_TOPIC", "RETRY_TOPIC", "DLQ_TOPIC",
-		"REDIS_ADDRS", "REDIS_CLUSTER", "REDIS_KEY_PREFIX", "TENANT_FROM", "COST_FROM", "LIMITS", "LIMITS_FILE", "CAPACITY", "WINDOW", "TIMEZONE",
-		"DEFER_HORIZON", "ON_REDIS_ERROR", "MAX_ATTEMPTS", "SHADOW", "HTTP_ADDR", "ADMIN_TOKEN", "LOG_LEVEL",
-		// Operational additions.
-		"ROLES", "BATCH_SIZE", "RETRY_LOOKAHEAD", "BATCH_BYTES", "RETRY_LOOKAHEAD_BYTES", "MAX_MESSAGE_BYTES", "LIMITER_CACHE_BYTES", "BATCH_WAIT", "SHUTDOWN_GRACE", "REDIS_TIMEOUT", "KAFKA_TIMEOUT", "KAFKA_SESSION_TIMEOUT", "RETENTION",
-		"REDIS_USERNAME", "REDIS_PASSWORD", "REDIS_TLS", "REDIS_TLS_CA_FILE", "REDIS_TLS_CERT_FILE", "REDIS_TLS_KEY_FILE",
+		// The groups of Config, in order: Kafka, topics, Redis, limits,
+		// events, retry, bounds, HTTP.
+		"KAFKA_BROKERS", "GROUP_ID", "KAFKA_TIMEOUT", "KAFKA_SESSION_TIMEOUT",
 		"KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD", "KAFKA_TLS",
 		"KAFKA_TLS_CA_FILE", "KAFKA_TLS_CERT_FILE", "KAFKA_TLS_KEY_FILE",
-		"RETRY_SECRET", "RETRY_SECRET_PREVIOUS",
+		"SOURCE_TOPICS", "DOWNSTREAM_TOPIC", "RETRY_TOPIC", "DLQ_TOPIC",
+		"REDIS_ADDRS", "REDIS_CLUSTER", "REDIS_KEY_PREFIX", "REDIS_TIMEOUT",
+		"REDIS_USERNAME", "REDIS_PASSWORD", "REDIS_TLS", "REDIS_TLS_CA_FILE", "REDIS_TLS_CERT_FILE", "REDIS_TLS_KEY_FILE",
+		"LIMITS", "LIMITS_FILE", "CAPACITY", "WINDOW", "TIMEZONE", "DEFER_HORIZON", "RETENTION",
+		"TENANT_FROM", "COST_FROM", "ROLES", "ON_REDIS_ERROR", "SHADOW",
+		"MAX_ATTEMPTS", "RETRY_LOOKAHEAD", "RETRY_LOOKAHEAD_BYTES", "RETRY_SECRET", "RETRY_SECRET_PREVIOUS",
+		"BATCH_SIZE", "BATCH_BYTES", "BATCH_WAIT", "MAX_MESSAGE_BYTES", "LIMITER_CACHE_BYTES",
+		"HTTP_ADDR", "ADMIN_TOKEN", "LOG_LEVEL", "SHUTDOWN_GRACE",
 	}
 	for i := range want {
 		want[i] = EnvPrefix + "_" + want[i]
@@ -56,11 +60,9 @@ func TestConfigKeys(t *testing.T) {
 }
 
 func TestConfigFieldsDocumented(t *testing.T) {
-	typ := reflect.TypeOf(Config{})
-	for i := 0; i < typ.NumField(); i++ {
-		f := typ.Field(i)
-		if !f.IsExported() {
-			continue // not a variable: envconfig does not read it
+	for _, f := range reflect.VisibleFields(reflect.TypeOf(Config{})) {
+		if !f.IsExported() || f.Anonymous {
+			continue // not a variable (a group's fields are Config's): envconfig does not read it
 		}
 		desc := f.Tag.Get("desc")
 		if desc == "" {
@@ -82,37 +84,53 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &Config{
-		KafkaBrokers:        []string{"localhost:9092"},
-		GroupID:             "gatekeeper",
-		SourceTopics:        []string{"events"},
-		DownstreamTopic:     "events.out",
-		RetryTopic:          "events.out.retry",
-		DLQTopic:            "events.out.dlq",
-		RedisAddrs:          []string{"localhost:6379"},
-		RedisCluster:        "auto",
-		RedisKeyPrefix:      "gk",
-		TenantFrom:          "key",
-		Limits:              "*=100/1m",
-		Window:              "aligned",
-		Timezone:            "UTC",
-		DeferHorizon:        24 * time.Hour,
-		OnRedisError:        "pause",
-		MaxAttempts:         5,
-		HTTPAddr:            ":8080",
-		LogLevel:            "info",
-		Roles:               []string{"gate", "retry"},
-		BatchSize:           500,
-		RetryLookahead:      10000,
-		BatchBytes:          4 << 20,
-		RetryLookaheadBytes: 1 << 20,
-		MaxMessageBytes:     1 << 20,
-		LimiterCacheBytes:   16 << 20,
-		BatchWait:           50 * time.Millisecond,
-		ShutdownGrace:       25 * time.Second,
-		RedisTimeout:        2 * time.Second,
-		KafkaTimeout:        10 * time.Second,
-		KafkaSessionTimeout: 30 * time.Second,
-		Retention:           168 * time.Hour,
+		KafkaConfig: KafkaConfig{
+			KafkaBrokers:        []string{"localhost:9092"},
+			GroupID:             "gatekeeper",
+			KafkaTimeout:        10 * time.Second,
+			KafkaSessionTimeout: 30 * time.Second,
+		},
+		TopicsConfig: TopicsConfig{
+			SourceTopics:    []string{"events"},
+			DownstreamTopic: "events.out",
+			RetryTopic:      "events.out.retry",
+			DLQTopic:        "events.out.dlq",
+		},
+		RedisConfig: RedisConfig{
+			RedisAddrs:     []string{"localhost:6379"},
+			RedisCluster:   "auto",
+			RedisKeyPrefix: "gk",
+			RedisTimeout:   2 * time.Second,
+		},
+		EventsConfig: EventsConfig{
+			TenantFrom:   "key",
+			OnRedisError: "pause",
+			Roles:        []string{"gate", "retry"},
+		},
+		LimitsConfig: LimitsConfig{
+			Limits:       "*=100/1m",
+			Window:       "aligned",
+			Timezone:     "UTC",
+			DeferHorizon: 24 * time.Hour,
+			Retention:    168 * time.Hour,
+		},
+		RetryConfig: RetryConfig{
+			MaxAttempts:         5,
+			RetryLookahead:      10000,
+			RetryLookaheadBytes: 1 << 20,
+		},
+		HTTPConfig: HTTPConfig{
+			HTTPAddr:      ":8080",
+			LogLevel:      "info",
+			ShutdownGrace: 25 * time.Second,
+		},
+		BoundsConfig: BoundsConfig{
+			BatchSize:         500,
+			BatchBytes:        4 << 20,
+			MaxMessageBytes:   1 << 20,
+			LimiterCacheBytes: 16 << 20,
+			BatchWait:         50 * time.Millisecond,
+		},
 	}
 	// The rules Validate parsed are not a setting.
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(Config{})); diff != "" {
@@ -501,8 +519,8 @@ func TestConfigRetrySigner(t *testing.T) {
 		cfg              Config
 		previousVerifies bool
 	}{
-		{name: "current", cfg: Config{RetrySecret: current}},
-		{name: "rotated", cfg: Config{RetrySecret: current, RetrySecretPrevious: previous}, previousVerifies: true},
+		{name: "current", cfg: Config{RetryConfig: RetryConfig{RetrySecret: current}}},
+		{name: "rotated", cfg: Config{RetryConfig: RetryConfig{RetrySecret: current, RetrySecretPrevious: previous}}, previousVerifies: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

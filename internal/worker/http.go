@@ -173,7 +173,7 @@ func (c httpConfig) usage(w http.ResponseWriter, r *http.Request) {
 	}
 	rules, err := c.Usage(r.Context(), tenant)
 	if err != nil {
-		c.Log.LogAttrs(r.Context(), slog.LevelWarn, "usage query failed", slog.String("tenant", tenant), slog.String("error", err.Error()))
+		c.Log.LogAttrs(r.Context(), slog.LevelWarn, "usage query failed", slog.String("tenant", tenant), slog.String("err", err.Error()))
 		writeJSON(w, http.StatusServiceUnavailable, errorResponse{Error: "counters unavailable: " + OneLine(err.Error())})
 		return
 	}

@@ -375,7 +375,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 			if !ok {
 				return errors.New("watch limits file: watcher closed")
 			}
-			w.log.Warn("limits file watch error", slog.Any("error", err))
+			w.log.Warn("limits file watch error", slog.Any("err", err))
 		case <-debounce.C:
 			w.reload()
 		case <-poll.C:
@@ -410,7 +410,7 @@ func (w *Watcher) reload() {
 	}
 	if err != nil {
 		w.reloads.WithLabelValues("error").Inc()
-		w.log.Error("limits file not applied, keeping the rules in force", slog.String("error", OneLine(err.Error())))
+		w.log.Error("limits file not applied, keeping the rules in force", slog.String("err", OneLine(err.Error())))
 		return
 	}
 	w.reloads.WithLabelValues("ok").Inc()

@@ -217,7 +217,7 @@ func TestRetryGroupSessionTimeout(t *testing.T) {
 		{30 * time.Second, 10 * time.Second},
 		{8 * time.Second, 8 * time.Second},
 	} {
-		p := Pipeline{Config: &Config{GroupID: "g", KafkaSessionTimeout: tt.session}}
+		p := Pipeline{Config: &Config{KafkaConfig: KafkaConfig{GroupID: "g", KafkaSessionTimeout: tt.session}}}
 		dc := p.retryConfig(m, router)
 		if dc.SessionTimeout != tt.wantRetry || dc.GroupID != "g.retry" {
 			t.Errorf("session %v: retry group %s session %v, want g.retry %v", tt.session, dc.GroupID, dc.SessionTimeout, tt.wantRetry)

@@ -348,7 +348,7 @@ func waitForTopics(ctx context.Context, p Pipeline, topics []string) error {
 		if errors.As(err, &kerr) && !kerr.Temporary() {
 			return fmt.Errorf("kafka metadata: %w", err)
 		}
-		p.Log.Error("kafka unavailable, waiting to check the topics", slog.String("error", err.Error()), slog.String("retry_in", wait.String()))
+		p.Log.Error("kafka unavailable, waiting to check the topics", slog.String("err", err.Error()), slog.String("retry_in", wait.String()))
 		select {
 		case <-ctx.Done():
 			return nil

@@ -274,7 +274,7 @@ func (w *worker) run(ctx context.Context, watcher *Watcher, rules *limit.Rules, 
 	}
 	w.st.limiter.Store(lim)
 	if warn, err := limit.CheckEviction(ctx, rdb); err != nil {
-		w.log.Debug("cannot read redis maxmemory-policy", slog.String("error", OneLine(err.Error())))
+		w.log.Debug("cannot read redis maxmemory-policy", slog.String("err", OneLine(err.Error())))
 	} else if warn != "" {
 		w.log.Warn(warn)
 	}
@@ -375,7 +375,7 @@ func retryRedis(ctx context.Context, log *slog.Logger, what string, try func() e
 		if !transientRedisError(err) {
 			return err
 		}
-		log.Error("redis unavailable, waiting to "+what, slog.String("error", OneLine(err.Error())), slog.String("retry_in", wait.String()))
+		log.Error("redis unavailable, waiting to "+what, slog.String("err", OneLine(err.Error())), slog.String("retry_in", wait.String()))
 		select {
 		case <-ctx.Done():
 			return nil

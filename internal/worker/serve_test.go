@@ -95,7 +95,7 @@ func TestKafkaSASL(t *testing.T) {
 		{"SCRAM-SHA-512", "SCRAM-SHA-512"},
 	}
 	for _, tt := range tests {
-		cfg := &Config{KafkaSASLMechanism: tt.mech, KafkaSASLUsername: "u", KafkaSASLPassword: "p", KafkaTimeout: time.Second}
+		cfg := &Config{KafkaConfig: KafkaConfig{KafkaSASLMechanism: tt.mech, KafkaSASLUsername: "u", KafkaSASLPassword: "p", KafkaTimeout: time.Second}}
 		d, err := NewKafkaDialer(cfg)
 		if err != nil {
 			t.Fatalf("%s: %v", tt.mech, err)
@@ -108,7 +108,7 @@ func TestKafkaSASL(t *testing.T) {
 			t.Errorf("got mechanism %q, want %q", got, tt.want)
 		}
 	}
-	if _, err := NewKafkaTransport(&Config{KafkaSASLMechanism: "GSSAPI"}); err == nil {
+	if _, err := NewKafkaTransport(&Config{KafkaConfig: KafkaConfig{KafkaSASLMechanism: "GSSAPI"}}); err == nil {
 		t.Error("GSSAPI: got no error")
 	}
 }

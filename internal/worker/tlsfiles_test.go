@@ -240,8 +240,18 @@ func TestTLSFilesErrors(t *testing.T) {
 func TestTLSFilesOnlyWithValidate(t *testing.T) {
 	f := newTLSTestFiles(t)
 	addr := startTLSServer(t, f.serverCert, f.ca)
-	cfg := &Config{KafkaTLS: true, KafkaTLSCaFile: f.garbageFile, RedisTLS: true, RedisTLSCaFile: f.garbageFile,
-		RedisTLSCertFile: f.clientFile, RedisTLSKeyFile: f.clientKeyFile}
+	cfg := &Config{
+		KafkaConfig: KafkaConfig{
+			KafkaTLS:       true,
+			KafkaTLSCaFile: f.garbageFile,
+		},
+		RedisConfig: RedisConfig{
+			RedisTLS:         true,
+			RedisTLSCaFile:   f.garbageFile,
+			RedisTLSCertFile: f.clientFile,
+			RedisTLSKeyFile:  f.clientKeyFile,
+		},
+	}
 	if _, err := NewKafkaTransport(cfg); err == nil || !strings.HasPrefix(err.Error(), "GATEKEEPER_KAFKA_TLS_CA_FILE: ") {
 		t.Errorf("got %v, want an error naming GATEKEEPER_KAFKA_TLS_CA_FILE", err)
 	}

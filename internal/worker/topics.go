@@ -107,7 +107,7 @@ func verifyTopicLimits(ctx context.Context, p Pipeline, topics route.Topics) err
 	limits, err := describeTopics(dctx, client, names)
 	if err != nil {
 		p.Log.Warn("could not read the topics' retention.ms and max.message.bytes; not checked against DEFER_HORIZON and MAX_MESSAGE_BYTES",
-			slog.String("error", err.Error()))
+			slog.String("err", err.Error()))
 		return nil
 	}
 	return checkTopicLimits(p.Config, topics.Tiers(), outputs, limits)

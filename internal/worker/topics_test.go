@@ -45,7 +45,7 @@ func TestCheckTopicLimits(t *testing.T) {
 			if tt.edit != nil {
 				tt.edit(limits)
 			}
-			cfg := &Config{DeferHorizon: tt.horizon, MaxMessageBytes: 1 << 20}
+			cfg := &Config{LimitsConfig: LimitsConfig{DeferHorizon: tt.horizon}, BoundsConfig: BoundsConfig{MaxMessageBytes: 1 << 20}}
 			err := checkTopicLimits(cfg, tiers, outputs, limits)
 			switch {
 			case tt.want == "" && err != nil:

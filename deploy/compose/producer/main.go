@@ -159,7 +159,7 @@ func realMain(ctx context.Context) error {
 				continue
 			}
 			// The topic may not exist yet, or the broker may be restarting.
-			log.Warn("write failed, retrying", slog.String("error", err.Error()))
+			log.Warn("write failed, retrying", slog.String("err", err.Error()))
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):

@@ -24,10 +24,22 @@ func TestLoadUsageConfig(t *testing.T) {
 		t.Fatalf("got %v, want the usage configuration", err)
 	}
 	want := &Config{
-		RedisAddrs: []string{"r:7000"}, RedisCluster: "true", RedisKeyPrefix: "p", RedisTimeout: 3 * time.Second,
-		RedisUsername: "u", RedisPassword: "pw", RedisTLS: true,
-		Limits: "*=10/1d", Window: "ttl", Timezone: "Asia/Tokyo",
-		DeferHorizon: 24 * time.Hour, Retention: 168 * time.Hour,
+		RedisConfig: RedisConfig{
+			RedisAddrs:     []string{"r:7000"},
+			RedisCluster:   "true",
+			RedisKeyPrefix: "p",
+			RedisTimeout:   3 * time.Second,
+			RedisUsername:  "u",
+			RedisPassword:  "pw",
+			RedisTLS:       true,
+		},
+		LimitsConfig: LimitsConfig{
+			Limits:       "*=10/1d",
+			Window:       "ttl",
+			Timezone:     "Asia/Tokyo",
+			DeferHorizon: 24 * time.Hour,
+			Retention:    168 * time.Hour,
+		},
 	}
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreUnexported(Config{})); diff != "" {
 		t.Errorf("usage configuration (-want +got):\n%s", diff)

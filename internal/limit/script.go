@@ -1,0 +1,252 @@
+package limit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// descriptors numbers the distinct rules of one script call and holds their
+// ARGV descriptions (limit, kind, step, base, retention, boundaries): a description
+// depends only on the rule and the time, not on the tenant, so it is sent
+// once per call however many tenants share the rule.
+type descriptors struct {
+	index map[Rule]int // 1-based, as the script counts
+	args  []any
+}
+
+// describe returns the 1-based descriptor index of r, adding it when new.
+func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
+	if i, ok := d.index[r]; ok {
+		return i
+	}
+	ret := retention(r, l.opts.Retention).Milliseconds()
+	switch {
+	case l.opts.WindowKind == TTL:
+		d.args = append(d.args, r.Limit, "t", r.Length().Milliseconds(), 0, ret, 0)
+	case r.Unit == Second || r.Unit == Minute:
+		s, _ := WindowBounds(r, now, l.opts.Location)
+		d.args = append(d.args, r.Limit, "a", r.Length().Milliseconds(), s.UnixMilli(), ret, 0)
+	default:
+		b := boundaries(r, now, hend, l.opts.Location)
+		d.args = append(d.args, r.Limit, "e", 0, 0, ret, len(b))
+		for _, t := range b {
+			d.args = append(d.args, t.UnixMilli())
+		}
+	}
+	d.index[r] = len(d.index) + 1
+	return len(d.index)
+}
+
+// script returns the KEYS and ARGV of one admit.lua call over groups. The
+// tenants' records go in one argument, a JSON array of numbers (see admit.lua),
+// followed by the costs of the tenants whose rules count bytes or units.
+func (l *Limiter) script(groups []*group, now, hend time.Time, src Source, budget int) ([]string, []any) {
+	d := descriptors{index: map[Rule]int{}}
+	ks := make([]string, 0, 2*len(groups))
+	recs := make([]byte, 0, 40*len(groups))
+	recs = append(recs, '[')
+	nums := 0
+	num := func(n int64) {
+		if len(recs) > 1 {
+			recs = append(recs, ',')
+		}
+		recs = strconv.AppendInt(recs, n, 10)
+		nums++
+	}
+	for _, g := range groups {
+		ks = append(ks, g.st.frontier)
+		ks = append(ks, g.st.keys...)
+		num(int64(len(g.rules)))
+		num(int64(len(g.idx)))
+		for _, r := range g.rules {
+			num(int64(l.describe(&d, r, now, hend)))
+			num(g.chain.start)
+			num(g.chain.end)
+		}
+	}
+	capFirst := len(ks) + 1
+	ks = l.capacityKeys(ks)
+	if costsAt := nums + 1; weighted(groups) {
+		for i, g := range groups {
+			if g.costs != nil {
+				appendCosts(num, i+1, g)
+			}
+		}
+		num(int64(-costsAt))
+	}
+	recs = append(recs, ']')
+	av := make([]any, 0, 6+len(d.args))
+	av = append(av, now.UnixMilli(), hend.UnixMilli(), budget, len(d.index), len(groups))
+	av = append(av, d.args...)
+	av = append(av, recs)
+	ks, av = l.replayArgs(ks, av, groups, src)
+	return ks, l.capacityArgs(av, groups, now, capFirst)
+}
+
+// call runs admit.lua: one call for the batch on a single node; on Redis
+// Cluster one call per tenant (each tenant's keys share a slot), pipelined so
+// that go-redis sends one round trip per node, the nodes in parallel.
+func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src Source) ([]reply, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	start := time.Now()
+	defer func() { l.metrics.redisSeconds.WithLabelValues("admit").Observe(time.Since(start).Seconds()) }()
+	hend := now.Add(l.opts.Horizon)
+	if !l.cluster {
+		ks, av := l.script(calls, now, hend, src, l.scanBudget(1))
+		res, err := l.admit.Run(ctx, l.rdb, ks, av...).Result()
+		if err != nil {
+			l.metrics.redisErrors.Inc()
+			return nil, fmt.Errorf("admit batch: %w", err)
+		}
+		return l.parseReplies(res, calls)
+	}
+	cmds := make([]*redis.Cmd, len(calls))
+	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range calls {
+			ks, av := l.script(calls[i:i+1], now, hend, src, l.scanBudget(len(calls)))
+			cmds[i] = l.admit.EvalSha(ctx, p, ks, av...)
+		}
+		return nil
+	})
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		// A node lost its script cache (restart, failover): send the source.
+		// Scripts that did run are not run again: only NOSCRIPT ones failed.
+		_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i := range calls {
+				if cmds[i].Err() != nil && redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
+					ks, av := l.script(calls[i:i+1], now, hend, src, l.scanBudget(len(calls)))
+					cmds[i] = l.admit.Eval(ctx, p, ks, av...)
+				}
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		l.metrics.redisErrors.Inc()
+		return nil, fmt.Errorf("admit batch: %w", err)
+	}
+	out := make([]reply, len(calls))
+	for i, c := range cmds {
+		r, err := l.parseReplies(c.Val(), calls[i:i+1])
+		if err != nil {
+			return nil, err
+		}
+		out[i] = r[0]
+	}
+	return out, nil
+}
+
+var errReply = errors.New("admit: unexpected script reply")
+
+// reply is one tenant's part of admit.lua's reply: its numbers, or, when a
+// broken key failed the tenant, the reason; and its events found in the
+// replay record, which the numbers are not about.
+type reply struct {
+	n        []int64
+	failed   string
+	replayed []replayed
+}
+
+// chainNumbers is how many numbers a tenant's reply ends with: the ttl chain
+// (start, end) of each of its rules when the window is ttl, else none.
+func (l *Limiter) chainNumbers(g *group) int {
+	if l.opts.WindowKind == TTL {
+		return 2 * len(g.rules)
+	}
+	return 0
+}
+
+// parseReplies splits admit.lua's flat reply into one reply per group:
+// admitted, reservations, 3 numbers per reservation, rejected, full_until,
+// then the ttl chain (start, end) of each rule when the window is ttl; or,
+// for a tenant that failed, -1, the broken key and what is wrong with it;
+// then the events found in the replay record (see parseReplayed).
+func (l *Limiter) parseReplies(res any, groups []*group) ([]reply, error) {
+	arr, ok := res.([]any)
+	if !ok {
+		return nil, fmt.Errorf("%w: %T", errReply, res)
+	}
+	flat := make([]int64, 0, len(arr))
+	out := make([]reply, len(groups))
+	for i, g := range groups {
+		if len(arr) >= 3 && arr[0] == int64(-1) {
+			key, kok := arr[1].(string)
+			why, wok := arr[2].(string)
+			if !kok || !wok {
+				return nil, fmt.Errorf("%w: tenant %d: failure %v", errReply, i, arr[:3])
+			}
+			out[i].failed = "counter key " + key + " " + why
+			arr = arr[3:]
+			continue
+		}
+		var nres int64
+		if len(arr) >= 2 {
+			nres, _ = arr[1].(int64)
+		}
+		chains := l.chainNumbers(g)
+		if nres < 0 || int64(len(arr)-4-chains) < 3*nres {
+			return nil, fmt.Errorf("%w: tenant %d: %v", errReply, i, arr)
+		}
+		n := 4 + chains + 3*int(nres)
+		start := len(flat)
+		for j, x := range arr[:n] {
+			v, ok := x.(int64)
+			if !ok {
+				return nil, fmt.Errorf("%w: tenant %d: field %d: %T", errReply, i, j, x)
+			}
+			flat = append(flat, v)
+		}
+		out[i].n, arr = flat[start:len(flat):len(flat)], arr[n:]
+	}
+	if err := l.parseReplayed(arr, groups, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// apply turns one tenant's reply into decisions, in the tenant's event order:
+// its replayed events get their recorded decisions, the others the reply's.
+func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision) error {
+	idx := l.applyReplayed(g, rep.replayed, out)
+	if rep.failed != "" {
+		for _, i := range idx {
+			out[i] = Decision{Kind: Fail, Reason: rep.failed}
+		}
+		return nil
+	}
+	// The ttl chain (start, end) of each rule follows the fixed fields.
+	r := rep.n
+	chains := l.chainNumbers(g)
+	if len(r) < 4+chains || int64(len(r)) != int64(4+chains)+3*r[1] {
+		return fmt.Errorf("%w: %v", errReply, r)
+	}
+	r = r[:len(r)-chains]
+	next := 0
+	give := func(n int64, d Decision) {
+		for ; n > 0 && next < len(idx); n-- {
+			out[idx[next]] = d
+			next++
+		}
+	}
+	give(r[0], Decision{Kind: Admit})
+	for i := int64(0); i < r[1]; i++ {
+		due, cnt, until := r[2+3*i], r[3+3*i], r[4+3*i]
+		give(cnt, Decision{Kind: Defer, Due: time.UnixMilli(due), Until: time.UnixMilli(until)})
+	}
+	reason := scanReason
+	if full := r[len(r)-1]; full > 0 && next < len(idx) {
+		reason = l.fullReason
+		l.markFull(g, time.UnixMilli(full).Add(-l.opts.Horizon), idx[next])
+	}
+	give(r[len(r)-2], Decision{Kind: Reject, Reason: reason})
+	if next != len(idx) {
+		return fmt.Errorf("%w: %d decisions for %d events of tenant %q", errReply, next, len(idx), g.tenant)
+	}
+	return nil
+}
