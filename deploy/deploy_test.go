@@ -527,6 +527,10 @@ func TestK8sConfigIsValid(t *testing.T) {
 	}
 	env := maps(w.env)
 	env["GATEKEEPER_LIMITS_FILE"] = local
+	// Signing is on in the shipped manifests.
+	if w.env["GATEKEEPER_RETRY_SECRET"] == "" {
+		t.Errorf("Secret %s sets no GATEKEEPER_RETRY_SECRET: deferred events would not be signed", w.secret.Name)
+	}
 	// The Secret's placeholders stop the binary until they are replaced.
 	if code, stderr := checkConfigFails(t, env); code != 1 || !strings.HasPrefix(stderr, "GATEKEEPER_ADMIN_TOKEN: ") {
 		t.Errorf("check-config with the placeholders of Secret %s: got status %d, stderr %q; want 1 and a line naming GATEKEEPER_ADMIN_TOKEN", w.secret.Name, code, stderr)

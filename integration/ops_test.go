@@ -146,7 +146,7 @@ func opsRun(t *testing.T, env map[string]string, args ...string) (string, string
 	case <-time.After(time.Minute):
 		cmd.Process.Kill()
 		<-done
-		t.Fatalf("gatekeeper %v: still running after a minute", args)
+		t.Fatalf("gatekeeper %v: still running after a minute; stderr:\n%s", args, stderr.String())
 	}
 	return stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()
 }

@@ -212,3 +212,44 @@ func TestMedianRound(t *testing.T) {
 		t.Errorf("one round: got a rounds table %q, want none", got)
 	}
 }
+
+// The CPU account is per million events, each mode against passthrough, and
+// a mode that deferred events is set against the floor of the retry path
+// (passthrough's cost once more for each deferred event), the gate's own
+// share taken from gatekeeper-within.
+func TestCPUAccountAndFloor(t *testing.T) {
+	r := report{Main: scenario{Results: []result{
+		{Mode: modePassthrough, Events: 500000, DrainCPU: 1.5, KafkaCPU: 1.0, RedisCPU: 0, PeakRSSMB: 30, Forwarded: 500000},
+		{Mode: modeGatekeeperIn, Events: 500000, DrainCPU: 2.0, KafkaCPU: 1.25, RedisCPU: 0.5, PeakRSSMB: 45, Forwarded: 500000},
+		{Mode: modeGatekeeper, Events: 500000, DrainCPU: 3.0, KafkaCPU: 2.0, RedisCPU: 0.75, PeakRSSMB: 60, Forwarded: 250000, Diverted: 250000},
+		{Mode: modeSeedNaive, Events: 500000, DrainCPU: 10, KafkaCPU: -1, RedisCPU: 5},
+	}}}
+	table := r.cpuTable()
+	for _, want := range []string{
+		"| passthrough | 0.0 s | 3.00 s | 2.00 s | 0.00 s | 5.00 s | 1.00 | 1.00 | 0.0 s | 1.00 |",
+		"| gatekeeper-within | 0.0 s | 4.00 s | 2.50 s | 1.00 s | 7.50 s | 1.33 | 1.50 | 0.0 s | 1.50 |",
+		"| gatekeeper | 0.0 s | 6.00 s | 4.00 s | 1.50 s | 11.50 s | 2.00 | 2.30 | 0.0 s | 2.00 |",
+		"| seed-naive | 0.0 s | 20.00 s | – | 10.00 s | – | 6.67 | – |",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("CPU table lacks %q:\n%s", want, table)
+		}
+	}
+	// Floor: 5.00 × 1.5 = 7.50 (process 4.50, broker 3.00, Redis 0); above it
+	// process +1.50, broker +1.00, Redis +1.50; the gate on admitted traffic
+	// 2.50, the rest 4.00 - 2.50 = 1.50.
+	notes := r.floorNotes()
+	for _, want := range []string{
+		"gatekeeper: 11.50 s per million events against a floor of 7.50 s (1.53x)",
+		"passthrough's 5.00 s once for every event and once more for the 50.0% deferred",
+		"process +1.50 s, broker +1.00 s, Redis +1.50 s",
+		"gatekeeper-within above passthrough) is 2.50 s (process +1.00, broker +0.50, Redis +1.00); the rest, 1.50 s,",
+	} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("floor notes lack %q:\n%s", want, notes)
+		}
+	}
+	if strings.Contains(notes, "gatekeeper-within:") || strings.Contains(notes, "seed-naive") {
+		t.Errorf("floor notes name a mode that deferred nothing or is not the binary:\n%s", notes)
+	}
+}

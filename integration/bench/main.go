@@ -8,6 +8,9 @@
 //     against the limit deciding forward or divert to the retry topic;
 //   - redis-rate: one go-redis/redis_rate Allow (GCRA) per event, then
 //     forward or divert;
+//   - gatekeeper-within: the real binary on the same data set with the
+//     limit raised to the heaviest tenant's events, so that every event is
+//     within its limit: what the gate costs traffic that it lets through;
 //   - gatekeeper: the real binary (cmd/gatekeeper) as shipped, configured
 //     only by its environment;
 //   - gatekeeper-bytes: the same binary with a byte rule beside the event
@@ -62,6 +65,7 @@ const (
 	modeSeedNaive       = "seed-naive"
 	modeRedisRate       = "redis-rate"
 	modeGatekeeper      = "gatekeeper"
+	modeGatekeeperIn    = "gatekeeper-within"
 	modeGatekeeperBytes = "gatekeeper-bytes"
 	modeGatekeeperLib   = "gatekeeper-lib"
 	// gatekeeper-capacity is gatekeeper with a shared capacity
@@ -70,11 +74,11 @@ const (
 	modeGatekeeperCapacity = "gatekeeper-capacity"
 )
 
-var allModes = []string{modePassthrough, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperCapacity, modeGatekeeperLib, modeAdversarial}
+var allModes = []string{modePassthrough, modeGatekeeperIn, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperCapacity, modeGatekeeperLib, modeAdversarial}
 
-// gatekeeperBinaryMode reports whether mode runs the gatekeeper binary.
-func gatekeeperBinaryMode(mode string) bool {
-	return mode == modeGatekeeper || mode == modeGatekeeperBytes || mode == modeGatekeeperCapacity
+// isBinary says whether mode runs the gatekeeper binary.
+func isBinary(mode string) bool {
+	return mode == modeGatekeeper || mode == modeGatekeeperIn || mode == modeGatekeeperBytes || mode == modeGatekeeperCapacity
 }
 
 // containsMode reports whether modes holds mode.
@@ -125,7 +129,7 @@ func main() {
 	fs.Float64Var(&o.Deferred, "deferred", 1.0/3, "share of events the per-tenant limit leaves over it (diverted)")
 	fs.IntVar(&o.Batch, "batch", 500, "consumer batch size of every mode (GATEKEEPER_BATCH_SIZE)")
 	fs.IntVar(&o.Rounds, "rounds", 1, "times every mode drains the main data set, the modes interleaved; each is reported by its median round")
-	modes := fs.String("modes", "passthrough,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-capacity,adversarial", "modes to run: "+strings.Join(allModes, ","))
+	modes := fs.String("modes", "passthrough,gatekeeper-within,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-capacity,adversarial", "modes to run: "+strings.Join(allModes, ","))
 	fs.StringVar(&o.Window, "window", "ttl", "Gatekeeper's GATEKEEPER_WINDOW: ttl (the seed's window, as seed-naive counts) or aligned")
 	fs.DurationVar(&o.WindowLen, "window-len", time.Hour, "length of the limit's window (every mode)")
 	fs.IntVar(&o.LiveEvents, "live-events", 10000, "events of the paced latency phase after each drain (0: none)")
@@ -143,7 +147,7 @@ func main() {
 	fs.BoolVar(&o.KeepData, "keep-data", false, "keep the source topics of the data sets, for the next run to reuse")
 	fs.DurationVar(&o.ModeTimeout, "mode-timeout", 20*time.Minute, "longest one mode may take to drain the data set")
 	fs.DurationVar(&o.StallTimeout, "stall-timeout", 2*time.Minute, "longest a mode may go without writing anything (group join included)")
-	fs.BoolVar(&o.Profile, "profile", false, "write a CPU profile of each in-process mode to -work")
+	fs.BoolVar(&o.Profile, "profile", false, "write a CPU profile of each in-process mode to -work, and of each gatekeeper binary mode (GATEKEEPER_PPROF) a CPU profile of its drain and its allocations")
 	_ = fs.Parse(os.Args[1:])
 
 	if child.Mode != "" {
@@ -298,7 +302,7 @@ func newDriver(ctx context.Context, o options) (d *driver, closeDriver func(), e
 // buildGatekeeper builds ./cmd/gatekeeper into the work directory when a
 // gatekeeper binary mode runs and no binary was given.
 func (d *driver) buildGatekeeper(ctx context.Context) error {
-	if !slices.ContainsFunc(d.o.Modes, gatekeeperBinaryMode) || d.o.GKBin != "" {
+	if !slices.ContainsFunc(d.o.Modes, isBinary) || d.o.GKBin != "" {
 		return nil
 	}
 	bin, err := filepath.Abs(filepath.Join(d.o.Work, "gatekeeper"))
@@ -329,6 +333,7 @@ func (d *driver) mainScenario(ctx context.Context, rep *report) error {
 	if err != nil {
 		return err
 	}
+	within := slices.Max(counts(wl.ranks(), wl.Tenants))
 	rep.Main = scenario{Workload: wl, Limit: limit, Window: fmt.Sprintf("%s %s", o.Window, ruleUnit(o.WindowLen)),
 		Batch: o.Batch, LiveEvents: o.LiveEvents, LiveRate: o.LiveRate}
 	rounds := map[string][]result{}
@@ -338,6 +343,9 @@ func (d *driver) mainScenario(ctx context.Context, rep *report) error {
 				continue // not drained from Kafka: see adversarialScenario
 			}
 			mr := modeRun{mode: mode, wl: wl, src: src, limit: limit, batch: o.Batch, live: o.LiveEvents, tag: mode}
+			if mode == modeGatekeeperIn {
+				mr.limit = within // every tenant's events fit
+			}
 			if o.Rounds > 1 {
 				mr.tag = fmt.Sprintf("%s-r%d", mode, round)
 				if round > 1 {

@@ -66,9 +66,11 @@ func (d *driver) runMode(ctx context.Context, mr modeRun) (result, error) {
 	if err := meter.start(ctx); err != nil {
 		return res, err
 	}
+	prof := d.startProfiles(ctx, ch, nm)
 	if err := d.drain(ctx, mr, nm, ch); err != nil {
 		return res, err
 	}
+	prof.stop()
 	res.WallSeconds = time.Since(ch.started).Seconds()
 	if res.DrainCPU, res.KafkaCPU, res.RedisCPU, err = meter.stop(ctx); err != nil {
 		return res, err
@@ -123,6 +125,8 @@ type child struct {
 	started time.Time
 	exited  chan error // receives the exit status once
 	peakKB  int64      // the highest VmHWM read so far
+	// pprofAddr is where a gatekeeper binary serves its profiles (-profile).
+	pprofAddr string
 }
 
 // startChild starts the process of mr's mode, its output in a log file
@@ -133,7 +137,12 @@ func (d *driver) startChild(mr modeRun, nm modeNames) (*child, error) {
 	if ch.logFile, err = os.Create(ch.logPath); err != nil {
 		return nil, err
 	}
-	ch.cmd = d.childCommand(mr, nm)
+	if d.o.Profile && isBinary(mr.mode) {
+		if ch.pprofAddr, err = freeAddr(); err != nil {
+			return nil, err
+		}
+	}
+	ch.cmd = d.childCommand(mr, nm, ch.pprofAddr)
 	ch.cmd.Stdout, ch.cmd.Stderr = ch.logFile, ch.logFile
 	ch.started = time.Now()
 	if err := ch.cmd.Start(); err != nil {
@@ -156,11 +165,12 @@ func benchLimits(mr modeRun, unit string) string {
 	return rules
 }
 
-// childCommand is the command of mr's mode.
-func (d *driver) childCommand(mr modeRun, nm modeNames) *exec.Cmd {
+// childCommand is the command of mr's mode; a gatekeeper binary serves its
+// profiles on pprofAddr when that is not empty.
+func (d *driver) childCommand(mr modeRun, nm modeNames, pprofAddr string) *exec.Cmd {
 	o := d.o
-	if gatekeeperBinaryMode(mr.mode) {
-		env := map[string]string{
+	if isBinary(mr.mode) {
+		vars := map[string]string{
 			"KAFKA_BROKERS":    strings.Join(o.Brokers, ","),
 			"GROUP_ID":         nm.base,
 			"SOURCE_TOPICS":    mr.src + "," + nm.live,
@@ -174,10 +184,13 @@ func (d *driver) childCommand(mr modeRun, nm modeNames) *exec.Cmd {
 		}
 		if mr.mode == modeGatekeeperCapacity {
 			// Never binding: every event is still booked in it.
-			env["CAPACITY"] = "1000000000/1s"
+			vars["CAPACITY"] = "1000000000/1s"
+		}
+		if pprofAddr != "" {
+			vars["HTTP_ADDR"], vars["PPROF"] = pprofAddr, "true"
 		}
 		cmd := exec.Command(o.GKBin)
-		cmd.Env = gatekeeperEnv(env, o.GKEnv)
+		cmd.Env = gatekeeperEnv(vars, o.GKEnv)
 		return cmd
 	}
 	c := childConfig{Mode: mr.mode, Brokers: strings.Join(o.Brokers, ","), Redis: o.Redis, Group: nm.base,

@@ -247,16 +247,11 @@ func (r *report) markdown() string {
 	fmt.Fprintf(&b, "- Redis calls: Redis's own `INFO commandstats` (reset before each mode), every command including those run inside scripts, over the drain.\n")
 	fmt.Fprintf(&b, "- latency: after the drain, %d events produced at %d events/s into a second source topic; producer timestamp to the output topic's append time (LogAppendTime), all outputs (downstream, retry, dead letter).\n", s.LiveEvents, s.LiveRate)
 	fmt.Fprintf(&b, "- peak RSS: the mode's own process (VmHWM from /proc, read just before it is stopped); Gatekeeper is the real binary, the others a child process of the driver.\n\n")
-	b.WriteString("Where the time goes, from the mode's start to the end of its drain: CPU seconds of the mode's own process (/proc), of Kafka's broker (/proc, when it runs from deploy/local) and of the Redis server (INFO cpu), and their sum; Redis busy is the time Redis spent in the mode's commands (INFO commandstats; a script's time covers the commands it runs). All share the machine's cores.\n\n")
-	b.WriteString("| mode | drain time | process CPU | Kafka broker CPU | Redis CPU | sum | Redis busy | forwarded | diverted | dead-lettered |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, x := range s.Results {
-		kafka, sum := "–", "–"
-		if x.KafkaCPU >= 0 {
-			kafka = fmt.Sprintf("%.1f s", x.KafkaCPU)
-			sum = fmt.Sprintf("%.1f s", x.DrainCPU+x.KafkaCPU+x.RedisCPU)
-		}
-		fmt.Fprintf(&b, "| %s | %.1f s | %.1f s | %s | %.1f s | %s | %.1f s | %d | %d | %d |\n", x.Mode, x.Seconds, x.DrainCPU, kafka,
-			x.RedisCPU, sum, x.RedisBusySeconds, x.Forwarded, x.Diverted, x.DeadLettered)
+	b.WriteString("Where the time goes, from the mode's start to the end of its drain, in CPU seconds per million events: the mode's own process (/proc), Kafka's broker (/proc, when it runs from deploy/local) and the Redis server (INFO cpu), and their sum; × passthrough is per event against passthrough's median round; Redis busy is the time Redis spent in the mode's commands (INFO commandstats; a script's time covers the commands it runs). All share the machine's cores.\n\n")
+	b.WriteString(r.cpuTable())
+	if f := r.floorNotes(); f != "" {
+		b.WriteString("\n")
+		b.WriteString(f)
 	}
 	b.WriteString("\nCommands per mode (drain):\n\n")
 	for _, x := range s.Results {
@@ -276,6 +271,96 @@ func (r *report) markdown() string {
 		fmt.Fprintf(&b, "%d events per data set, same skew and event size; limit solved per data set for the same over-limit share; no latency phase.\n\n", x.Events)
 		b.WriteString("![sweep](sweep.svg)\n\n")
 		b.WriteString(r.sweepTable())
+	}
+	return b.String()
+}
+
+// perM is CPU seconds per million events of x.
+func (x result) perM(sec float64) float64 { return sec * 1e6 / float64(max(x.Events, 1)) }
+
+// cpuSum is x's process, broker and Redis CPU seconds; ok is false when
+// the broker was not measured.
+func (x result) cpuSum() (float64, bool) {
+	return x.DrainCPU + x.KafkaCPU + x.RedisCPU, x.KafkaCPU >= 0
+}
+
+// passthrough returns the scenario's passthrough result, if it ran.
+func (s scenario) passthrough() (result, bool) {
+	for _, x := range s.Results {
+		if x.Mode == modePassthrough {
+			return x, true
+		}
+	}
+	return result{}, false
+}
+
+// cpuTable is the CPU account of the main scenario, per million events.
+func (r *report) cpuTable() string {
+	s := r.Main
+	pass, havePass := s.passthrough()
+	ratio := func(v, p float64) string {
+		if !havePass || p <= 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.2f", v/p)
+	}
+	var b strings.Builder
+	b.WriteString("| mode | drain time | process CPU / 1M | Kafka broker CPU / 1M | Redis CPU / 1M | sum / 1M | process × passthrough | sum × passthrough | Redis busy | peak RSS × passthrough | forwarded | diverted | dead-lettered |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	passSum, _ := pass.cpuSum()
+	for _, x := range s.Results {
+		kafka, sum, sumRatio := "–", "–", "–"
+		if total, ok := x.cpuSum(); ok {
+			kafka = fmt.Sprintf("%.2f s", x.perM(x.KafkaCPU))
+			sum = fmt.Sprintf("%.2f s", x.perM(total))
+			sumRatio = ratio(x.perM(total), pass.perM(passSum))
+		}
+		fmt.Fprintf(&b, "| %s | %.1f s | %.2f s | %s | %.2f s | %s | %s | %s | %.1f s | %s | %d | %d | %d |\n", x.Mode, x.Seconds,
+			x.perM(x.DrainCPU), kafka, x.perM(x.RedisCPU), sum, ratio(x.perM(x.DrainCPU), pass.perM(pass.DrainCPU)), sumRatio,
+			x.RedisBusySeconds, ratio(x.PeakRSSMB, pass.PeakRSSMB), x.Forwarded, x.Diverted, x.DeadLettered)
+	}
+	return b.String()
+}
+
+// floorNotes states, for each gatekeeper binary mode that deferred events,
+// its CPU per million events against the floor the retry path implies:
+// passthrough's cost for every event, and once more for each deferred one
+// (written to a retry tier and read back). What lies above the floor is
+// split by process, broker and Redis, and against gatekeeper-within (the
+// gate on events within their limits) when it ran.
+func (r *report) floorNotes() string {
+	s := r.Main
+	pass, ok := s.passthrough()
+	if !ok || pass.KafkaCPU < 0 {
+		return ""
+	}
+	var within *result
+	for i, x := range s.Results {
+		if x.Mode == modeGatekeeperIn {
+			within = &s.Results[i]
+		}
+	}
+	var b strings.Builder
+	for _, x := range s.Results {
+		if !isBinary(x.Mode) || x.Diverted == 0 || x.KafkaCPU < 0 {
+			continue
+		}
+		d := float64(x.Diverted) / float64(max(x.Events, 1))
+		fp, fk := pass.perM(pass.DrainCPU)*(1+d), pass.perM(pass.KafkaCPU)*(1+d)
+		fr := pass.perM(pass.RedisCPU) * (1 + d)
+		total, _ := x.cpuSum()
+		fmt.Fprintf(&b, "- %s: %.2f s per million events against a floor of %.2f s (%.2fx): passthrough's %.2f s once for every event and once more for the %.1f%% deferred (written to a retry tier and read back). Above the floor: process %+.2f s, broker %+.2f s, Redis %+.2f s.",
+			x.Mode, x.perM(total), fp+fk+fr, x.perM(total)/(fp+fk+fr), pass.perM(pass.DrainCPU+pass.KafkaCPU+pass.RedisCPU), 100*d,
+			x.perM(x.DrainCPU)-fp, x.perM(x.KafkaCPU)-fk, x.perM(x.RedisCPU)-fr)
+		if within != nil && within.KafkaCPU >= 0 {
+			wt, _ := within.cpuSum()
+			pt, _ := pass.cpuSum()
+			fmt.Fprintf(&b, " Of that, the gate itself on admitted traffic (%s above passthrough) is %.2f s (process %+.2f, broker %+.2f, Redis %+.2f); the rest, %.2f s, is the deferral path beyond one more write and read.",
+				within.Mode, within.perM(wt)-pass.perM(pt), within.perM(within.DrainCPU)-pass.perM(pass.DrainCPU),
+				within.perM(within.KafkaCPU)-pass.perM(pass.KafkaCPU), within.perM(within.RedisCPU)-pass.perM(pass.RedisCPU),
+				x.perM(total)-(fp+fk+fr)-(within.perM(wt)-pass.perM(pt)))
+		}
+		b.WriteString("\n")
 	}
 	return b.String()
 }
@@ -331,7 +416,7 @@ func (r *report) mainChart() string {
 	var bars []bar
 	for _, x := range r.Main.Results {
 		sub := fmt.Sprintf("%.2f× passthrough, %s Redis calls/1k", x.Ratio, fmtPer1k(x.per1k(x.RedisCalls)))
-		bars = append(bars, bar{label: x.Mode, sub: sub, value: x.EventsPerSec, accent: gatekeeperBinaryMode(x.Mode)})
+		bars = append(bars, bar{label: x.Mode, sub: sub, value: x.EventsPerSec, accent: isBinary(x.Mode)})
 	}
 	w := r.Main.Workload
 	return barChart(fmt.Sprintf("End to end, %d events, %d tenants, batch %d: events per second", w.Events, w.Tenants, r.Main.Batch), "ev/s", bars)
@@ -345,7 +430,7 @@ func (r *report) sweepChart() string {
 			label = fmt.Sprintf("%d tenants, batch %d", x.Tenants, x.Batch)
 		}
 		sub := fmt.Sprintf("%s Redis calls/1k, %s EVALSHA/1k", fmtPer1k(x.per1k(x.RedisCalls)), fmtPer1k(x.per1k(x.EvalSHA)))
-		bars = append(bars, bar{label: label, sub: sub, value: x.EventsPerSec, accent: gatekeeperBinaryMode(x.Mode)})
+		bars = append(bars, bar{label: label, sub: sub, value: x.EventsPerSec, accent: isBinary(x.Mode)})
 	}
 	return barChart(fmt.Sprintf("Sweep, %d events per data set: events per second", r.Sweep[0].Events), "ev/s", bars)
 }

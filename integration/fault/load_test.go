@@ -55,13 +55,19 @@ type tenant struct {
 }
 
 // loadTenants returns the hot tenants first, then the normal ones, spread
-// evenly over the source partitions.
-func loadTenants(partitions int) []tenant {
+// evenly over the source partitions: hotTenants and normalTenants of them
+// times scale (1 when zero), each at its usual rate, so that the load is
+// about scale times 600 events/s.
+func loadTenants(partitions int, scale float64) []tenant {
+	if scale == 0 {
+		scale = 1
+	}
+	hot, normal := int(hotTenants*scale+0.5), int(normalTenants*scale+0.5)
 	var ts []tenant
-	for i := range hotTenants + normalTenants {
-		tn := tenant{name: fmt.Sprintf("normal-%02d", i-hotTenants), rate: normalRate, partition: i % partitions}
-		if i < hotTenants {
-			rate := hotRateMin + (hotRateMax-hotRateMin)*float64(i)/float64(hotTenants-1)
+	for i := range hot + normal {
+		tn := tenant{name: fmt.Sprintf("normal-%02d", i-hot), rate: normalRate, partition: i % partitions}
+		if i < hot {
+			rate := hotRateMin + (hotRateMax-hotRateMin)*float64(i)/float64(hot-1)
 			tn = tenant{name: fmt.Sprintf("hot-%02d", i), rate: rate, hot: true, partition: i % partitions}
 		}
 		ts = append(ts, tn)

@@ -5,6 +5,7 @@ package fault
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 	"sync"
@@ -36,11 +37,19 @@ type fleet struct {
 // start starts one more process, gk<n>.
 func (f *fleet) start(t testing.TB) *testenv.Process {
 	t.Helper()
+	return f.startWith(t, nil)
+}
+
+// startWith starts one more process with extra settings over the fleet's.
+func (f *fleet) startWith(t testing.TB, extra map[string]string) *testenv.Process {
+	t.Helper()
+	env := maps.Clone(f.env)
+	maps.Copy(env, extra)
 	f.mu.Lock()
 	f.n++
 	name := fmt.Sprintf("gk%d", f.n)
 	f.mu.Unlock()
-	p := testenv.Start(t, testenv.Spec{Name: name, Binary: binary.Path(t), Env: f.env,
+	p := testenv.Start(t, testenv.Spec{Name: name, Binary: binary.Path(t), Env: env,
 		LogDir: os.Getenv("GATEKEEPER_FAULT_LOG_DIR")})
 	f.mu.Lock()
 	f.live = append(f.live, p)

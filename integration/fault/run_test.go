@@ -96,11 +96,13 @@ type run struct {
 	kafkaVersion string
 	coll         *collector // downstream and dead letter
 	mon          *monitor
+	counts       *countPoller
 	prod         *producer
 	start        time.Time // of the load
 
 	mu    sync.Mutex
 	marks []faultMark
+	backs []faultMark // when a fault's cause went away (the broker serving again)
 }
 
 // since is the time since the load started.
@@ -115,6 +117,13 @@ func (r *run) mark(name string) {
 	r.marks = append(r.marks, faultMark{name: name, at: time.Now()})
 	r.mu.Unlock()
 	r.t.Logf("fault: %s at +%v (%s)", name, r.since(), time.Now().UTC().Format("15:04:05.000"))
+}
+
+// markBack records the end of a fault's cause (the broker serving again).
+func (r *run) markBack(name string) {
+	r.mu.Lock()
+	r.backs = append(r.backs, faultMark{name: name, at: time.Now()})
+	r.mu.Unlock()
 }
 
 // runScenario runs sc: fresh topics, group and key prefix; the gatekeepers;
@@ -145,7 +154,12 @@ func startRun(t *testing.T, sc scenario) *run {
 	if sc.capacity != "" {
 		r.fleet.env["GATEKEEPER_CAPACITY"] = sc.capacity
 	}
-	r.fleet.startReady(t, sc.replicas)
+	if sc.lastEnv != nil {
+		r.fleet.startReady(t, sc.replicas-1)
+		r.fleet.startWith(t, sc.lastEnv()).WaitReady(t, 90*time.Second)
+	} else {
+		r.fleet.startReady(t, sc.replicas)
+	}
 	groups := map[string]int{r.flow.Group: sourcePartitions, r.flow.RetryGroup(): retryPartitions}
 	r.fleet.waitAssigned(t, groups, 90*time.Second)
 
@@ -156,6 +170,8 @@ func startRun(t *testing.T, sc scenario) *run {
 	t.Cleanup(func() { r.coll.stop() })
 	r.mon = startMonitor(r.fleet, monitorEvery)
 	t.Cleanup(func() { r.mon.stop() })
+	r.counts = startCountPoller(r.flow.Prefix, 5*time.Second)
+	t.Cleanup(func() { r.counts.stop() })
 
 	// The load starts just after a window starts: a hot tenant then fills
 	// every window early and is never admitted directly near a window's
@@ -163,15 +179,21 @@ func startRun(t *testing.T, sc scenario) *run {
 	now := time.Now().UnixMilli()
 	time.Sleep(time.Until(time.UnixMilli(now - now%window.Milliseconds() + window.Milliseconds() + 100)))
 	ctx, cancel := context.WithCancel(context.Background())
-	tenants := loadTenants(sourcePartitions)
+	tenants := loadTenants(sourcePartitions, sc.scale)
 	if r.prod, err = startLoad(ctx, r.flow.Source, tenants, sc.load, t.Logf); err != nil {
 		cancel()
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cancel(); r.prod.wait() })
 	r.start = r.prod.startedAt()
+	hot := 0
+	for _, tn := range tenants {
+		if tn.hot {
+			hot++
+		}
+	}
 	t.Logf("phase load: %d tenants (%d hot at %v to %v/s, %d at %v/s) for %v from %s, limit %s",
-		len(tenants), hotTenants, hotRateMin, hotRateMax, normalTenants, normalRate, sc.load,
+		len(tenants), hot, hotRateMin, hotRateMax, len(tenants)-hot, normalRate, sc.load,
 		r.start.UTC().Format("15:04:05.000"), limits)
 	return r
 }
@@ -211,14 +233,15 @@ func (r *run) finish(params dupParams) outcome {
 		t.Errorf("read the first retry tier: %v", err)
 	}
 	fig.RetryDups = retryDups(retry)
-	if fig.RedisCounted, fig.RedisByTenant, err = redisCounted(ctx, f.Prefix); err != nil {
+	if fig.RedisCounted, fig.RedisByTenant, err = redisCounted(ctx, f.Prefix, r.counts.stop()); err != nil {
 		t.Errorf("read the window counts: %v", err)
 	}
 	r.mu.Lock()
-	marks := r.marks
+	marks, backs := r.marks, r.backs
 	r.mu.Unlock()
+	fig.Backs = backs
 	return outcome{sc: r.sc, flow: f, kafkaVersion: r.kafkaVersion, fig: fig, res: res, out: out,
-		recs:  recoveries(marks, res.End, samples, fig.Latency),
+		recs: recoveries(marks, res.End, samples, fig.Latency), marks: marks,
 		bound: dupBound(r.sc.name, params)}
 }
 

@@ -47,15 +47,7 @@ func TestRollingUpdate(t *testing.T) {
 	runScenario(t, scenario{name: "rolling-update", replicas: 3, load: loadDuration, exact: true,
 		capacity: fmt.Sprintf("%d/1s", capacityPerSecond),
 		fault: func(r *run) dupParams {
-			for i := range 3 {
-				r.sleepUntil(1500*time.Millisecond + time.Duration(i)*10*time.Second)
-				old := r.fleet.procs()[0] // the oldest
-				r.mark("replace " + old.Name)
-				r.fleet.terminate(r.t, shutdownGrace, old)
-				p := r.fleet.start(r.t)
-				p.WaitReady(r.t, 90*time.Second)
-				r.t.Logf("fault: %s replaced by %s (ready at +%v)", old.Name, p.Name, r.since())
-			}
+			rollingUpdate(r, 1500*time.Millisecond, 10*time.Second)
 			return dupParams{BatchSize: batchSize}
 		}})
 }
@@ -87,23 +79,7 @@ func TestScaling(t *testing.T) {
 // duplicates are bounded by dupBound.
 func TestSigkill(t *testing.T) {
 	runScenario(t, scenario{name: "sigkill", replicas: 3, load: loadDuration,
-		fault: func(r *run) dupParams {
-			r.sleepUntil(8 * time.Second)
-			victim := r.fleet.procs()[1]
-			src, ok1 := victim.LastGeneration(r.flow.Group)
-			retry, ok2 := victim.LastGeneration(r.flow.RetryGroup())
-			if !ok1 || !ok2 {
-				r.t.Fatalf("%s logged no generation of %s and %s", victim.Name, r.flow.Group, r.flow.RetryGroup())
-			}
-			r.mark("SIGKILL " + victim.Name)
-			r.fleet.kill(victim)
-			r.t.Logf("fault: %s killed; it owned %v and %v", victim.Name, src.Partitions, retry.Partitions)
-			time.Sleep(3 * time.Second)
-			p := r.fleet.start(r.t)
-			p.WaitReady(r.t, 90*time.Second)
-			r.t.Logf("fault: %s started in its place, ready at +%v", p.Name, r.since())
-			return dupParams{SourceOwned: len(src.Partitions), RetryOwned: len(retry.Partitions), BatchSize: batchSize}
-		}})
+		fault: func(r *run) dupParams { return sigkill(r, 8*time.Second) }})
 }
 
 // TestRedisFreeze freezes Redis for four seconds (DEBUG SLEEP 4, from a
@@ -115,16 +91,7 @@ func TestSigkill(t *testing.T) {
 func TestRedisFreeze(t *testing.T) {
 	runScenario(t, scenario{name: "redis-freeze", replicas: 3, load: loadDuration, exact: true,
 		fault: func(r *run) dupParams {
-			r.sleepUntil(12 * time.Second)
-			rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ReadTimeout: 15 * time.Second, MaxRetries: -1})
-			defer rdb.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			r.mark("redis DEBUG SLEEP 4")
-			if err := rdb.Do(ctx, "DEBUG", "SLEEP", "4").Err(); err != nil {
-				r.t.Fatalf("DEBUG SLEEP 4: %v", err)
-			}
-			r.t.Logf("fault: redis answers again (+%v)", r.since())
+			redisFreeze(r, 12*time.Second)
 			return dupParams{BatchSize: batchSize}
 		}})
 }
@@ -134,21 +101,162 @@ func TestRedisFreeze(t *testing.T) {
 // the duplicates are bounded by dupBound over all partitions.
 func TestBrokerRestart(t *testing.T) {
 	runScenario(t, scenario{name: "broker-restart", replicas: 3, load: loadDuration + 10*time.Second,
+		fault: func(r *run) dupParams { return brokerRestart(r, 6*time.Second) }})
+}
+
+// TestFaultMix runs every fault above in one load of about 1,000 events/s
+// (mixScale times the usual tenants) with three replicas, as an operator's
+// bad day: a SIGKILL (the replica started again three seconds later), a
+// four-second Redis freeze, a rolling update, and a broker restart last
+// (how long the broker takes to come back depends on the machine). Besides the usual checks it asserts that the window
+// counts in Redis stay within mixCountTolerance of the events they count
+// (a deferred event that misses its slot must give the slot back), and its
+// figures give the retry lateness: how long after gk-due deferred events
+// were appended downstream.
+func TestFaultMix(t *testing.T) {
+	runScenario(t, scenario{name: "mix", replicas: 3, load: mixLoad, scale: mixScale, countTolerance: mixCountTolerance,
 		fault: func(r *run) dupParams {
-			r.sleepUntil(6 * time.Second)
-			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-			defer cancel()
-			r.mark("kafka stop+start")
-			if out, err := servers.broker.script(ctx, "stop"); err != nil {
-				r.t.Fatalf("%v\n%s", err, out)
-			}
-			r.t.Logf("fault: broker stopped (+%v)", r.since())
-			if out, err := servers.broker.script(ctx, "start"); err != nil {
-				r.t.Fatalf("%v\n%s", err, out)
-			}
-			r.t.Logf("fault: broker serving again (+%v)", r.since())
-			return dupParams{SourceOwned: sourcePartitions, RetryOwned: retryPartitions, BatchSize: batchSize}
+			p := sigkill(r, 6*time.Second)
+			redisFreeze(r, 17*time.Second)
+			rollingUpdate(r, 25*time.Second, 6*time.Second)
+			return p.plus(brokerRestart(r, 46*time.Second))
 		}})
+}
+
+// TestCutRedis cuts the last replica off from Redis (its only way there is
+// a proxy that starts dropping every byte) for cutFor, longer than the
+// session timeout, while the other two run, then restores the network. The
+// cut replica pauses (ON_REDIS_ERROR=pause: nothing forwarded unchecked) and
+// its lease of the retry group ends, so the others take its retry
+// partitions; once Redis is back it resumes. Nothing is lost, duplicated
+// beyond a crash's bound, or early, and the counts match the events.
+// max_window is reported, not asserted: the cut replica's backlog is
+// admitted at once when Redis returns, at any point of a window, and an
+// event decided at a window's end and appended in the next is placed in the
+// next by the tally (which knows only append times; Redis counted at most
+// the limit in every window there in the runs so far).
+func TestCutRedis(t *testing.T) {
+	runScenario(t, scenario{name: "cut-redis", replicas: 3, load: loadDuration,
+		lastEnv: func() map[string]string { return map[string]string{"GATEKEEPER_REDIS_ADDRS": servers.redisCut.Addr()} },
+		fault:   func(r *run) dupParams { return cutOff(r, servers.redisCut, "redis") }})
+}
+
+// TestCutKafka cuts the last replica off from Kafka (it reaches the broker
+// only through a proxy, the broker's CUT listener advertising it) for
+// cutFor, longer than the session timeout, while the others run: its
+// groups move its partitions to the others, and when the network returns
+// it is a zombie that still holds batches it decided. Nothing is lost or
+// early, duplicates stay within the bound of a crash of that replica, and
+// the counts match the events.
+//
+// Not asserted: that no window passes its limit downstream. It does (94/50
+// on Kafka 4.4.0): the zombie's writes of in-slot retry events, queued in
+// kafka-go's writer while the network was cut, land when it returns, after
+// their slot; the new owner found the same events late, gave their slot
+// back and deferred them again, so they go downstream twice and the late
+// copies crowd the window they land in (Redis counted 50 there). Fencing
+// the zombie's writes (a writer per generation, or transactions) is left
+// to its own issue; max_window is reported.
+func TestCutKafka(t *testing.T) {
+	runScenario(t, scenario{name: "cut-kafka", replicas: 3, load: loadDuration,
+		lastEnv: func() map[string]string {
+			return map[string]string{"GATEKEEPER_KAFKA_BROKERS": servers.kafkaCut.Addr()}
+		},
+		fault: func(r *run) dupParams { return cutOff(r, servers.kafkaCut, "kafka") }})
+}
+
+// cutFor is how long a cut lasts: longer than the session timeout.
+const cutFor = sessionTimeout + 6*time.Second
+
+// cutOff cuts the last replica's proxy to server at +8s for cutFor.
+func cutOff(r *run, px *proxy, server string) dupParams {
+	r.sleepUntil(8 * time.Second)
+	ps := r.fleet.procs()
+	victim := ps[len(ps)-1]
+	src, _ := victim.LastGeneration(r.flow.Group)
+	retry, _ := victim.LastGeneration(r.flow.RetryGroup())
+	r.mark("cut " + victim.Name + " from " + server)
+	px.Cut()
+	time.Sleep(cutFor)
+	px.Restore()
+	r.markBack(server + " reachable again from " + victim.Name)
+	r.t.Logf("fault: %s reaches %s again (+%v); it owned %v and %v", victim.Name, server, r.since(), src.Partitions, retry.Partitions)
+	return dupParams{SourceOwned: len(src.Partitions), RetryOwned: len(retry.Partitions), BatchSize: batchSize}
+}
+
+// The fault mix: about 1,000 events/s (600/s times mixScale) for mixLoad,
+// and the most its window counts may differ from its events.
+const (
+	mixScale          = 1.67
+	mixLoad           = 66 * time.Second
+	mixCountTolerance = 0.01
+)
+
+// sigkill kills the second of the live replicas with SIGKILL at the time at
+// after the start of the load and starts another three seconds later.
+func sigkill(r *run, at time.Duration) dupParams {
+	r.sleepUntil(at)
+	victim := r.fleet.procs()[1]
+	src, ok1 := victim.LastGeneration(r.flow.Group)
+	retry, ok2 := victim.LastGeneration(r.flow.RetryGroup())
+	if !ok1 || !ok2 {
+		r.t.Fatalf("%s logged no generation of %s and %s", victim.Name, r.flow.Group, r.flow.RetryGroup())
+	}
+	r.mark("SIGKILL " + victim.Name)
+	r.fleet.kill(victim)
+	r.t.Logf("fault: %s killed; it owned %v and %v", victim.Name, src.Partitions, retry.Partitions)
+	time.Sleep(3 * time.Second)
+	p := r.fleet.start(r.t)
+	p.WaitReady(r.t, 90*time.Second)
+	r.t.Logf("fault: %s started in its place, ready at +%v", p.Name, r.since())
+	return dupParams{SourceOwned: len(src.Partitions), RetryOwned: len(retry.Partitions), BatchSize: batchSize}
+}
+
+// redisFreeze freezes Redis for four seconds at the time at.
+func redisFreeze(r *run, at time.Duration) {
+	r.sleepUntil(at)
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr(), ReadTimeout: 15 * time.Second, MaxRetries: -1})
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	r.mark("redis DEBUG SLEEP 4")
+	if err := rdb.Do(ctx, "DEBUG", "SLEEP", "4").Err(); err != nil {
+		r.t.Fatalf("DEBUG SLEEP 4: %v", err)
+	}
+	r.t.Logf("fault: redis answers again (+%v)", r.since())
+}
+
+// brokerRestart stops the broker at the time at and starts it again.
+func brokerRestart(r *run, at time.Duration) dupParams {
+	r.sleepUntil(at)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	r.mark("kafka stop+start")
+	if out, err := servers.broker.script(ctx, "stop"); err != nil {
+		r.t.Fatalf("%v\n%s", err, out)
+	}
+	r.t.Logf("fault: broker stopped (+%v)", r.since())
+	if out, err := servers.broker.script(ctx, "start"); err != nil {
+		r.t.Fatalf("%v\n%s", err, out)
+	}
+	r.markBack("kafka back")
+	r.t.Logf("fault: broker serving again (+%v)", r.since())
+	return dupParams{SourceOwned: sourcePartitions, RetryOwned: retryPartitions, BatchSize: batchSize}
+}
+
+// rollingUpdate replaces the live replicas one at a time, the first at the
+// time at, the next ones gap apart (or as soon as the previous one is ready):
+// SIGTERM, wait for the exit, start a replacement, wait until it is ready.
+func rollingUpdate(r *run, at, gap time.Duration) {
+	for i := range len(r.fleet.procs()) {
+		r.sleepUntil(at + time.Duration(i)*gap)
+		old := r.fleet.procs()[0] // the oldest
+		r.mark("replace " + old.Name)
+		r.fleet.terminate(r.t, shutdownGrace, old)
+		p := r.fleet.start(r.t)
+		p.WaitReady(r.t, 90*time.Second)
+		r.t.Logf("fault: %s replaced by %s (ready at +%v)", old.Name, p.Name, r.since())
+	}
 }
 
 // dupParams is what dupBound needs to know of a fault.
@@ -159,6 +267,12 @@ type dupParams struct {
 	SourceOwned, RetryOwned int
 	// BatchSize is GATEKEEPER_BATCH_SIZE.
 	BatchSize int
+}
+
+// plus adds the failed owners of q to p's, for scenarios of several faults.
+func (p dupParams) plus(q dupParams) dupParams {
+	return dupParams{SourceOwned: p.SourceOwned + q.SourceOwned, RetryOwned: p.RetryOwned + q.RetryOwned,
+		BatchSize: max(p.BatchSize, q.BatchSize)}
 }
 
 // dupBound returns the most duplicates (downstream plus dead letter, beyond
@@ -177,7 +291,7 @@ type dupParams struct {
 // all partitions (6 source, 9 retry) the same way.
 func dupBound(scenario string, p dupParams) int {
 	switch scenario {
-	case "sigkill", "broker-restart":
+	case "sigkill", "broker-restart", "mix", "cut-redis", "cut-kafka":
 		return (2*p.SourceOwned + p.RetryOwned) * p.BatchSize
 	default:
 		return 0
@@ -196,6 +310,14 @@ type scenario struct {
 	// fault runs in the test goroutine while the load runs; it calls
 	// r.mark at the start of each fault and returns what dupBound needs.
 	fault func(r *run) dupParams
+	// scale multiplies the tenants of the load (loadTenants; 0 is 1).
+	scale float64
+	// lastEnv, if set, gives the last replica started settings of its own
+	// (the proxy it reaches a server through).
+	lastEnv func() map[string]string
+	// countTolerance, if positive, asserts that the Redis window counts
+	// differ from the events they count by at most this fraction of them.
+	countTolerance float64
 	// capacity, when set, is GATEKEEPER_CAPACITY of the fleet, and every
 	// window of it is checked to hold at most its limit (G12).
 	capacity string

@@ -41,6 +41,9 @@ import (
 var servers struct {
 	broker *broker
 	redis  *testenv.RedisServer
+	// kafkaCut and redisCut are the proxies a replica under test reaches
+	// the broker (through its CUT listener) and Redis through.
+	kafkaCut, redisCut *proxy
 }
 
 func TestMain(m *testing.M) {
@@ -80,6 +83,9 @@ func startServers(dir string) error {
 		return err
 	}
 	servers.broker = b
+	if servers.kafkaCut, err = startProxy(b.proxyAddr(), b.cutAddr()); err != nil {
+		return fmt.Errorf("kafka proxy: %w", err)
+	}
 	t0 := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -98,6 +104,9 @@ func startServers(dir string) error {
 		return err
 	}
 	servers.redis = r
+	if servers.redisCut, err = startProxy("127.0.0.1:0", r.Addr); err != nil {
+		return fmt.Errorf("redis proxy: %w", err)
+	}
 	fmt.Fprintf(os.Stderr, "fault: kafka %s at %s, redis at %s (started in %v)\n",
 		b.Version(), b.Addr(), r.Addr, time.Since(t0).Round(time.Millisecond))
 	return nil
@@ -105,6 +114,11 @@ func startServers(dir string) error {
 
 // stopServers stops what startServers started.
 func stopServers() {
+	for _, p := range []*proxy{servers.kafkaCut, servers.redisCut} {
+		if p != nil {
+			p.Close()
+		}
+	}
 	if b := servers.broker; b != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		if out, err := b.script(ctx, "stop"); err != nil {
@@ -125,18 +139,36 @@ func kafkaAddr() string { return servers.broker.Addr() }
 func redisAddr() string { return servers.redis.Addr }
 
 // broker is a private one-node Kafka run by deploy/local/kafka.sh; stop then
-// start on the same KAFKA_DIR restarts it with the same data.
+// start on the same KAFKA_DIR restarts it with the same data. Besides its
+// listener it has a second one, CUT, that advertises the address of a proxy
+// (servers.kafkaCut): a client that bootstraps through the proxy reaches the
+// broker only through it, so the proxy can cut it off.
 type broker struct {
 	root, dir  string
 	port, ctrl int
+	cut, proxy int // the CUT listener's port and the proxy's it advertises
 }
 
 func newBroker(root, dir string) (*broker, error) {
-	ports, err := testenv.FreePorts(2)
+	ports, err := testenv.FreePorts(4)
 	if err != nil {
 		return nil, err
 	}
-	return &broker{root: root, dir: dir, port: ports[0], ctrl: ports[1]}, nil
+	return &broker{root: root, dir: dir, port: ports[0], ctrl: ports[1], cut: ports[2], proxy: ports[3]}, nil
+}
+
+func (b *broker) cutAddr() string   { return "127.0.0.1:" + strconv.Itoa(b.cut) }
+func (b *broker) proxyAddr() string { return "127.0.0.1:" + strconv.Itoa(b.proxy) }
+
+// extraConfig writes the CUT listener's configuration for kafka.sh
+// (KAFKA_EXTRA_CONFIG) and returns its path.
+func (b *broker) extraConfig() (string, error) {
+	path := b.dir + "-cut.properties"
+	conf := fmt.Sprintf("listeners=PLAINTEXT://127.0.0.1:%d,CUT://127.0.0.1:%d,CONTROLLER://127.0.0.1:%d\n"+
+		"advertised.listeners=PLAINTEXT://127.0.0.1:%d,CUT://127.0.0.1:%d\n"+
+		"listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,CUT:PLAINTEXT\n",
+		b.port, b.cut, b.ctrl, b.port, b.proxy)
+	return path, os.WriteFile(path, []byte(conf), 0o644)
 }
 
 // Addr is the broker's bootstrap address.
@@ -146,8 +178,12 @@ func (b *broker) Addr() string { return "127.0.0.1:" + strconv.Itoa(b.port) }
 // KAFKA_VERSION is GATEKEEPER_TEST_KAFKA_VERSION when that is set; otherwise
 // the script chooses.
 func (b *broker) script(ctx context.Context, verb string) (string, error) {
+	extra, err := b.extraConfig()
+	if err != nil {
+		return "", err
+	}
 	cmd := exec.CommandContext(ctx, filepath.Join(b.root, "deploy", "local", "kafka.sh"), verb)
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(os.Environ(), "KAFKA_EXTRA_CONFIG="+extra,
 		"KAFKA_PORT="+strconv.Itoa(b.port),
 		"KAFKA_CONTROLLER_PORT="+strconv.Itoa(b.ctrl),
 		"KAFKA_DIR="+b.dir)

@@ -31,8 +31,8 @@ type figures struct {
 	SourceDups int // extra copies in the source topic (a producer write retried after it landed)
 	Foreign    int // records without a test event value
 	// Counts is what the limiter must have counted for the events read back
-	// (the first copy of each): one per direct admission, one per deferral
-	// (gk-attempt), one more for an event admitted again after its slot.
+	// (the first copy of each, see countsOf): one per event downstream, its
+	// missed slots given back.
 	// RedisCounted is the sum of the window counts in Redis: more means
 	// events counted twice (a replayed call or a redelivered batch decided
 	// again, G9), less means events forwarded without being counted.
@@ -56,9 +56,21 @@ type figures struct {
 	// limit) that went through the retry path, by produce time since the
 	// load started (4 s buckets): none in a steady state.
 	NormalDeferred map[time.Duration]int
-	LostIDs        []int
-	DupIDs         []int
-	Latency        []latencyPoint // directly admitted events, by produce time
+	// RetryLateness is, for the first downstream copy of each event that
+	// went through the retry path, how long after its gk-due it was
+	// appended; Backs are the times a fault's cause went away (the broker
+	// serving again), set by the run.
+	RetryLateness []time.Duration
+	Backs         []faultMark
+	// Once is what the window counts would be if every event were counted
+	// once, in the window it was forwarded in or kept a slot in: one per
+	// event downstream and per event dead-lettered for max attempts (its last
+	// deferral's slot), extra source copies included. A deferred event that
+	// misses its slot and gives it back is counted once.
+	Once    int
+	LostIDs []int
+	DupIDs  []int
+	Latency []latencyPoint // directly admitted events, by produce time
 }
 
 // latencyPoint is one directly admitted event: when it was produced and how
@@ -68,23 +80,23 @@ type latencyPoint struct {
 	latency  time.Duration
 }
 
-// countsOf returns how many window counts the limiter made for the record e:
-// one for a direct admission; for an event deferred gk-attempt times, one
-// reservation each, plus one if it was admitted again after its slot (or,
-// dead-lettered for max attempts, the deferral that went over).
+// countsOf returns how many window counts the limiter made for the record e
+// and kept: a deferred event that came back after its slot gave the slot
+// back (limit.Release) when it was checked again as new, so every event
+// downstream counts once, however many trips it made (one reservation kept
+// per trip in its slot, or the admission after the last missed one); an
+// event dead-lettered for max attempts counts the deferral that went over;
+// an event dead-lettered otherwise counts its reservations (gk-attempt:
+// none for a direct reject).
 func countsOf(e outEvent, downstream string) int {
 	attempts, _ := strconv.Atoi(e.attempt)
 	switch {
 	case e.topic != downstream && e.reason == "max attempts":
-		return attempts + 1
+		return 1
 	case e.topic != downstream:
 		return attempts
-	case e.due.IsZero():
-		return 1
-	case !e.at.Before(e.reserved):
-		return attempts + 1
 	default:
-		return attempts
+		return 1
 	}
 }
 
@@ -152,6 +164,9 @@ func tally(res loadResult, source, out []outEvent, downstream string, win time.D
 	for _, e := range out {
 		outCopies[e.id]++
 		if outCopies[e.id] == 1 {
+			if e.topic == downstream || e.reason == "max attempts" {
+				f.Once += max(srcCopies[e.id], 1)
+			}
 			n := countsOf(e, downstream)
 			extra := max(srcCopies[e.id]-1, 0) * n
 			f.Counts += n + extra
@@ -204,6 +219,7 @@ func tally(res loadResult, source, out []outEvent, downstream string, win time.D
 		}
 		s := res.Events[id]
 		if !e.due.IsZero() {
+			f.RetryLateness = append(f.RetryLateness, max(e.at.Sub(e.due), 0))
 			if !res.Tenants[s.tenant].hot {
 				f.NormalDeferred[s.produced.Sub(res.Start).Truncate(4*time.Second)]++
 			}
@@ -213,6 +229,57 @@ func tally(res loadResult, source, out []outEvent, downstream string, win time.D
 	}
 	slices.SortFunc(f.Latency, func(a, b latencyPoint) int { return a.produced.Compare(b.produced) })
 	return f
+}
+
+// lateness returns the p99 and the maximum of ls, and how many are over
+// over.
+func lateness(ls []time.Duration, over time.Duration) (p99, worst time.Duration, n int) {
+	if len(ls) == 0 {
+		return 0, 0, 0
+	}
+	ls = slices.Sorted(slices.Values(ls))
+	for _, l := range ls {
+		if l > over {
+			n++
+		}
+	}
+	return ls[min(int(0.99*float64(len(ls))), len(ls)-1)], ls[len(ls)-1], n
+}
+
+// latenessAfter returns, for the deferred events due before back and
+// appended after it, how long after back they were appended: a deferred
+// event due while the broker was down should be back within two seconds of
+// its return.
+func latenessAfter(out []outEvent, downstream string, back time.Time) []time.Duration {
+	var ls []time.Duration
+	seen := map[int]bool{}
+	for _, e := range out {
+		if e.topic != downstream || e.due.IsZero() || seen[e.id] {
+			continue
+		}
+		seen[e.id] = true
+		if e.due.Before(back) && e.at.After(back) {
+			ls = append(ls, e.at.Sub(back))
+		}
+	}
+	return ls
+}
+
+// latenessDue returns how late the deferred events due in [from, to) were
+// appended downstream (first copies).
+func latenessDue(out []outEvent, downstream string, from, to time.Time) []time.Duration {
+	var ls []time.Duration
+	seen := map[int]bool{}
+	for _, e := range out {
+		if e.topic != downstream || e.due.IsZero() || seen[e.id] {
+			continue
+		}
+		seen[e.id] = true
+		if !e.due.Before(from) && e.due.Before(to) {
+			ls = append(ls, max(e.at.Sub(e.due), 0))
+		}
+	}
+	return ls
 }
 
 // windowDetail describes the downstream events of tenant placed in window

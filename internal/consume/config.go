@@ -58,15 +58,15 @@ type Config struct {
 	// CloseTimeout bounds how long Run waits for kafka-go to end the
 	// generation and leave the group at shutdown.
 	CloseTimeout time.Duration
-	// FetchMaxWait is the socket deadline of a fetch on an idle partition.
-	// kafka-go asks the broker to wait FetchMaxWait minus 1s when it is over
-	// 1s (else minus a quarter) and keeps the rest as slack for the reply:
-	// the default 1.5s gives a 0.5s broker wait and 1s of slack, so a loaded
-	// machine does not turn idle fetches into i/o timeouts. It also bounds how
-	// long closing a partition reader takes.
+	// FetchMaxWait, with Timeout, bounds a fetch on an idle partition. The
+	// broker is asked to wait FetchMaxWait minus 1s when it is over 1s (else
+	// minus a quarter): the default 1.5s gives a 0.5s broker wait, so a
+	// partition's fetches see new records within half a second.
 	FetchMaxWait time.Duration
 	// MaxBytes caps the bytes of one fetch response per partition. A larger
-	// message is still fetched, alone.
+	// record batch is still fetched, alone. A partition holds at most one
+	// response, decoded, beside what it has handed over: there is no other
+	// queue (see committedFetcher).
 	MaxBytes int
 	// BackoffMin and BackoffMax bound the capped exponential backoff between
 	// attempts of a failing batch and after fetch errors.
@@ -83,6 +83,14 @@ type Config struct {
 	// sides know, which carry no retention: the broker keeps the offsets for
 	// its offsets.retention.minutes.
 	RetentionTime time.Duration
+
+	// Leases, if set, makes a crashed member's partitions move within
+	// LeaseTTL (default DefaultLeaseTTL) plus a heartbeat rather than a
+	// session timeout (see lease.go). OnLeaseEnded, if set, is called each
+	// time this member removed a peer whose lease ended.
+	Leases       Leases
+	LeaseTTL     time.Duration
+	OnLeaseEnded func()
 
 	// Dialer sets TLS, SASL or a client ID (default: kafka-go's dialer with
 	// Timeout as its dial timeout).
@@ -120,6 +128,7 @@ func (c Config) withDefaults() Config {
 	setDefault(&c.MaxBytes, DefaultMaxBytes)
 	setDefault(&c.BackoffMin, DefaultBackoffMin)
 	setDefault(&c.BackoffMax, DefaultBackoffMax)
+	setDefault(&c.LeaseTTL, DefaultLeaseTTL)
 	if c.Dialer == nil {
 		c.Dialer = &kafka.Dialer{Timeout: c.Timeout, DualStack: true}
 	}
@@ -187,7 +196,7 @@ func (c Config) Validate() error {
 		{"backoff max", c.BackoffMax}, {"session timeout", c.SessionTimeout},
 		{"rebalance timeout", c.RebalanceTimeout},
 		{"heartbeat interval", c.HeartbeatInterval},
-		{"join group backoff", c.JoinGroupBackoff},
+		{"join group backoff", c.JoinGroupBackoff}, {"lease ttl", c.LeaseTTL},
 		{"retention time", c.RetentionTime},
 	} {
 		if d.v < 0 {
@@ -238,6 +247,14 @@ type DelayedConfig struct {
 	// called from partition goroutines, concurrently.
 	OnSkipped   func(topic string, n int)
 	OnTruncated func(topic string, left int64)
+	// MetadataKeys, if set, sign the done sets in the offset metadata
+	// (with the first) and verify them (with any): a new owner handles
+	// again the messages of a done set that is unsigned or whose signature
+	// does not match (see trust.go). OnDistrusted, if set, is called with
+	// the reason each time a new owner did not take a done set.
+	MetadataKeys [][]byte
+	OnDistrusted func(topic, reason string)
+	metaKeys     [][]byte // derived from MetadataKeys (metaKey)
 
 	// OnWaiting, if set, is called with the change in the number of messages
 	// waiting for their release time in a topic (summed over partitions it is
@@ -274,6 +291,9 @@ func (c DelayedConfig) Validate() error {
 	}
 	if c.MetadataMax < 0 {
 		return fmt.Errorf("consume: metadata max %d is negative", c.MetadataMax)
+	}
+	if len(c.MetadataKeys) > 0 && c.MetadataMax > 0 && c.MetadataMax <= sigLen {
+		return fmt.Errorf("consume: metadata max %d leaves no room beside the signature", c.MetadataMax)
 	}
 	return nil
 }

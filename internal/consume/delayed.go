@@ -56,6 +56,11 @@ func NewDelayed(cfg DelayedConfig, h Handler) (*Delayed, error) {
 		return nil, err
 	}
 	m.handover = true
+	for _, k := range cfg.MetadataKeys {
+		d.cfg.metaKeys = append(d.cfg.metaKeys, metaKey(k))
+	}
+	m.metaKeys = d.cfg.metaKeys
+	m.onDistrusted = cfg.OnDistrusted
 	d.m = m
 	return d, nil
 }
@@ -203,7 +208,12 @@ func (r *delayedRun) commit() {
 	if !ok {
 		return
 	}
-	meta, left := encodeDone(next, r.tr.doneBeyond(), r.c.MetadataMax)
+	room := r.c.MetadataMax
+	if len(r.c.MetadataKeys) > 0 {
+		room -= sigLen
+	}
+	meta, left := encodeDone(next, r.tr.doneBeyond(), room)
+	meta = signMeta(r.c.metaKeys, r.p.cfg.GroupID, r.p.topic, r.p.id, meta)
 	if left > 0 {
 		if !r.truncated {
 			r.p.log.Warn("done offsets beyond the commit do not fit in the offset metadata; a new owner would handle them again",

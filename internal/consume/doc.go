@@ -28,7 +28,13 @@
 // the next owner starts where the last one stopped. Delayed, whose messages
 // finish out of offset order, also writes the offsets done beyond the
 // committed one into the commit's metadata; the next owner reads it and skips
-// them (see handover.go for the format and what happens when it does not fit).
+// them (see handover.go for the format and what happens when it does not fit,
+// and trust.go for when a done set is not taken: unsigned or badly signed
+// with DelayedConfig.MetadataKeys, or reaching beyond the partition's end).
+//
+// With Config.Leases, a member that crashed is removed from the group once
+// its lease ends, so that its partitions move within a lease rather than a
+// session timeout (lease.go).
 //
 // A crash, or a commit that fails, can make a message be handled again: at
 // most what was acknowledged since the partition's last successful commit

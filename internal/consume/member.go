@@ -34,6 +34,10 @@ type member struct {
 	// handover: read the done sets the previous owners left in the offset
 	// metadata and skip those offsets (Delayed).
 	handover bool
+	// metaKeys sign and verify the done sets (see trust.go); onDistrusted
+	// is DelayedConfig.OnDistrusted.
+	metaKeys     [][]byte
+	onDistrusted func(topic, reason string)
 
 	ready   atomic.Bool
 	running atomic.Bool
@@ -228,6 +232,9 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 			})
 		}
 	}
+	if m.cfg.Leases != nil {
+		gen.Start(func(gctx context.Context) { m.watchLeases(gctx, gen) })
+	}
 	m.log.Info("consumer group generation started", "generation", gen.ID, "member", gen.MemberID, "partitions", parts)
 	if m.onGeneration != nil {
 		m.onGeneration(gen)
@@ -250,30 +257,11 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 	defer hcancel()
 
 	log := m.log.With("topic", topic, "partition", pa.ID)
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:   m.cfg.Brokers,
-		Dialer:    m.cfg.Dialer,
-		Topic:     topic,
-		Partition: pa.ID,
-		// MinBytes stays 0 (kafka-go: 1). kafka-go's NewReader validates
-		// before applying defaults, so MaxBytes must be set: withDefaults does.
-		MaxBytes:        m.cfg.MaxBytes,
-		MaxWait:         m.cfg.FetchMaxWait,
-		ReadLagInterval: -1, // lag comes from each message's high watermark
-		Logger:          kafkaLogger(log, slog.LevelDebug),
-		ErrorLogger:     kafkaLogger(log, slog.LevelWarn),
-	})
-	defer func() {
-		if err := r.Close(); err != nil {
-			log.Warn("close partition reader", "err", err)
-		}
-	}()
 	// pa.Offset is the committed offset, or kafka.FirstOffset when the group
-	// has none for this partition.
-	if err := r.SetOffset(pa.Offset); err != nil {
-		log.Error("position partition reader", "offset", pa.Offset, "err", err)
-		return
-	}
+	// has none for this partition. The fetcher reads committed records only
+	// (read_committed): see committedFetcher.
+	r := newCommittedFetcher(&m.cfg, m.client, topic, pa.ID, pa.Offset)
+	defer r.Close()
 	log.Debug("partition assigned", "offset", pa.Offset, "generation", gen.ID)
 	p := &partition{
 		topic:         topic,
@@ -289,11 +277,7 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 	}
 	p.gaps = newGapCheck(p, pa.Offset, m.client)
 	if meta != "" {
-		done, err := decodeDone(meta, pa.Offset)
-		if err != nil {
-			log.Warn("offset metadata unreadable; the done set of the previous owner is not skipped", "offset", pa.Offset, "err", err)
-		}
-		p.inherited = done
+		p.inherited = m.inheritDone(hctx, gen.GroupID, topic, pa.ID, pa.Offset, meta)
 	}
 	m.loop(p, stop, hctx)
 	if m.cfg.OnLag != nil {

@@ -30,6 +30,7 @@ var admitCases = map[string]admitCase{
 	"ScriptCacheFlushed":       testScriptFlushed,
 	"TTLChainCachedByReplicas": testTTLChainCachedByReplicas,
 	"TTLChainLost":             testTTLChainLost,
+	"TTLChainLostSeveralRules": testTTLChainLostSeveralRules,
 	"TTLChainNeverShrinks":     testTTLChainNeverShrinks,
 	"WindowKeysExpire":         testWindowKeysExpire,
 	"ReservedWindowKeyLives":   testReservedWindowKeyLives,

@@ -414,3 +414,15 @@ func TestBoundedDailyQuota(t *testing.T) {
 		m.check("quota "+want, 1, 2*tenants+4*tenants)
 	}
 }
+
+// On Redis Cluster each tenant has a call of its own: the batch's budget is
+// shared among them, each at least minScanShare; a single Redis's one call
+// has it whole.
+func TestScanBudgetShared(t *testing.T) {
+	l := &Limiter{opts: Options{MaxScan: 1024}}
+	for _, tc := range []struct{ calls, want int }{{1, 1024}, {2, 512}, {3, 342}, {100, 16}, {500, 16}} {
+		if got := l.scanBudget(tc.calls); got != tc.want {
+			t.Errorf("scanBudget(%d): got %d, want %d", tc.calls, got, tc.want)
+		}
+	}
+}

@@ -129,7 +129,7 @@ func TestFailedCallCountsNothing(t *testing.T) {
 				g.rules = l.Rules().For(g.tenant)
 				g.set = ruleSetID(l.opts.WindowKind, g.rules)
 				g.st = l.stateLocked(g, now)
-				g.chain = g.st.chain
+				g.chains = g.st.chains
 			}
 			l.mu.Unlock()
 			ks, av := l.script(groups, now, now.Add(l.opts.Horizon), Source{}, l.scanBudget(1))

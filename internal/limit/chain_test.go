@@ -187,3 +187,39 @@ func TestLimiterStatesBounded(t *testing.T) {
 		t.Errorf("hog decided locally: %v cache hits, want 2", got)
 	}
 }
+
+// A tenant with several ttl rules takes its chains from the cache too, and
+// when they are lost (keys gone) it starts new ones at now, as a tenant of
+// one rule does: the cache never reopens a window of a chain that is gone.
+func testTTLChainLostSeveralRules(t *testing.T, rdb redis.UniversalClient) {
+	clk := newFakeClock(t0)
+	opts := Options{Clock: clk.Now, WindowKind: TTL, Horizon: time.Minute, Prefix: testPrefix(t)}
+	a := newTestLimiter(t, rdb, "acme=2/10s,100/1m", opts)
+	b := newTestLimiter(t, rdb, "acme=2/10s,100/1m", opts)
+	if got := kinds(admit(t, a, repeat("acme", 3))); got != "aad" { // chains [t0, +20s) and [t0, +60s)
+		t.Fatalf("a: got %s, want aad", got)
+	}
+	ctx := context.Background()
+	rs := a.Rules().For("acme")
+	lost := a.keys.window("acme", rs[0], t0.Add(10*time.Second))
+	for _, k := range []string{a.keys.anchor("acme", rs[0]), a.keys.window("acme", rs[0], t0), lost,
+		a.keys.anchor("acme", rs[1]), a.keys.window("acme", rs[1], t0)} {
+		if n, err := rdb.Del(ctx, k).Result(); err != nil || n != 1 {
+			t.Fatalf("DEL %s: %d %v", k, n, err)
+		}
+	}
+	// At +12s a's cache points into the first rule's second window, lost.
+	clk.Set(t0.Add(12 * time.Second))
+	if got := kinds(admit(t, a, repeat("acme", 1))); got != "a" {
+		t.Fatalf("a after loss: got %s, want a", got)
+	}
+	if st, un := anchorOf(t, rdb, a, "acme"); st != t0.Add(12*time.Second).UnixMilli() || un != t0.Add(22*time.Second).UnixMilli() {
+		t.Errorf("anchor after loss: got [%d, %d), want the chain starting at +12s", st, un)
+	}
+	if got := kinds(admit(t, b, repeat("acme", 2))); got != "ad" {
+		t.Errorf("b: got %s, want ad", got)
+	}
+	if n, err := rdb.Exists(ctx, lost).Result(); err != nil || n != 0 {
+		t.Errorf("the lost chain's window was recreated (%d, %v)", n, err)
+	}
+}

@@ -70,6 +70,8 @@ func plain(s string) bool {
 type keys struct {
 	prefix string
 	kind   WindowKind
+	// scope names the deployment in replay record keys (Options.ReplayScope).
+	scope string
 }
 
 func (k keys) tenant(tenant string) string {
@@ -117,17 +119,26 @@ func capacityField(tenant string) string { return "t:" + encodeTenant(tenant) }
 
 // replay returns the key of the replay record of a source partition on a
 // single Redis, where one script call decides a whole batch:
-// <prefix>:replay:<topic>:<partition>. Kafka topic names hold only
-// [A-Za-z0-9._-], so the key is unambiguous.
+// <prefix>:replay:<topic>:<partition>, or with a scope (Options.ReplayScope)
+// <prefix>:replay:<scope>:<topic>:<partition>. Kafka topic names hold only
+// [A-Za-z0-9._-], so the key is unambiguous whatever the scope holds.
 func (k keys) replay(topic string, partition int) string {
-	return k.prefix + ":replay:" + topic + ":" + strconv.Itoa(partition)
+	return k.prefix + ":replay:" + k.replaySuffix(topic, partition)
+}
+
+func (k keys) replaySuffix(topic string, partition int) string {
+	s := topic + ":" + strconv.Itoa(partition)
+	if k.scope != "" {
+		s = k.scope + ":" + s
+	}
+	return s
 }
 
 // tenantReplay returns the key of the replay record of a tenant's events of
 // a source partition, for Redis Cluster, where each script call decides one
-// tenant and touches only its slot: <prefix>:{<tenant>}:replay:<topic>:<partition>.
+// tenant and touches only its slot: <prefix>:{<tenant>}:replay:[<scope>:]<topic>:<partition>.
 func (k keys) tenantReplay(tenant, topic string, partition int) string {
-	return k.tenant(tenant) + ":replay:" + topic + ":" + strconv.Itoa(partition)
+	return k.tenant(tenant) + ":replay:" + k.replaySuffix(topic, partition)
 }
 
 // ruleSetID names a rule set, for frontier keys and the local cache.

@@ -42,6 +42,11 @@ type Options struct {
 	// skew moves events between neighbouring windows but never lets a
 	// window's count pass its limit. Default time.Now.
 	Clock func() time.Time
+	// ReplayScope, if set, names the deployment in the keys of the replay
+	// records (Source): two deployments that share a Redis and a Prefix
+	// but not a ReplayScope never take each other's decisions for the same
+	// topic, partition and offset. Gatekeeper sets it to GROUP_ID.
+	ReplayScope string
 	// Registerer receives the limiter's metrics. Nil: not registered.
 	Registerer prometheus.Registerer
 	// Capacity is the budget shared by every tenant (G12; capacity.go).
@@ -100,6 +105,7 @@ type Limiter struct {
 	rules   atomic.Pointer[Rules]
 	admit   *redis.Script
 	get     *redis.Script
+	release *redis.Script
 	metrics *metrics
 	// fullReason is the reason of events rejected for want of room.
 	fullReason string
@@ -124,9 +130,10 @@ type tenantState struct {
 	// for an event that costs fullCost or more (see fullFor).
 	full     time.Time
 	fullCost Cost
-	// chain: the ttl chain of a one-rule tenant as the last reply gave it;
-	// while now is before its end the script need not read the anchor.
-	chain chain
+	// chains: the ttl chain of each rule as the last reply gave it (nil:
+	// none known); while now is before its end the script need not read
+	// the anchor. A new slice replaces it, never changed in place.
+	chains []chain
 	// The links of stateCache's lists: list is nil while the state is not
 	// in the cache; bytes is its estimated size (stateBytes).
 	prev, next *tenantState
@@ -159,13 +166,14 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		rdb:     rdb,
 		cluster: cluster,
 		opts:    opts,
-		keys:    keys{prefix: opts.Prefix, kind: opts.WindowKind},
+		keys:    keys{prefix: opts.Prefix, kind: opts.WindowKind, scope: opts.ReplayScope},
 		admit:   redis.NewScript(lua.Admit),
 		get:     redis.NewScript(lua.AlignedGet),
+		release: redis.NewScript(lua.Release),
 	}
 	l.fullReason = fmt.Sprintf("no room within the deferral horizon (%v)", opts.Horizon)
 	l.rules.Store(rules)
-	for _, s := range []*redis.Script{l.admit, l.get} {
+	for _, s := range []*redis.Script{l.admit, l.get, l.release} {
 		cctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 		err := s.Load(cctx, rdb).Err()
 		cancel()
@@ -237,8 +245,8 @@ type group struct {
 	rules  []Rule
 	set    string
 	st     *tenantState
-	// chain is st.chain as read for this call (zero: unknown).
-	chain chain
+	// chains is st.chains as read for this call (nil: unknown).
+	chains []chain
 	// weighted: the rules count bytes or units (see Weighted); costs are
 	// then the costs of the events idx (else nil).
 	weighted bool
@@ -314,7 +322,7 @@ func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string, c
 				}
 				continue
 			}
-			g.chain = g.st.chain
+			g.chains = g.st.chains
 			calls = append(calls, g)
 		}
 	}
@@ -340,19 +348,39 @@ func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string, c
 
 // groups returns the events of tenants grouped by tenant, in the order of
 // their first events, with their rules; an error when noCosts and a tenant
-// has a rule counting bytes or units.
+// has a rule counting bytes or units. It allocates per batch, not per
+// tenant: the groups share one slice, and their idx lists one array (each
+// group's a full-capacity part of it).
 func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 	rules := l.rules.Load()
-	byTenant := make(map[string]*group, len(tenants)/2)
-	var order []*group
+	// First pass: number the tenants in order of first event, count their events.
+	byTenant := make(map[string]int32, len(tenants)/2)
+	gid := make([]int32, len(tenants))
+	sizes := make([]int32, 0, len(tenants))
+	for i, t := range tenants {
+		n, ok := byTenant[t]
+		if !ok {
+			n = int32(len(sizes))
+			byTenant[t] = n
+			sizes = append(sizes, 0)
+		}
+		gid[i] = n
+		sizes[n]++
+	}
+	slab := make([]group, len(sizes))
+	order := make([]*group, len(sizes))
+	idx := make([]int, len(tenants))
 	// Most tenants share one rule list (the "*" rules, one slice): name it
 	// once per batch rather than once per tenant.
 	var lastRules []Rule
 	var lastSet string
+	at := 0
 	for i, t := range tenants {
-		g := byTenant[t]
-		if g == nil {
-			g = &group{tenant: t, rules: l.rulesFor(rules, t)}
+		n := gid[i]
+		g := &slab[n]
+		if order[n] == nil {
+			*g = group{tenant: t, rules: l.rulesFor(rules, t), idx: idx[at : at : at+int(sizes[n])]}
+			at += int(sizes[n])
 			if len(g.rules) > 0 && len(lastRules) == len(g.rules) && &lastRules[0] == &g.rules[0] {
 				g.set = lastSet
 			} else {
@@ -363,22 +391,21 @@ func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 			if g.weighted && noCosts {
 				return nil, fmt.Errorf("admit: tenant %q has a rule counting bytes or units, and the events have no costs", t)
 			}
-			byTenant[t] = g
-			order = append(order, g)
+			order[n] = g
 		}
 		g.idx = append(g.idx, i)
 	}
 	return order, nil
 }
 
-// cacheChains keeps the ttl chains of the one-rule tenants in replies (the
-// last two numbers of each reply).
+// cacheChains keeps the ttl chains of the tenants in replies (the last two
+// numbers per rule of each reply).
 func (l *Limiter) cacheChains(calls []*group, replies []reply) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for j, g := range calls {
-		if r := replies[j].n; len(g.rules) == 1 && replies[j].failed == "" {
-			g.st.chain = chain{start: r[len(r)-2], end: r[len(r)-1]}
+		if replies[j].failed == "" {
+			g.st.chains = replyChains(replies[j].n, len(g.rules))
 		}
 	}
 }

@@ -20,6 +20,26 @@ var replayCases = map[string]admitCase{
 	"TimeoutThenRetry":     testReplayTimeoutThenRetry,
 	"ReplayedBeforeNew":    testReplayedBeforeNew,
 	"RecordKeyAndLifetime": testReplayRecordKey,
+	"OtherDeployment":      testReplayOtherDeployment,
+}
+
+// Two deployments sharing a Redis and a key prefix (but not a group) never
+// take each other's decisions for the same topic, partition and offsets:
+// the replay record is scoped by Options.ReplayScope.
+func testReplayOtherDeployment(t *testing.T, rdb redis.UniversalClient) {
+	clk := newFakeClock(t0.Add(10 * time.Second))
+	prefix := testPrefix(t)
+	a := newTestLimiter(t, rdb, "*=1/1m", Options{Clock: clk.Now, Prefix: prefix, ReplayScope: "deploy-a"})
+	b := newTestLimiter(t, rdb, "*=1/1m", Options{Clock: clk.Now, Prefix: prefix, ReplayScope: "deploy-b"})
+	if got := kinds(admitFrom(t, a, src(0, 0, 3), []string{"x", "x", "x"})); got != "add" {
+		t.Fatalf("deployment a: got %s, want add", got)
+	}
+	if got := kinds(admitFrom(t, b, src(0, 0, 3), []string{"p", "q", "r"})); got != "aaa" {
+		t.Errorf("deployment b, same offsets, other tenants: got %s, want aaa (its own decisions, not a's)", got)
+	}
+	if got := kinds(admitFrom(t, a, src(0, 0, 3), []string{"x", "x", "x"})); got != "add" {
+		t.Errorf("deployment a replayed: got %s, want its first decisions add", got)
+	}
 }
 
 func TestReplayRedis(t *testing.T) {

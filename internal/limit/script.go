@@ -63,10 +63,11 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src Source, budge
 		ks = append(ks, g.st.keys...)
 		num(int64(len(g.rules)))
 		num(int64(len(g.idx)))
-		for _, r := range g.rules {
+		for i, r := range g.rules {
 			num(int64(l.describe(&d, r, now, hend)))
-			num(g.chain.start)
-			num(g.chain.end)
+			c := g.chainOf(i)
+			num(c.start)
+			num(c.end)
 		}
 	}
 	capFirst := len(ks) + 1

@@ -91,15 +91,15 @@ func newStateCache(budget int64, m *metrics) *stateCache {
 }
 
 // Estimated heap bytes of one state besides its strings: the tenantState
-// (160-byte size class, with the cost it is known full for) and its map
-// slot (key and pointer, 40 bytes, and a control byte); each key adds 16
-// bytes to the keys slice's array. A Go
+// (176-byte size class, with the cost it is known full for) and its map
+// slot (key and pointer, 40 bytes, and a control byte); each rule adds 16
+// bytes to the keys slice's array and 16 to its ttl chains'. A Go
 // map's table is between 7/16 and 7/8 full when it grows; deleted slots
 // may make it double once more before stateCache copies it (after as many
 // deletions as entries), so a slot costs at most about 41*32/7 bytes.
 const (
-	stateFixedBytes = 160 + 41*32/7
-	stateKeyBytes   = 16
+	stateFixedBytes = 176 + 41*32/7
+	stateKeyBytes   = 16 + 16
 )
 
 // stringBytes estimates the heap bytes of an n-byte string: n rounded up to

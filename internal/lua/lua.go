@@ -71,3 +71,9 @@ func join(fsys embed.FS, dir string, names []string) string {
 	}
 	return b.String()
 }
+
+// Release gives back the slot of a deferred event that came back after its
+// slot ended, once per trip.
+//
+//go:embed release.lua
+var Release string

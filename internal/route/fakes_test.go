@@ -30,7 +30,16 @@ func (w *fakeWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) e
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := len(w.calls)
-	w.calls = append(w.calls, append([]kafka.Message(nil), msgs...))
+	// Deep copies: the Gate reuses the headers' memory once a write succeeded.
+	kept := make([]kafka.Message, len(msgs))
+	for i, m := range msgs {
+		m.Headers = append([]kafka.Header(nil), m.Headers...)
+		for j, h := range m.Headers {
+			m.Headers[j].Value = append([]byte(nil), h.Value...)
+		}
+		kept[i] = m
+	}
+	w.calls = append(w.calls, kept)
 	if err := ctx.Err(); err != nil {
 		return err
 	}

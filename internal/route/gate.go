@@ -65,7 +65,8 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 	items := itemPool.get(len(msgs))
 	defer itemPool.put(items)
 	counts := map[string]int{}
-	tenants, costs, valid := g.extract(msgs, items, counts, log)
+	orig := newOrigins(msgs)
+	tenants, costs, valid := g.extract(msgs, items, orig, counts, log)
 
 	ds, unchecked, err := g.admit(ctx, tenants, costs, source(ctx, msgs, valid), msgs[0])
 	if err != nil {
@@ -75,7 +76,7 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 	for j, i := range valid {
 		m, tenant := msgs[i], tenants[j]
 		if unchecked {
-			items[i] = Item{Msg: withOrigin(m, ""), Outcome: Forward}
+			items[i] = Item{Msg: orig.with(m, ""), Outcome: Forward}
 			continue
 		}
 		d := ds[j]
@@ -83,12 +84,13 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 			return fmt.Errorf("gate: decision %d for tenant %q is not valid", d.Kind, tenant)
 		}
 		counts[d.Kind.String()]++
-		items[i] = g.decided(m, tenant, d, now, log, debug)
+		items[i] = g.decided(m, tenant, d, now, orig, log, debug)
 	}
 
 	if err := g.Router.Route(ctx, items); err != nil {
 		return fmt.Errorf("gate: %w", err)
 	}
+	orig.release() // every message acknowledged: the writer holds none
 	if !g.Shadow {
 		warnFailed(log, msgs[0], ds, counts)
 	}
@@ -107,7 +109,7 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 // tenants found, the events' costs and the indexes in msgs of their events;
 // an event without a tenant or a cost gets its item (dead-lettered, or
 // forwarded in shadow mode) and is counted invalid.
-func (g *Gate) extract(msgs []kafka.Message, items []Item, counts map[string]int, log *slog.Logger) (tenants []string, costs []limit.Cost, valid []int) {
+func (g *Gate) extract(msgs []kafka.Message, items []Item, orig *origins, counts map[string]int, log *slog.Logger) (tenants []string, costs []limit.Cost, valid []int) {
 	tenants = make([]string, 0, len(msgs))
 	costs = make([]limit.Cost, 0, len(msgs))
 	valid = make([]int, 0, len(msgs)) // indexes of msgs with a tenant
@@ -121,9 +123,9 @@ func (g *Gate) extract(msgs []kafka.Message, items []Item, counts map[string]int
 			counts[DecisionInvalid]++
 			log.Debug("invalid event", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "reason", err.Error())
 			if g.Shadow {
-				items[i] = Item{Msg: withOrigin(m, ""), Outcome: Forward}
+				items[i] = Item{Msg: orig.with(m, ""), Outcome: Forward}
 			} else {
-				items[i] = Item{Msg: withOrigin(m, ""), Outcome: DeadLetter, Reason: err.Error()}
+				items[i] = Item{Msg: orig.with(m, ""), Outcome: DeadLetter, Reason: err.Error()}
 			}
 			continue
 		}
@@ -137,9 +139,9 @@ func (g *Gate) extract(msgs []kafka.Message, items []Item, counts map[string]int
 // decided returns the item of event m of tenant after decision d (Admit,
 // Defer, Reject or Fail): forwarded, deferred or dead-lettered, and
 // forwarded whatever d in shadow mode.
-func (g *Gate) decided(m kafka.Message, tenant string, d limit.Decision, now time.Time, log *slog.Logger, debug bool) Item {
+func (g *Gate) decided(m kafka.Message, tenant string, d limit.Decision, now time.Time, orig *origins, log *slog.Logger, debug bool) Item {
 	if g.Shadow {
-		return Item{Msg: withOrigin(m, tenant), Outcome: Forward}
+		return Item{Msg: orig.with(m, tenant), Outcome: Forward}
 	}
 	switch d.Kind {
 	case limit.Defer:
@@ -161,9 +163,9 @@ func (g *Gate) decided(m kafka.Message, tenant string, d limit.Decision, now tim
 			log.Debug("event dead-lettered", "tenant", tenant, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset,
 				"decision", d.Kind.String(), "reason", rejectReason(d))
 		}
-		return Item{Msg: withOrigin(m, tenant), Outcome: DeadLetter, Reason: rejectReason(d)}
+		return Item{Msg: orig.with(m, tenant), Outcome: DeadLetter, Reason: rejectReason(d)}
 	default: // limit.Admit
-		return Item{Msg: withOrigin(m, tenant), Outcome: Forward}
+		return Item{Msg: orig.with(m, tenant), Outcome: Forward}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -118,26 +119,97 @@ func WithReason(m kafka.Message, reason string) kafka.Message {
 // gk-origin-partition, gk-origin-offset) is the event's stable identity: every
 // copy of it that reaches downstream carries the same three values.
 func withOrigin(m kafka.Message, tenant string) kafka.Message {
-	// One buffer holds every value, as in WithDeferral: this runs for every
-	// admitted event.
-	b := make([]byte, 0, len(tenant)+len(m.Topic)+30)
-	b = append(b, tenant...)
-	t := len(b)
-	b = append(b, m.Topic...)
-	top := len(b)
-	b = strconv.AppendInt(b, int64(m.Partition), 10)
-	part := len(b)
-	b = strconv.AppendInt(b, m.Offset, 10)
-	hs := make([]kafka.Header, 0, 4)
-	if tenant != "" {
-		hs = append(hs, kafka.Header{Key: HeaderTenant, Value: b[:t:t]})
+	var o origins
+	return o.with(m, tenant)
+}
+
+// origins adds the origin headers (see withOrigin) to the events of one
+// source batch. It runs for every admitted event, so it allocates per
+// batch, not per event: the header values of all events share one byte
+// buffer and their header lists one header slice, sized by newOrigins; the
+// topic and partition values are written once per partition (a source
+// batch is one partition). Every message gets full-capacity sub-slices, so
+// appending to its headers or values never writes into another's. The zero
+// value works (allocating as it goes). Not safe for concurrent use.
+type origins struct {
+	buf  []byte
+	hdrs []kafka.Header
+	// topic and partition are the values of the last partition seen.
+	topic, partition []byte
+	topicName        string
+	partitionNum     int
+}
+
+// originPool recycles the buffers of origins (see release).
+var originPool sync.Pool
+
+// newOrigins returns the origins of msgs, sized for them: each event's own
+// headers and four more, its key's bytes (the tenant, when it is taken from
+// the key) and 20 digits of offset. Its buffers come from earlier batches
+// released with release.
+func newOrigins(msgs []kafka.Message) *origins {
+	nh, nb := 0, 0
+	for i := range msgs {
+		nh += len(msgs[i].Headers) + 4
+		nb += len(msgs[i].Key) + 20
 	}
-	hs = append(hs,
-		kafka.Header{Key: HeaderOriginTopic, Value: b[t:top:top]},
-		kafka.Header{Key: HeaderOriginPartition, Value: b[top:part:part]},
-		kafka.Header{Key: HeaderOriginOffset, Value: b[part:len(b):len(b)]},
+	if len(msgs) > 0 {
+		nb += len(msgs[0].Topic) + 20
+	}
+	o, _ := originPool.Get().(*origins)
+	if o == nil {
+		o = &origins{}
+	}
+	if cap(o.hdrs) < nh {
+		o.hdrs = make([]kafka.Header, 0, nh)
+	}
+	if cap(o.buf) < nb {
+		o.buf = make([]byte, 0, nb)
+	}
+	return o
+}
+
+// release gives o's buffers to the next batch. Call it only when no message
+// built by o is used any more, nor will be: after Kafka acknowledged their
+// write (a write given up on, its context done, may still be under way in
+// the writer).
+func (o *origins) release() {
+	clear(o.hdrs[:cap(o.hdrs)]) // keep no source header alive
+	*o = origins{buf: o.buf[:0], hdrs: o.hdrs[:0]}
+	originPool.Put(o)
+}
+
+// value appends v (from f) to the buffer and returns it, capped.
+func (o *origins) value(f func([]byte) []byte) []byte {
+	start := len(o.buf)
+	o.buf = f(o.buf)
+	return o.buf[start:len(o.buf):len(o.buf)]
+}
+
+// with returns a copy of m with its origin headers and the tenant's, as
+// withOrigin does.
+func (o *origins) with(m kafka.Message, tenant string) kafka.Message {
+	if o.topic == nil || m.Topic != o.topicName || m.Partition != o.partitionNum {
+		o.topicName, o.partitionNum = m.Topic, m.Partition
+		o.topic = o.value(func(b []byte) []byte { return append(b, m.Topic...) })
+		o.partition = o.value(func(b []byte) []byte { return strconv.AppendInt(b, int64(m.Partition), 10) })
+	}
+	start := len(o.hdrs)
+	for _, h := range m.Headers {
+		if !isGK(h.Key) {
+			o.hdrs = append(o.hdrs, h)
+		}
+	}
+	if tenant != "" {
+		o.hdrs = append(o.hdrs, kafka.Header{Key: HeaderTenant, Value: o.value(func(b []byte) []byte { return append(b, tenant...) })})
+	}
+	o.hdrs = append(o.hdrs,
+		kafka.Header{Key: HeaderOriginTopic, Value: o.topic},
+		kafka.Header{Key: HeaderOriginPartition, Value: o.partition},
+		kafka.Header{Key: HeaderOriginOffset, Value: o.value(func(b []byte) []byte { return strconv.AppendInt(b, m.Offset, 10) })},
 	)
-	return withHeaders(m, isGK, hs...)
+	m.Headers = o.hdrs[start:len(o.hdrs):len(o.hdrs)]
+	return m
 }
 
 // ParseDeferral reads the deferral headers of m. If a header appears more than

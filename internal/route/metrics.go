@@ -52,6 +52,9 @@ type Metrics struct {
 	// an owner, a lagging consumer) and were checked again as new: each
 	// holds a second slot, its first one spent.
 	LateReservations prometheus.Counter
+	// ReleasedSlots counts the slots of late reservations given back (see
+	// SlotReleaser): the window they were reserved in counts them no more.
+	ReleasedSlots prometheus.Counter
 }
 
 // NewMetrics builds the collectors and registers them with reg; a nil reg
@@ -102,13 +105,18 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		LateReservations: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: "gatekeeper",
 			Name:      "late_reservations_total",
-			Help:      "Deferred events that came back after their reserved slot had ended and were checked again as new (their first slot stays spent).",
+			Help:      "Deferred events that came back after their reserved slot had ended and were checked again as new.",
+		}),
+		ReleasedSlots: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gatekeeper",
+			Name:      "released_slots_total",
+			Help:      "Slots of late reservations given back: the window they were reserved in no longer counts them.",
 		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.Decisions, m.EventsIn, m.EventsOut, m.RedisUnchecked, m.BatchSize, m.Oversized, m.WritesFailing, m.SigFailures, m.LateReservations} {
+	for _, c := range []prometheus.Collector{m.Decisions, m.EventsIn, m.EventsOut, m.RedisUnchecked, m.BatchSize, m.Oversized, m.WritesFailing, m.SigFailures, m.LateReservations, m.ReleasedSlots} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register route metrics: %w", err)
 		}
@@ -150,6 +158,13 @@ func (m *Metrics) late(n int) {
 		return
 	}
 	m.LateReservations.Add(float64(n))
+}
+
+func (m *Metrics) released(n int) {
+	if m == nil || n == 0 {
+		return
+	}
+	m.ReleasedSlots.Add(float64(n))
 }
 
 func (m *Metrics) unchecked(n int) {

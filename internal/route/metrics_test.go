@@ -48,7 +48,7 @@ func TestNewMetricsNames(t *testing.T) {
 	}
 	want := []string{"gatekeeper_batch_size", "gatekeeper_decisions_total", "gatekeeper_events_in_total",
 		"gatekeeper_events_out_total", "gatekeeper_late_reservations_total", "gatekeeper_oversized_total", "gatekeeper_redis_unchecked_total",
-		"gatekeeper_retry_sig_failures_total", "gatekeeper_writes_failing"}
+		"gatekeeper_released_slots_total", "gatekeeper_retry_sig_failures_total", "gatekeeper_writes_failing"}
 	if len(got) != len(want) {
 		t.Fatalf("got families %v, want %v", got, want)
 	}

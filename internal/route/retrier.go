@@ -31,7 +31,8 @@ var ErrEarly = errors.New("released before its time")
 // (before gk-reserved) goes downstream uncounted, gk- headers kept; after the
 // slot it is admitted again, at the cost read from it as from a source
 // event (an event whose cost cannot be read any more goes to the dead-letter
-// topic): admitted goes downstream, deferred goes back to
+// topic), and gives its missed slot back (when the Admitter is a
+// SlotReleaser): admitted goes downstream, deferred goes back to
 // a retry tier with gk-attempt+1 (or to the dead-letter topic with reason
 // "max attempts" past MaxAttempts), rejected and failed (a broken counter
 // key) go to the dead-letter topic.
@@ -95,6 +96,11 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 	if err := r.decide(&b, msgs, ds, unchecked); err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
+	if !unchecked {
+		if err := r.releaseMissed(ctx, b.missed); err != nil {
+			return fmt.Errorf("retrier: %w", err)
+		}
+	}
 	if err := r.Router.Route(ctx, b.items); err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
@@ -116,14 +122,15 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 
 // retryBatch is what Handle has worked out about a batch so far.
 type retryBatch struct {
-	items       []Item         // index-aligned with the batch
-	readmit     []pendingRetry // events to admit again, in batch order
-	tenants     []string       // the tenants of the distinct trips among them, in order
-	costs       []limit.Cost   // their costs, index-aligned with tenants
-	checked     []int          // and the indexes in the batch of their first copies
-	trips       map[trip]int   // the index in tenants of each trip
-	counts      map[string]int // gatekeeper_decisions_total by label
-	sigFailures map[string]int // gatekeeper_retry_sig_failures_total by reason
+	items       []Item             // index-aligned with the batch
+	readmit     []pendingRetry     // events to admit again, in batch order
+	tenants     []string           // the tenants of the distinct trips among them, in order
+	costs       []limit.Cost       // their costs, index-aligned with tenants
+	checked     []int              // and the indexes in the batch of their first copies
+	missed      []limit.MissedSlot // the slots they missed, one per trip
+	trips       map[trip]int       // the index in tenants of each trip
+	counts      map[string]int     // gatekeeper_decisions_total by label
+	sigFailures map[string]int     // gatekeeper_retry_sig_failures_total by reason
 }
 
 // pendingRetry is an event to admit again: msgs[i], deferred as d, whose
@@ -219,6 +226,7 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, now time.Time)
 		b.tenants = append(b.tenants, d.Tenant)
 		b.costs = append(b.costs, cost)
 		b.checked = append(b.checked, i)
+		b.missed = append(b.missed, missedSlot(d, cost))
 	}
 	b.readmit = append(b.readmit, pendingRetry{i: i, j: j, d: d})
 	return nil

@@ -269,9 +269,13 @@ func TestRetrierSigned(t *testing.T) {
 	otherTenant := withHeader(s.Sign(retryMsg("down.retry", 9, deferral("cheap", 1, past, t0.Add(time.Second)))), HeaderTenant, "victim")
 	otherEvent := s.Sign(retryMsg("down.retry", 10, deferral("ok", 1, past, t0.Add(time.Second))))
 	otherEvent.Value = []byte("another event")
+	// Signed for the long tier, written to the first one (or read back from
+	// the dead-letter topic into it): bound to its tier, it does not verify.
+	otherTier := s.Sign(retryMsg("down.retry.long", 11, deferral("ok", 1, past, t0.Add(time.Second))))
+	otherTier.Topic = "down.retry"
 
 	batch := []kafka.Message{inSlot, readmit, move, moveOldKey, unsigned, unsignedEarly, unsignedTier,
-		farReserved, otherTenant, otherEvent}
+		farReserved, otherTenant, otherEvent, otherTier}
 	f := newRetrier(t, byTenant(decisions))
 	f.retrier.Router.Signer = s
 	if err := f.retrier.Handle(context.Background(), batch); err != nil {
@@ -282,17 +286,24 @@ func TestRetrierSigned(t *testing.T) {
 		t.Errorf("Admit calls mismatch (-want +got):\n%s", diff)
 	}
 	next := deferral("again", 2, decisions["again"].Due, decisions["again"].Until)
+	// signedFor is m signed for the tier topic it is written to.
+	signedFor := func(m kafka.Message, topic string) kafka.Message {
+		m.Topic = topic
+		return s.Sign(m)
+	}
+	// What leaves the retry path carries no gk-sig.
 	want := []out{
-		outOf(inSlot, "down"),
-		outOf(s.Sign(retryMsg("", 2, next)), "down.retry.1h"),
-		outOf(move, "down.retry"),
-		outOf(s.Sign(moveOldKey), "down.retry.1h"),
+		outOf(withoutSig(inSlot), "down"),
+		outOf(signedFor(retryMsg("", 2, next), "down.retry.1h"), "down.retry.1h"),
+		outOf(signedFor(move, "down.retry"), "down.retry"),
+		outOf(signedFor(moveOldKey, "down.retry.1h"), "down.retry.1h"),
 		outOf(unsigned, "down.dlq", "gk-reason=gk-sig missing"),
 		outOf(unsignedEarly, "down.dlq", "gk-reason=gk-sig missing"),
 		outOf(unsignedTier, "down.dlq", "gk-reason=gk-sig missing"),
-		outOf(farReserved, "down.dlq", "gk-reason=gk-sig does not match"),
-		outOf(otherTenant, "down.dlq", "gk-reason=gk-sig does not match"),
-		outOf(otherEvent, "down.dlq", "gk-reason=gk-sig does not match"),
+		outOf(withoutSig(farReserved), "down.dlq", "gk-reason=gk-sig does not match"),
+		outOf(withoutSig(otherTenant), "down.dlq", "gk-reason=gk-sig does not match"),
+		outOf(withoutSig(otherEvent), "down.dlq", "gk-reason=gk-sig does not match"),
+		outOf(withoutSig(otherTier), "down.dlq", "gk-reason=gk-sig does not match"),
 	}
 	got := f.writer.last(t)
 	diffOut(t, want, got)
@@ -305,13 +316,13 @@ func TestRetrierSigned(t *testing.T) {
 		}
 	}
 
-	for reason, want := range map[string]float64{"missing": 3, "mismatch": 3} {
+	for reason, want := range map[string]float64{"missing": 3, "mismatch": 4} {
 		if got := counterValue(t, f.metrics.SigFailures.WithLabelValues(reason)); got != want {
 			t.Errorf("retry_sig_failures_total{reason=%q}: got %v, want %v", reason, got, want)
 		}
 	}
-	if got := counterValue(t, f.metrics.Decisions.WithLabelValues(DecisionInvalid)); got != 6 {
-		t.Errorf("decisions_total{decision=\"invalid\"}: got %v, want 6", got)
+	if got := counterValue(t, f.metrics.Decisions.WithLabelValues(DecisionInvalid)); got != 7 {
+		t.Errorf("decisions_total{decision=\"invalid\"}: got %v, want 7", got)
 	}
 }
 

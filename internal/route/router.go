@@ -18,6 +18,8 @@ import (
 // Writer writes messages to Kafka; *kafka.Writer implements it. WriteMessages
 // returns nil only when every message is acknowledged. It may return
 // kafka.WriteErrors, index-aligned with msgs, to say which ones failed.
+// Once it has returned nil it holds no reference to msgs, their headers or
+// the headers' values: the Gate reuses their memory for its next batch.
 // Implementations must be safe for concurrent use.
 type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
@@ -51,7 +53,8 @@ const writerBatchSize = 250
 // NewKafkaWriter returns a synchronous writer with the settings the gating
 // path relies on: acks from all in-sync replicas, a 2ms batch timeout, the
 // Murmur2 balancer on the key (the partitioning Java clients use), bounded
-// timeouts and no automatic topic creation. Messages must name their topic.
+// timeouts, no automatic topic creation, and the topics' partition counts
+// cached for a second (metadataCache). Messages must name their topic.
 // Close it when done.
 func NewKafkaWriter(brokers []string, opts WriterOptions) *kafka.Writer {
 	if opts.BatchBytes <= 0 {
@@ -73,7 +76,7 @@ func NewKafkaWriter(brokers []string, opts WriterOptions) *kafka.Writer {
 		BatchBytes:             opts.BatchBytes,
 		WriteTimeout:           opts.WriteTimeout,
 		ReadTimeout:            opts.ReadTimeout,
-		Transport:              opts.Transport,
+		Transport:              newMetadataCache(opts.Transport),
 		AllowAutoTopicCreation: false,
 	}
 	if l := opts.Logger; l != nil {
@@ -262,6 +265,13 @@ type Router struct {
 	// its gk- headers included, goes to the dead-letter topic instead, without
 	// its value (and then its key and other headers) if that is what it takes.
 	MaxMessageBytes int
+	// TopicMaxBytes, if set, gives the largest record of some output topics
+	// instead of MaxMessageBytes (the retry tiers' max.message.bytes, read
+	// at start-up). An event too large where it goes loses Gatekeeper's
+	// optional headers first (downstream and dead-letter topics); only an
+	// event too large by itself, or a deferral too large for its retry tier,
+	// goes to the dead-letter topic, with its value if that topic can take it.
+	TopicMaxBytes map[string]int
 
 	failing atomic.Int64 // batches whose write keeps failing
 	// Signer, if set, signs every event written to a retry tier (gk-sig),
@@ -323,23 +333,28 @@ func (r *Router) build(items []Item, out []kafka.Message) error {
 		}
 		switch it.Outcome {
 		case Forward:
+			m = withoutSig(m) // gk-sig stays in the retry tiers
 			m.Topic = r.Topics.Downstream
 		case Defer:
-			m = r.sign(WithDeferral(m, it.Deferral))
+			m = WithDeferral(m, it.Deferral)
 			m.Topic = pickTier(retryTiers, it.Deferral.Due.Sub(now)).Topic
+			m = r.sign(m) // bound to the tier
 		case Requeue:
-			m = r.sign(m)
 			m.Topic = pickTier(retryTiers, it.Deferral.Due.Sub(now)).Topic
+			m = r.sign(m)
 		case DeadLetter:
-			m = WithReason(m, it.Reason)
+			m = WithReason(withoutSig(m), it.Reason)
 			m.Topic = r.Topics.DLQ
 		default:
 			return fmt.Errorf("item %d (topic %s partition %d offset %d): outcome %d is not valid",
 				i, it.Msg.Topic, it.Msg.Partition, it.Msg.Offset, it.Outcome)
 		}
-		if r.MaxMessageBytes > 0 {
-			if size := RecordSize(m); size > r.MaxMessageBytes {
-				m = r.oversized(it.Msg, m, fmt.Sprintf("event too large for %s: %d bytes with its headers, over MAX_MESSAGE_BYTES %d", m.Topic, size, r.MaxMessageBytes))
+		if !r.fits(m) {
+			t, ok := r.trimmed(m)
+			if ok && (it.Outcome == Forward || it.Outcome == DeadLetter) {
+				m = t // without the gk- headers it can do without
+			} else {
+				m = r.oversized(it.Msg, m, fmt.Sprintf("event too large for %s: %d bytes with its headers, over its limit of %d", m.Topic, RecordSize(m), r.limitFor(m.Topic)))
 			}
 		}
 		out[i] = m
@@ -361,10 +376,11 @@ func RecordSize(m kafka.Message) int {
 }
 
 // oversized returns the dead-letter version of m (built from src) that is
-// too large to be written where it was going: gk-reason says why; the value
-// is dropped if the event is still too large, then its key and non-gk
-// headers. Its gk- headers (origin, tenant, reason) are always kept, so the
-// event can be traced. It is counted and logged.
+// too large to be written where it was going: gk-reason says why. It keeps
+// the value whenever the dead-letter topic can take it: the gk- headers but
+// gk-reason and the origin go first, then the value, then the key and the
+// event's own headers, and at last everything but gk-reason and the origin.
+// It is counted and logged.
 func (r *Router) oversized(src, m kafka.Message, reason string) kafka.Message {
 	r.Metrics.oversized(m.Topic)
 	if prev, ok := lastHeader(m.Headers, HeaderReason); ok && m.Topic == r.Topics.DLQ {
@@ -373,15 +389,25 @@ func (r *Router) oversized(src, m kafka.Message, reason string) kafka.Message {
 	dl := WithReason(m, reason)
 	dl.Topic = r.Topics.DLQ
 	kept := "everything"
-	if RecordSize(dl) > r.MaxMessageBytes {
+	if t, ok := r.trimmed(dl); ok {
+		if len(t.Headers) < len(dl.Headers) {
+			kept = "value, reason and origin"
+		}
+		dl = t
+	} else {
 		dl.Value, kept = nil, "no value"
-	}
-	if RecordSize(dl) > r.MaxMessageBytes {
-		dl.Key, kept = nil, "gk- headers only"
-		dl = withHeaders(dl, func(k string) bool { return !isGK(k) })
+		if t, ok := r.trimmed(dl); ok {
+			dl = t
+		} else {
+			dl.Key, kept = nil, "gk- headers only"
+			dl = withHeaders(dl, func(k string) bool { return !isGK(k) })
+			if !r.fits(dl) {
+				dl, kept = r.minimalDeadLetter(dl, reason), "reason and origin only"
+			}
+		}
 	}
 	r.logger().Warn("event too large, dead-lettered", "topic", src.Topic, "partition", src.Partition, "offset", src.Offset,
-		"to", m.Topic, "size", RecordSize(m), "max_message_bytes", r.MaxMessageBytes, "kept", kept)
+		"to", m.Topic, "size", RecordSize(m), "limit", r.limitFor(m.Topic), "kept", kept)
 	return dl
 }
 
@@ -405,7 +431,17 @@ func (r *Router) Route(ctx context.Context, items []Item) error {
 }
 
 func (r *Router) write(ctx context.Context, msgs []kafka.Message) error {
-	pending := msgs
+	if len(msgs) == 0 {
+		return nil
+	}
+	err := r.Writer.WriteMessages(ctx, msgs...)
+	if err == nil {
+		return nil // the common case, without allocations
+	}
+	pending := make([]pendingWrite, len(msgs))
+	for i, m := range msgs {
+		pending[i].msg = m
+	}
 	failing := false
 	defer func() {
 		if failing {
@@ -413,81 +449,128 @@ func (r *Router) write(ctx context.Context, msgs []kafka.Message) error {
 			r.Metrics.writesFailing(-1)
 		}
 	}()
-	for attempt := 0; len(pending) > 0; attempt++ {
-		if attempt == writeFailingAfter {
+	for attempt := 0; ; attempt++ {
+		if cerr := ctx.Err(); cerr != nil {
+			return fmt.Errorf("write %d messages: %w (last error: %v)", len(pending), cerr, err)
+		}
+		var sizeOnly bool
+		pending, sizeOnly = r.refusals(pending, err, attempt == 0)
+		if len(pending) == 0 {
+			return nil
+		}
+		if attempt+1 == writeFailingAfter {
 			failing = true
 			r.failing.Add(1)
 			r.Metrics.writesFailing(1)
 		}
-		err := r.Writer.WriteMessages(ctx, pending...)
+		if !sizeOnly { // a record refused for its size is split off and written again at once
+			wait := r.Backoff.Delay(attempt)
+			level := slog.LevelWarn
+			if isTooLarge(err) {
+				// A record the broker refuses even as a minimal dead letter:
+				// retrying will not help until an operator raises the size
+				// limit, but dropping it is not an option either.
+				level = slog.LevelError
+			}
+			r.logger().Log(ctx, level, "kafka write failed, retrying",
+				"topic", topicListOf(pending), "messages", len(pending),
+				"attempt", attempt+1, "backoff", wait, "err", err)
+			if serr := sleep(ctx, wait); serr != nil {
+				return fmt.Errorf("write %d messages: %w (last error: %v)", len(pending), serr, err)
+			}
+		}
+		err = r.writeOnce(ctx, pending)
 		if err == nil {
 			return nil
 		}
-		if cerr := ctx.Err(); cerr != nil {
-			return fmt.Errorf("write %d messages: %w (last error: %v)", len(pending), cerr, err)
+	}
+}
+
+// pendingWrite is a record that write retries: its last error, how often
+// the broker refused it as too large, and whether it goes in a request of
+// its own.
+type pendingWrite struct {
+	msg          kafka.Message
+	err          error
+	sizeRefusals int
+	alone        bool
+}
+
+// writeOnce writes pending: the records to write alone in a request each,
+// the others in one. It sets each record's err and returns the first error.
+func (r *Router) writeOnce(ctx context.Context, pending []pendingWrite) error {
+	var first error
+	note := func(idx []int, err error) {
+		if err != nil && first == nil {
+			first = err
 		}
 		var werrs kafka.WriteErrors
-		if errors.As(err, &werrs) && len(werrs) == len(pending) {
-			failed := make([]kafka.Message, 0, werrs.Count())
-			for i, e := range werrs {
-				if e != nil {
-					failed = append(failed, r.refused(pending[i], e))
-				}
+		aligned := err != nil && errors.As(err, &werrs) && len(werrs) == len(idx)
+		for k, i := range idx {
+			pending[i].err = err
+			if aligned {
+				pending[i].err = werrs[k]
 			}
-			pending = failed
-			if len(pending) == 0 {
-				return nil
-			}
-		} else if len(pending) == 1 {
-			pending[0] = r.refused(pending[0], err)
-		}
-		wait := r.Backoff.Delay(attempt)
-		level := slog.LevelWarn
-		if tooLarge(err, werrs) {
-			// A record the broker refuses even in the dead-letter topic
-			// without its value: retrying will not help until an operator
-			// raises the size limit, but dropping it is not an option either.
-			level = slog.LevelError
-		}
-		r.logger().Log(ctx, level, "kafka write failed, retrying",
-			"topic", topicList(pending), "messages", len(pending),
-			"attempt", attempt+1, "backoff", wait, "err", err)
-		if serr := sleep(ctx, wait); serr != nil {
-			return fmt.Errorf("write %d messages: %w (last error: %v)", len(pending), serr, err)
 		}
 	}
-	return nil
+	var together []int
+	for i := range pending {
+		if pending[i].alone {
+			note([]int{i}, r.Writer.WriteMessages(ctx, pending[i].msg))
+		} else {
+			together = append(together, i)
+		}
+	}
+	if len(together) > 0 {
+		msgs := make([]kafka.Message, len(together))
+		for k, i := range together {
+			msgs[k] = pending[i].msg
+		}
+		note(together, r.Writer.WriteMessages(ctx, msgs...))
+	}
+	return first
 }
 
-// refused returns what to write again after the broker refused m with err:
-// m itself, unless the broker found it too large (its topic's
-// max.message.bytes is below MAX_MESSAGE_BYTES): then its dead-letter
-// version without its value, once.
-func (r *Router) refused(m kafka.Message, err error) kafka.Message {
-	if !errors.Is(err, kafka.MessageSizeTooLarge) || (m.Topic == r.Topics.DLQ && m.Value == nil) {
-		return m
-	}
-	r.Metrics.oversized(m.Topic)
-	reason := fmt.Sprintf("event refused by Kafka as too large for %s (%d bytes with its headers): its max.message.bytes is below MAX_MESSAGE_BYTES", m.Topic, RecordSize(m))
-	if prev, ok := lastHeader(m.Headers, HeaderReason); ok && m.Topic == r.Topics.DLQ {
-		reason = prev + "; " + reason
-	}
-	dl := WithReason(m, reason)
-	dl.Topic, dl.Value = r.Topics.DLQ, nil
-	r.logger().Warn("event refused by Kafka as too large, dead-lettered without its value", "to", m.Topic, "size", RecordSize(m))
-	return dl
-}
-
-func tooLarge(err error, werrs kafka.WriteErrors) bool {
-	if errors.Is(err, kafka.MessageSizeTooLarge) {
-		return true
-	}
-	for _, e := range werrs {
-		if e != nil && errors.Is(e, kafka.MessageSizeTooLarge) {
-			return true
+// refusals returns the records of pending to write again after a write
+// failed; on the first failure (first), err is for all of them, or its
+// kafka.WriteErrors entry, else each record's own err. A record refused as
+// too large is split off or dead-lettered (refusedTooLarge). sizeOnly is
+// true when every record left was refused for its size and may go again at
+// once.
+func (r *Router) refusals(pending []pendingWrite, err error, first bool) (left []pendingWrite, sizeOnly bool) {
+	if first {
+		var werrs kafka.WriteErrors
+		aligned := errors.As(err, &werrs) && len(werrs) == len(pending)
+		for i := range pending {
+			pending[i].err = err
+			if aligned {
+				pending[i].err = werrs[i]
+			}
 		}
 	}
-	return false
+	sizeOnly = true
+	for _, p := range pending {
+		if p.err == nil {
+			continue
+		}
+		if isTooLarge(p.err) {
+			p.sizeRefusals++
+			ref := r.refusedTooLarge(p.msg, p.sizeRefusals)
+			p.msg, p.alone = ref.msg, ref.alone
+		} else {
+			sizeOnly = false
+		}
+		left = append(left, p)
+	}
+	return left, sizeOnly
+}
+
+func topicListOf(pending []pendingWrite) string {
+	msgs := make([]kafka.Message, len(pending))
+	for i, p := range pending {
+		msgs[i] = p.msg
+	}
+	return topicList(msgs)
 }
 
 // topicList returns the distinct topics of msgs, comma-separated, for logs.

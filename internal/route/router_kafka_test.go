@@ -1,6 +1,7 @@
 package route
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -220,5 +221,50 @@ func TestRouterKafkaMissingTopic(t *testing.T) {
 	got := readAll(t, addr, tp.Downstream)
 	if len(got) != 1 || string(got[0].Value) != "v" {
 		t.Errorf("got %d messages %v, want the one written", len(got), view(got))
+	}
+}
+
+// TestWriterBatchBytesKafka: a writer batch whose records sum to the topic's
+// max.message.bytes (by kafka-go's count) is refused by a real broker, for
+// the record batch's header; with WriterBatchBytes the writer leaves room for
+// it and the same records are accepted.
+func TestWriterBatchBytesKafka(t *testing.T) {
+	addr := testenv.Kafka(t)
+	tp := uniqueTopics(t)
+	createTopics(t, addr, tp.Downstream)
+	const topicMax = 1048588 // Kafka's default max.message.bytes
+	// Two records of one key (one partition) whose kafka-go sizes (24 bytes
+	// beside key and value, without headers) sum to topicMax.
+	half := topicMax / 2
+	msgs := func() []kafka.Message {
+		var out []kafka.Message
+		for range 2 {
+			out = append(out, kafka.Message{Topic: tp.Downstream, Key: []byte("k"), Value: bytes.Repeat([]byte("v"), half-24)})
+		}
+		return out
+	}
+	for _, tt := range []struct {
+		name       string
+		batchBytes int64
+		wantErr    bool
+	}{
+		{"batch bytes at max.message.bytes", topicMax, true},
+		{"WriterBatchBytes", WriterBatchBytes(topicMax), false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			transport := &kafka.Transport{DialTimeout: 5 * time.Second, MetadataTTL: time.Second}
+			defer transport.CloseIdleConnections()
+			w := NewKafkaWriter([]string{addr}, WriterOptions{Transport: transport, BatchBytes: tt.batchBytes, Logger: testenv.DiscardLogger()})
+			defer w.Close()
+			w.BatchTimeout = 50 * time.Millisecond // both records in one batch when they fit
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err := w.WriteMessages(ctx, msgs()...)
+			var werrs kafka.WriteErrors
+			tooLarge := errors.As(err, &werrs) && errors.Is(werrs[0], kafka.MessageSizeTooLarge)
+			if tt.wantErr != (err != nil) || (err != nil && !tooLarge) {
+				t.Errorf("got %v, want an error %v (too large)", err, tt.wantErr)
+			}
+		})
 	}
 }

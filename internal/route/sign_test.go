@@ -92,11 +92,16 @@ func TestSignerVerify(t *testing.T) {
 		{name: "signed", msg: signed},
 		{name: "signed with the previous key", msg: newTestSigner(t, testPrevious).Sign(base)},
 		{name: "nil and empty key alike", msg: nilKey},
-		{name: "topic, partition, offset and time not signed", msg: func() kafka.Message {
+		{name: "partition, offset and time not signed", msg: func() kafka.Message {
 			m := signed
-			m.Topic, m.Partition, m.Offset, m.Time = "down.retry.1h", 3, 99, t0
+			m.Partition, m.Offset, m.Time = 3, 99, t0
 			return m
 		}()},
+		{name: "in another retry tier", msg: func() kafka.Message {
+			m := signed
+			m.Topic = "down.retry.1h"
+			return m
+		}(), want: ErrSigMismatch},
 		{name: "gk-sig moved", msg: edit(func(hs []kafka.Header) []kafka.Header {
 			return append([]kafka.Header{hs[len(hs)-1]}, hs[:len(hs)-1]...)
 		})},

@@ -150,6 +150,8 @@ func boundsText(key string) string {
 			int(limit.MaxWindow/(30*24*time.Hour)), limit.MaxTenantBytes)
 	case "COST_FROM":
 		return fmt.Sprintf("a cost is a whole number 0 to 2^%d in plain decimal; header names not starting with gk-", bitLen(limit.MaxCost))
+	case "RETRY_ACCEPT_UNSIGNED_UNTIL":
+		return fmt.Sprintf("an RFC 3339 time at most %dd ahead; needs RETRY_SECRET", int(maxAcceptUnsigned/(24*time.Hour)))
 	case "LIMITS_FILE":
 		size := settingRange{key: "LIMITS_FILE_BYTES"}.format(maxLimitsFile)
 		return "a regular file of at most " + size + " bytes, one YAML document; rules as in LIMITS"

@@ -160,7 +160,7 @@ type RetryConfig struct {
 	RetryLookahead int `split_words:"true" default:"10000" desc:"most deferred events held in memory per retry-tier partition while they wait for their release time (memory: about this many times the partitions of the retry tiers times the event size, with headers)"`
 	// RetryLookaheadBytes bounds the bytes of the deferred events the retry
 	// role holds per retry-tier partition.
-	RetryLookaheadBytes int `split_words:"true" default:"1048576" desc:"most bytes of deferred events held in memory per retry-tier partition (keys, values, headers and their overhead on the heap); fetching pauses while they are held"`
+	RetryLookaheadBytes int `split_words:"true" default:"262144" desc:"most bytes of deferred events held in memory per retry-tier partition (keys, values, headers and their overhead on the heap); fetching pauses while they are held"`
 	// RetrySecret, when set, is the HMAC-SHA256 key that signs the gk-
 	// headers of deferred events (gk-sig); events in the retry tiers whose
 	// signature is missing or does not match are dead-lettered. At least
@@ -169,6 +169,11 @@ type RetryConfig struct {
 	// RetrySecretPrevious is the retry secret being rotated out: gk-sig made
 	// with it still verifies, but nothing is signed with it. Secret.
 	RetrySecretPrevious string `split_words:"true" desc:"the RETRY_SECRET being rotated out: still accepted when checking gk-sig, never used to sign"`
+	// RetryAcceptUnsignedUntil, an RFC 3339 time, is the end of the
+	// transition while signing is turned on: until then the retry tiers also
+	// accept events without gk-sig (written by replicas not yet rolled, or
+	// by a release before gk-sig was bound to its tier). Not a secret.
+	RetryAcceptUnsignedUntil string `split_words:"true" desc:"while turning RETRY_SECRET on: until this RFC 3339 time the retry tiers also accept unsigned events, deferred by replicas not yet rolled (set it to the rollout's end plus DEFER_HORIZON; none: never)"`
 }
 
 // BoundsConfig is the Bounds group of Config: the bounds of batches, records and the limiter's memory.
@@ -179,8 +184,10 @@ type BoundsConfig struct {
 	BatchBytes int `split_words:"true" default:"4194304" desc:"most bytes (keys, values, headers and their overhead on the heap) of one partition's source events decided in one batch; a batch holds at least one event"`
 	// BatchWait bounds how long a batch waits to fill.
 	BatchWait time.Duration `split_words:"true" default:"50ms" desc:"longest a batch waits to fill"`
-	// MaxMessageBytes is the largest record Gatekeeper writes.
-	MaxMessageBytes int `split_words:"true" default:"1048576" desc:"largest record written, gk- headers included (at most the output topics' max.message.bytes); a larger event is dead-lettered, without its value if need be"`
+	// MaxMessageBytes is the largest record Gatekeeper writes downstream and
+	// to the dead-letter topic (and to a retry tier whose max.message.bytes
+	// it cannot read at start-up).
+	MaxMessageBytes int `split_words:"true" default:"1048576" desc:"largest record written downstream and to the dead-letter topic, gk- headers included (at most the output topics' max.message.bytes; the retry tiers take up to their own, read at start-up); optional gk- headers go first, and only an event too large by itself is dead-lettered, without its value if need be"`
 	// LimiterCacheBytes bounds the limiter's memory of tenants
 	// (limit.Options.CacheBytes).
 	LimiterCacheBytes int `split_words:"true" default:"16777216" desc:"most bytes (estimated, on the heap) of the tenants the limiter remembers: key names and tenants known full, whose events are rejected without Redis; the least recently used go first, tenants known full last"`
@@ -192,6 +199,9 @@ type HTTPConfig struct {
 	HTTPAddr string `split_words:"true" default:":8080" desc:"listen address of metrics, health and the usage API"`
 	// AdminToken, when set, is the bearer token the usage API requires. Secret.
 	AdminToken string `split_words:"true" desc:"bearer token for the usage API, at least 16 bytes (none: the API is open, with a warning)"`
+	// Pprof serves Go's profiles under /debug/pprof/ on HTTP_ADDR, behind
+	// ADMIN_TOKEN when one is set.
+	Pprof bool `default:"false" desc:"serve Go's profiles (CPU, heap, allocations, goroutines) under /debug/pprof/ on HTTP_ADDR, behind ADMIN_TOKEN when it is set"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `split_words:"true" default:"info" desc:"debug, info, warn or error"`
 	// ShutdownGrace bounds the drain after SIGTERM.
@@ -248,6 +258,13 @@ func (c *Config) RetrySigner() (*route.Signer, error) {
 	s, err := route.NewSigner([]byte(c.RetrySecret), previous...)
 	if err != nil {
 		return nil, &configError{Var: "RETRY_SECRET", Msg: err.Error()}
+	}
+	if c.RetryAcceptUnsignedUntil != "" {
+		until, err := time.Parse(time.RFC3339, c.RetryAcceptUnsignedUntil)
+		if err != nil {
+			return nil, bad("RETRY_ACCEPT_UNSIGNED_UNTIL", "%q is not an RFC 3339 time", c.RetryAcceptUnsignedUntil)
+		}
+		s = s.AcceptUnsignedUntil(until, time.Now)
 	}
 	return s, nil
 }

@@ -47,9 +47,9 @@ func TestConfigKeys(t *testing.T) {
 		"REDIS_USERNAME", "REDIS_PASSWORD", "REDIS_TLS", "REDIS_TLS_CA_FILE", "REDIS_TLS_CERT_FILE", "REDIS_TLS_KEY_FILE",
 		"LIMITS", "LIMITS_FILE", "CAPACITY", "WINDOW", "TIMEZONE", "DEFER_HORIZON", "RETENTION",
 		"TENANT_FROM", "COST_FROM", "ROLES", "ON_REDIS_ERROR", "SHADOW",
-		"MAX_ATTEMPTS", "RETRY_LOOKAHEAD", "RETRY_LOOKAHEAD_BYTES", "RETRY_SECRET", "RETRY_SECRET_PREVIOUS",
+		"MAX_ATTEMPTS", "RETRY_LOOKAHEAD", "RETRY_LOOKAHEAD_BYTES", "RETRY_SECRET", "RETRY_SECRET_PREVIOUS", "RETRY_ACCEPT_UNSIGNED_UNTIL",
 		"BATCH_SIZE", "BATCH_BYTES", "BATCH_WAIT", "MAX_MESSAGE_BYTES", "LIMITER_CACHE_BYTES",
-		"HTTP_ADDR", "ADMIN_TOKEN", "LOG_LEVEL", "SHUTDOWN_GRACE",
+		"HTTP_ADDR", "ADMIN_TOKEN", "PPROF", "LOG_LEVEL", "SHUTDOWN_GRACE",
 	}
 	for i := range want {
 		want[i] = EnvPrefix + "_" + want[i]
@@ -117,7 +117,7 @@ func TestConfigDefaults(t *testing.T) {
 		RetryConfig: RetryConfig{
 			MaxAttempts:         5,
 			RetryLookahead:      10000,
-			RetryLookaheadBytes: 1 << 20,
+			RetryLookaheadBytes: 256 << 10,
 		},
 		HTTPConfig: HTTPConfig{
 			HTTPAddr:      ":8080",
@@ -221,6 +221,8 @@ func TestConfigGoodValues(t *testing.T) {
 		{"admin token of 16 bytes", with(minimal(), "ADMIN_TOKEN", "sixteen-bytes-xx")},
 		{"admin token mentioning REPLACE-ME", with(minimal(), "ADMIN_TOKEN", "do-not-REPLACE-ME-token")},
 		{"retry secret rotated", with(minimal(), "RETRY_SECRET", strings.Repeat("s", 44), "RETRY_SECRET_PREVIOUS", strings.Repeat("p", 32))},
+		{"retry secret turned on", with(minimal(), "RETRY_SECRET", strings.Repeat("s", 32), "RETRY_ACCEPT_UNSIGNED_UNTIL", time.Now().Add(48*time.Hour).UTC().Format(time.RFC3339))},
+		{"transition over", with(minimal(), "RETRY_SECRET", strings.Repeat("s", 32), "RETRY_ACCEPT_UNSIGNED_UNTIL", "2020-01-01T00:00:00Z")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -346,6 +348,9 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "RETRY_SECRET", "short-secret-31-bytes-xxxxxxxxx"), "RETRY_SECRET"},
 		{with(minimal(), "RETRY_SECRET_PREVIOUS", strings.Repeat("p", 32)), "RETRY_SECRET_PREVIOUS"},
 		{with(minimal(), "RETRY_SECRET", strings.Repeat("s", 32), "RETRY_SECRET_PREVIOUS", "short-previous"), "RETRY_SECRET_PREVIOUS"},
+		{with(minimal(), "RETRY_ACCEPT_UNSIGNED_UNTIL", "2020-01-01T00:00:00Z"), "RETRY_ACCEPT_UNSIGNED_UNTIL"},
+		{with(minimal(), "RETRY_SECRET", strings.Repeat("s", 32), "RETRY_ACCEPT_UNSIGNED_UNTIL", "tomorrow"), "RETRY_ACCEPT_UNSIGNED_UNTIL"},
+		{with(minimal(), "RETRY_SECRET", strings.Repeat("s", 32), "RETRY_ACCEPT_UNSIGNED_UNTIL", time.Now().Add(60*24*time.Hour).UTC().Format(time.RFC3339)), "RETRY_ACCEPT_UNSIGNED_UNTIL"},
 	}
 	for _, tt := range tests {
 		name := tt.wantVar

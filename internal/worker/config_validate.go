@@ -335,11 +335,38 @@ func (c *Config) checkAdminToken() error {
 	return nil
 }
 
+// maxAcceptUnsigned bounds how far ahead RETRY_ACCEPT_UNSIGNED_UNTIL may be:
+// a rollout plus the longest DEFER_HORIZON. A later time would leave the
+// retry tiers open to unsigned events for longer than any transition needs.
+const maxAcceptUnsigned = maxDeferHorizon + 7*24*time.Hour
+
+// checkAcceptUnsigned checks RETRY_ACCEPT_UNSIGNED_UNTIL as of now: an RFC
+// 3339 time, with RETRY_SECRET, at most maxAcceptUnsigned ahead. A time in
+// the past is valid: the transition is over.
+func (c *Config) checkAcceptUnsigned(now time.Time) error {
+	if c.RetryAcceptUnsignedUntil == "" {
+		return nil
+	}
+	until, err := time.Parse(time.RFC3339, c.RetryAcceptUnsignedUntil)
+	switch {
+	case err != nil:
+		return bad("RETRY_ACCEPT_UNSIGNED_UNTIL", "%q is not an RFC 3339 time (e.g. 2026-12-31T00:00:00Z)", c.RetryAcceptUnsignedUntil)
+	case c.RetrySecret == "":
+		return bad("RETRY_ACCEPT_UNSIGNED_UNTIL", "set without %s_RETRY_SECRET: without a secret nothing is checked", EnvPrefix)
+	case until.Sub(now) > maxAcceptUnsigned:
+		return bad("RETRY_ACCEPT_UNSIGNED_UNTIL", "%s is more than %v ahead: the transition needs a rollout plus DEFER_HORIZON", c.RetryAcceptUnsignedUntil, maxAcceptUnsigned)
+	}
+	return nil
+}
+
 // checkRetrySecret checks RETRY_SECRET and RETRY_SECRET_PREVIOUS. The
 // messages never show a secret, nor its length.
 func (c *Config) checkRetrySecret() error {
 	if c.RetrySecret != "" && len(c.RetrySecret) < route.MinSecretBytes {
 		return bad("RETRY_SECRET", "must be at least %d bytes (e.g. openssl rand -base64 32)", route.MinSecretBytes)
+	}
+	if err := c.checkAcceptUnsigned(time.Now()); err != nil {
+		return err
 	}
 	switch {
 	case c.RetrySecretPrevious == "":

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/url"
 	"strings"
 	"time"
@@ -45,7 +46,9 @@ type httpConfig struct {
 	// Capacity returns the tenant's share of the capacity; nil: none.
 	Capacity   func(ctx context.Context, tenant string) ([]limit.CapacityShare, error)
 	AdminToken string // empty: the usage API is open
-	Log        *slog.Logger
+	// Pprof serves net/http/pprof under /debug/pprof/, behind AdminToken.
+	Pprof bool
+	Log   *slog.Logger
 }
 
 // UsageResponse is the body of GET /v1/usage/{tenant}. Tenants are opaque
@@ -61,8 +64,9 @@ type errorResponse struct {
 	Error string `json:"error"`
 }
 
-// newHandler returns the handler of /metrics, /healthz, /readyz and
-// GET /v1/usage/{tenant}.
+// newHandler returns the handler of /metrics, /healthz, /readyz,
+// GET /v1/usage/{tenant} and, with Pprof, /debug/pprof/ (pprof.Index
+// serves the named profiles: heap, allocs, goroutine, ...).
 func newHandler(c httpConfig) http.Handler {
 	if c.Ready == nil {
 		c.Ready = newReadiness(nil, 0, 0)
@@ -85,6 +89,11 @@ func newHandler(c httpConfig) http.Handler {
 	// {tenant...} takes the rest of the path, so a tenant holding "/" works
 	// escaped (%2F) or not; the tenant is unescaped from the escaped path.
 	mux.Handle("GET "+usagePath+"{tenant...}", c.requireToken(http.HandlerFunc(c.usage)))
+	if c.Pprof {
+		mux.Handle("GET /debug/pprof/", c.requireToken(http.HandlerFunc(pprof.Index)))
+		mux.Handle("GET /debug/pprof/profile", c.requireToken(http.HandlerFunc(pprof.Profile)))
+		mux.Handle("GET /debug/pprof/trace", c.requireToken(http.HandlerFunc(pprof.Trace)))
+	}
 	return mux
 }
 

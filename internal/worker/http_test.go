@@ -350,3 +350,30 @@ func TestNewHTTPServerTimeouts(t *testing.T) {
 		t.Errorf("got %+v, want every timeout and the header limit set", s)
 	}
 }
+
+// PPROF serves Go's profiles under /debug/pprof/, behind the admin token;
+// without it they are not served at all.
+func TestPprof(t *testing.T) {
+	const token = "0123456789abcdef-token"
+	off := newTestServer(t, httpConfig{AdminToken: token})
+	if code, _, _ := get(t, off, "/debug/pprof/heap", "Authorization", "Bearer "+token); code != http.StatusNotFound {
+		t.Errorf("pprof off: got %d, want 404", code)
+	}
+	on := newTestServer(t, httpConfig{AdminToken: token, Pprof: true})
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/profile?seconds=1"} {
+		if code, _, _ := get(t, on, path); code != http.StatusUnauthorized {
+			t.Errorf("%s without token: got %d, want 401", path, code)
+		}
+	}
+	if code, body, _ := get(t, on, "/debug/pprof/", "Authorization", "Bearer "+token); code != http.StatusOK || !strings.Contains(body, "allocs") {
+		t.Errorf("index with token: got %d %.80q, want 200 listing allocs", code, body)
+	}
+	code, body, h := get(t, on, "/debug/pprof/allocs", "Authorization", "Bearer "+token)
+	if code != http.StatusOK || h.Get("Content-Type") != "application/octet-stream" || len(body) == 0 {
+		t.Errorf("allocs with token: got %d %q, %d bytes; want 200, a profile", code, h.Get("Content-Type"), len(body))
+	}
+	open := newTestServer(t, httpConfig{Pprof: true})
+	if code, _, _ := get(t, open, "/debug/pprof/goroutine?debug=1"); code != http.StatusOK {
+		t.Errorf("no token configured: got %d, want 200", code)
+	}
+}

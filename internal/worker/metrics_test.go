@@ -228,5 +228,15 @@ func TestRetryGroupSessionTimeout(t *testing.T) {
 		if got := p.groupConfig(m).SessionTimeout; got != tt.session {
 			t.Errorf("source group session: got %v, want %v", got, tt.session)
 		}
+		// Back soon after the broker returns; with leases, a crashed
+		// member is noticed within a lease and the survivors learn of the
+		// rebalance within a short heartbeat.
+		if dc.JoinGroupBackoff != retryJoinBackoff || dc.BackoffMax != recoverBackoff || dc.Leases != nil {
+			t.Errorf("retry group: join backoff %v, backoff max %v, leases %v; want %v, %v, none", dc.JoinGroupBackoff, dc.BackoffMax, dc.Leases, retryJoinBackoff, recoverBackoff)
+		}
+		p.Leases = redisLeases{}
+		if dc := p.retryConfig(m, router); dc.Leases == nil || dc.HeartbeatInterval != retryLeaseHeartbeat {
+			t.Errorf("retry group with leases: leases %v, heartbeat %v; want set, %v", dc.Leases, dc.HeartbeatInterval, retryLeaseHeartbeat)
+		}
 	}
 }

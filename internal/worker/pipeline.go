@@ -35,12 +35,13 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 	if err := waitForTopics(ctx, p, pipelineTopics(cfg, topics)); err != nil || ctx.Err() != nil {
 		return err
 	}
-	if err := verifyTopicLimits(ctx, p, topics); err != nil {
+	topicMax, err := verifyTopicLimits(ctx, p, topics)
+	if err != nil {
 		return err
 	}
 	writer := route.NewKafkaWriter(cfg.KafkaBrokers, route.WriterOptions{
 		Transport:    p.Transport,
-		BatchBytes:   int64(cfg.MaxMessageBytes),
+		BatchBytes:   writerBatchBytes(cfg.MaxMessageBytes, topicMax),
 		WriteTimeout: cfg.KafkaTimeout,
 		ReadTimeout:  cfg.KafkaTimeout,
 		Logger:       p.Log,
@@ -51,6 +52,9 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 		return err
 	}
 	router := &route.Router{
+		// Writes retry at least every recoverBackoff, so that they go out
+		// soon after the broker returns.
+		Backoff: consume.Backoff{Max: recoverBackoff},
 		Writer:  writer,
 		Topics:  topics,
 		Clock:   time.Now,
@@ -59,12 +63,16 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 		Signer:  signer,
 
 		MaxMessageBytes: cfg.MaxMessageBytes,
+		TopicMaxBytes:   topicMax,
 	}
 	if p.Router != nil {
 		p.Router.Store(router)
 	}
 	m.zeroKnownSeries(cfg.SourceTopics, topics)
 
+	if cfg.HasRole(route.RoleRetry) {
+		p.metadataMax = readMetadataMax(ctx, p)
+	}
 	// Build every group before running any, so that a group that fails to
 	// build leaves none running behind the returned error.
 	var groups []consumerGroup
@@ -181,6 +189,11 @@ func (p Pipeline) gateGroup(m *pipelineMetrics, router *route.Router) (consumerG
 	}
 	gc := p.groupConfig(m)
 	gc.Topics = cfg.SourceTopics
+	// A fetch response is held whole until handed out: at most one per
+	// partition, of at most BATCH_BYTES (or one record batch when a single
+	// batch is larger), so fetching adds at most one batch's bytes per
+	// partition to the batch being decided.
+	gc.MaxBytes = cfg.BatchBytes
 	src, err := consume.NewGroup(gc, gate)
 	if err != nil {
 		return nil, fmt.Errorf("source consumer: %w", err)
@@ -191,6 +204,19 @@ func (p Pipeline) gateGroup(m *pipelineMetrics, router *route.Router) (consumerG
 // retrySessionTimeout caps the retry group's session timeout: Kafka's
 // default group.min.session.timeout.ms is 6s.
 const retrySessionTimeout = 10 * time.Second
+
+// retryLeaseHeartbeat is the retry group's heartbeat with leases: the
+// survivors learn of the rebalance that removing a crashed member starts
+// at their next heartbeat.
+const retryLeaseHeartbeat = 500 * time.Millisecond
+
+// retryJoinBackoff is the retry group's wait between failed joins (kafka-go's
+// default is 5s), and recoverBackoff the longest wait between attempts of a
+// failed write or batch of the retry role (consume's default is 5s).
+const (
+	retryJoinBackoff = 500 * time.Millisecond
+	recoverBackoff   = time.Second
+)
 
 // retryGroup returns the consumer group of the retry tiers with the retrier
 // as its handler, or nil when this process does not run the retry role.
@@ -228,16 +254,35 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, router *route.Router) consume.
 		},
 		OnSkipped:   func(topic string, n int) { m.skipped.WithLabelValues(topic).Add(float64(n)) },
 		OnTruncated: func(topic string, _ int64) { m.truncated.WithLabelValues(topic).Inc() },
+		// The done sets are sized to the brokers' offset.metadata.max.bytes
+		// and signed with RETRY_SECRET when it is set (RETRY_SECRET_PREVIOUS
+		// still verifies).
+		MetadataMax:  p.metadataMax,
+		MetadataKeys: signingKeys(cfg.RetrySecret, cfg.RetrySecretPrevious),
+		OnDistrusted: func(topic, reason string) { m.distrusted.WithLabelValues(topic, reason).Inc() },
 	}
 	// The retry tiers have a group of their own, so that their rebalances
 	// never disturb the source group.
 	dc.GroupID = cfg.GroupID + ".retry"
+	// Fetched and not yet in the look-ahead: one response per partition, of
+	// at most RETRY_LOOKAHEAD_BYTES (or one record batch).
+	dc.MaxBytes = cfg.RetryLookaheadBytes
 	// A retry partition without an owner holds events whose reserved slot
-	// is running out (an event back after its slot is checked as new, and its
-	// first slot stays spent): after a crash, its partitions move after at
-	// most retrySessionTimeout rather than the whole KAFKA_SESSION_TIMEOUT.
+	// is running out (an event back after its slot is checked again as new):
+	// after a crash, its partitions move after a lease (consume.Leases) and
+	// a heartbeat, or at most retrySessionTimeout rather than the whole
+	// KAFKA_SESSION_TIMEOUT without leases.
 	dc.SessionTimeout = min(cfg.KafkaSessionTimeout, retrySessionTimeout)
 	dc.HeartbeatInterval = min(3*time.Second, dc.SessionTimeout/5)
+	// Deferred events due while the broker was away go out within about
+	// two seconds of its return: the group rejoins, and a failing batch is
+	// tried again, at least that often.
+	dc.JoinGroupBackoff, dc.BackoffMax = retryJoinBackoff, recoverBackoff
+	if p.Leases != nil {
+		dc.Leases = p.Leases
+		dc.OnLeaseEnded = func() { m.leasesEnded.Inc() }
+		dc.HeartbeatInterval = retryLeaseHeartbeat
+	}
 	for _, t := range router.Topics.Tiers() {
 		dc.Topics = append(dc.Topics, t.Topic)
 	}
@@ -254,6 +299,19 @@ type pipelineMetrics struct {
 	skipped     *prometheus.CounterVec
 	truncated   *prometheus.CounterVec
 	offsetsLost *prometheus.CounterVec
+	leasesEnded prometheus.Counter
+	distrusted  *prometheus.CounterVec
+}
+
+// signingKeys returns the non-empty secrets as keys, the current one first.
+func signingKeys(secrets ...string) [][]byte {
+	var keys [][]byte
+	for _, s := range secrets {
+		if s != "" {
+			keys = append(keys, []byte(s))
+		}
+	}
+	return keys
 }
 
 // newPipelineMetrics builds the pipeline's collectors and registers them
@@ -289,15 +347,25 @@ func newPipelineMetrics(reg prometheus.Registerer) (*pipelineMetrics, error) {
 		truncated: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gatekeeper_handover_truncated_commits_total",
 			Help: "Retry-tier commits whose set of handled offsets beyond the committed one did not fit in the " +
-				"offset metadata (4096 bytes); a new owner of the partition would handle the rest again.",
+				"offset metadata (the brokers' offset.metadata.max.bytes); a new owner of the partition would handle the rest again.",
 		}, []string{"topic"}),
 		offsetsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gatekeeper_offsets_lost_total",
 			Help: "Offsets Kafka deleted (retention) before Gatekeeper consumed them: the events there are lost. " +
 				"Each jump is also an error log line.",
 		}, []string{"topic"}),
+		leasesEnded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gatekeeper_retry_leases_ended_total",
+			Help: "Members of the retry group this replica removed from the group because their lease ended " +
+				"(a crashed replica): its retry partitions moved without waiting for its session to time out.",
+		}),
+		distrusted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gatekeeper_handover_distrusted_total",
+			Help: "Done sets in a retry tier's commit metadata that a new owner did not trust (unsigned or badly signed " +
+				"with RETRY_SECRET set, unreadable, or beyond the partition's end): their events were handled again.",
+		}, []string{"topic", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.waiting, m.lateness, m.lag, m.skipped, m.truncated, m.offsetsLost} {
+	for _, c := range []prometheus.Collector{m.waiting, m.lateness, m.lag, m.skipped, m.truncated, m.offsetsLost, m.leasesEnded, m.distrusted} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("pipeline metrics: %w", err)
 		}

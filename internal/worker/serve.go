@@ -21,6 +21,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/gatekeeper-dev/gatekeeper/internal/route"
 )
@@ -39,8 +40,11 @@ func LimiterOptions(cfg *Config, reg prometheus.Registerer) (limit.Options, erro
 		Retention:  cfg.Retention,
 		Timeout:    cfg.RedisTimeout,
 		CacheBytes: int64(cfg.LimiterCacheBytes),
-		Registerer: reg,
-		Capacity:   cfg.CapacityRules(),
+		// Replay records of another deployment sharing Redis and the
+		// prefix are never matched.
+		ReplayScope: cfg.GroupID,
+		Registerer:  reg,
+		Capacity:    cfg.CapacityRules(),
 	}, nil
 }
 
@@ -72,6 +76,9 @@ type worker struct {
 // gatekeeper_build_info.
 func Serve(ctx context.Context, cfg *Config, log *slog.Logger, version string) error {
 	logStart(log, cfg, version)
+	if soft, from := setMemoryLimit(os.Getenv, hostCgroups); soft > 0 {
+		log.Info("Go memory limit set from the cgroup's", slog.Int64("gomemlimit_bytes", soft), slog.String("cgroup_file", from))
+	}
 	w := &worker{cfg: cfg, log: log, reg: prometheus.NewRegistry()}
 	if err := registerProcessMetrics(w.reg, version); err != nil {
 		return err
@@ -246,6 +253,7 @@ func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, er
 			return lim.CapacityUsage(ctx, tenant)
 		},
 		AdminToken: cfg.AdminToken,
+		Pprof:      cfg.Pprof,
 		Log:        w.log,
 	})
 	var lc net.ListenConfig
@@ -292,6 +300,7 @@ func (w *worker) run(ctx context.Context, watcher *Watcher, rules *limit.Rules, 
 			Log:        w.log,
 			Registerer: w.reg,
 			Limiter:    lim,
+			Leases:     redisLeases{rdb: rdb, prefix: w.cfg.RedisKeyPrefix},
 			Dialer:     w.dialer,
 			Transport:  w.transport,
 			Paused:     &w.st.paused,
@@ -411,6 +420,13 @@ type Pipeline struct {
 	Log        *slog.Logger
 	Registerer prometheus.Registerer
 	Limiter    *limit.Limiter
+	// Leases, if set, keeps the retry group members' leases, so that a
+	// crashed replica's retry partitions move within a lease.
+	Leases consume.Leases
+
+	// metadataMax is the brokers' offset.metadata.max.bytes, read by
+	// StartPipeline (0: the default).
+	metadataMax int
 	// Dialer is for consumer groups and readers; Transport for writers.
 	// Both carry TLS, SASL and KAFKA_TIMEOUT.
 	Dialer    *kafka.Dialer

@@ -61,8 +61,7 @@
 --   events of such a tenant are admitted and placed as a prefix: an event
 --   goes only where every rule has room for its cost, and no event goes
 --   before an earlier one of its tenant.
---   The cached chain (0 0 when unknown; used only for a tenant with one ttl
---   rule) is what an earlier reply said the tenant's <rule key>:anchor held:
+--   The cached chain (0 0 when unknown; ttl rules only) is what an earlier reply said the tenant's <rule key>:anchor held:
 --   a chain is never moved before its end, so while now < end its start is
 --   still the anchor's and the anchor need not be read. The end may since have
 --   grown; the script reads the anchor before writing it, and before trusting
@@ -86,8 +85,9 @@
 --
 -- Failures. Redis does not roll a script back, so the script keeps a journal
 -- of its writes and takes them back itself: a call never half-applies. (The
--- one count of a tenant decided in the fast path is not journaled, to keep
--- that path short: it is found again from the tenant's record and reply.)
+-- one count of a one-rule tenant decided in the fast path is not journaled,
+-- to keep that path short: it is found again from the tenant's record and
+-- reply.)
 --   - An error of a tenant's own key (WRONGTYPE; a count that is not an
 --     integer or would overflow) is that tenant's failure: what the call
 --     wrote for the tenant is taken back, the reply says which key, and the

@@ -1,8 +1,9 @@
 -- journal: the call's writes, to take them back (see Failures).
 --
 -- Contract. Every write of a count or an anchor is noted here, newest last,
--- except the one count of each tenant decided in the fast path (90_run.lua,
--- found again from the tenant's record and reply by undo_call). undo(mark)
+-- except the one count of each one-rule tenant decided in the fast path
+-- (90_run.lua, found again from the tenant's record and reply by
+-- undo_call). undo(mark)
 -- takes back the writes noted after mark, newest first; it writes only keys
 -- the call wrote, so it cannot meet a key of the wrong type. cur names the
 -- key of the last command that may fail on a tenant's key (an error of

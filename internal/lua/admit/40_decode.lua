@@ -51,9 +51,10 @@ end
 
 -- rules_of returns the state of tenant ti's rules, whose costs are costs
 -- (nil: none; else per rule its cost list or false): ttl rules with their
--- chain, from the caller's cache for a tenant with one rule and no costs
--- while the chain runs, else from the anchor; every rule with its current
--- window [cur_start, cur_end). The fields:
+-- chain, from the caller's cache while the cached chain runs (admit_all
+-- and admit_one check the anchor before they open a window on the
+-- strength of the cache), else from the anchor; every rule with its
+-- current window [cur_start, cur_end). The fields:
 --   limit, kind, step, base, retention, bounds, bound_at  as its descriptor
 --     (base: for a ttl rule, its chain's start)
 --   key            its rule key
@@ -76,7 +77,7 @@ local function rules_of(ti, costs)
       cur_start = 0, cur_end = 0, at_start = 0, at_end = 0, room = 0, take = 0,
     }
     if r.kind == "t" then
-      if nrules == 1 and not costs and chain_end > now then
+      if chain_end > now then
         r.base, r.chain_end, r.chain_cached = chain_start, chain_end, true
       else
         anchor(r)

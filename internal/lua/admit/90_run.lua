@@ -33,8 +33,8 @@ local function reply(admitted, res, rest, full, rules)
 end
 
 -- decide decides the n events of tenant ti, whose costs are costs (nil:
--- none; c: what the fast path counted, if anything), and appends its reply
--- to out.
+-- none; c: what the fast path counted, if anything: a count for one rule,
+-- what fast_many made for several), and appends its reply to out.
 local function decide(ti, n, c, costs)
   local fkey = KEYS[key_at[ti]]
   local rules = rules_of(ti, costs)
@@ -49,6 +49,8 @@ local function decide(ti, n, c, costs)
   local admitted
   if #rules == 1 and not costs then
     admitted = admit_one(rules[1], n, c)
+  elseif c then
+    admitted = admit_made(rules, n, c)
   else
     admitted = admit_all(rules, n)
   end
@@ -100,6 +102,109 @@ local function idle(ti, o)
   return true
 end
 
+-- chains_hold reports whether the anchors of the ttl rules whose windows
+-- the fast path opened (made: see fast_many) still hold the cached chains.
+local function chains_hold(made)
+  for _, m in ipairs(made) do
+    if m[4].kind == "t" and m[5] == m[2] then
+      cur = m[6] .. ":anchor" -- anchor_key
+      local v = redis.call("HMGET", cur, "start", "until")
+      local un = tonumber(v[2])
+      if tonumber(v[1]) ~= m[7] or not un or un <= now then
+        return false
+      end
+    end
+  end
+  return true
+end
+
+-- fast_many is the fast path of a tenant with several rules (ti, record at
+-- recs[p], keys at KEYS[k], n events, costs as in cost_lists): when the
+-- current window of every rule is known without reading Redis (aligned;
+-- ttl with a cached chain that covers it) and the events' cost fits each
+-- rule's whole limit, it counts them there optimistically, one HINCRBY per
+-- rule, journaled. When everything fits (a window opened in a cached chain
+-- only once its anchor is read and still holds the chain), it writes the
+-- tenant's reply at out[o + 1] and returns true. When a rule has no room
+-- for them all, it returns false and what it counted (made, for
+-- admit_made), unless a window opened in a cached chain: then, as when a
+-- cached chain is gone, it takes the counts back, leaves the counts as
+-- they were in counts (admit_all then reads no window again) and returns
+-- false alone.
+local function fast_many(p, k, nrules, n, costs, o)
+  local wins = {} -- per rule: key, by, opened window's end or false
+  for ri = 1, nrules do
+    local q = p + 2 + 3 * (ri - 1)
+    local d, chain_start, chain_end = descs[recs[q]], recs[q + 1], recs[q + 2]
+    local cs, ce = d.cur_start, d.cur_end
+    if d.kind == "t" then
+      if chain_end <= now then
+        return false
+      end
+      cs = chain_start + math.floor((now - chain_start) / d.step) * d.step
+      ce = cs + d.step
+      if ce > chain_end then
+        return false
+      end
+    end
+    local by = n
+    if costs and costs[ri] then
+      by = total(costs[ri], n, d.limit)
+    end
+    if by > d.limit then
+      return false
+    end
+    -- key, by, the window's end (false once it proves not new), the
+    -- descriptor, the count made, the rule key, the cached chain start
+    wins[ri] = {KEYS[k + ri] .. ":" .. num(cs), by, ce, d, 0, KEYS[k + ri], chain_start}
+  end
+  local mark, over, opened_cached = jn, false, false
+  for ri = 1, nrules do
+    local w = wins[ri]
+    local key, by, d = w[1], w[2], w[4]
+    cur = key
+    local c = redis.call("HINCRBY", key, "count", by)
+    if c == by then
+      note(1, key, false)
+      if d.kind == "t" then
+        opened_cached = true
+      end
+    else
+      note(2, key, -by)
+      w[3] = false
+    end
+    if c > d.limit then
+      over = true
+    end
+    w[5] = c
+  end
+  if opened_cached and (over or not chains_hold(wins)) then
+    undo(mark)
+    for ri = 1, nrules do
+      local w = wins[ri]
+      counts[w[1]] = w[5] - w[2]
+    end
+    return false
+  elseif over then
+    return false, wins
+  end
+  for ri = 1, nrules do
+    local w = wins[ri]
+    if w[3] then
+      opened(w[1], w[3], w[4].retention)
+    end
+  end
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = n, 0, 0, 0
+  if descs[recs[p + 2]].kind == "t" then
+    o = o + 4
+    for q = p + 3, p + 3 * nrules, 3 do
+      out[o + 1], out[o + 2] = recs[q], recs[q + 1]
+      o = o + 2
+    end
+  end
+  return true
+end
+
 -- run decides the tenants from the first-th on. An error stops it at the
 -- failing tenant, which the loop at the end fails alone, or the whole call
 -- with it.
@@ -123,7 +228,9 @@ local function run(first)
     if n == 0 then
       -- Every event of the tenant was replayed: nothing to decide.
       done = idle(ti, o)
-    elseif nrules == 1 and ncap == 0 then -- no fast path with a capacity
+    elseif ncap > 0 then
+      -- A capacity (35_capacity.lua): no fast path; decide below.
+    elseif nrules == 1 then
       local d, chain_start, chain_end = descs[recs[p + 2]], recs[p + 3], recs[p + 4]
       local cs, ce = nil, nil -- the current window, when known
       if d.kind ~= "t" then
@@ -165,6 +272,11 @@ local function run(first)
           jn = jn + 3
         end
       end
+    else
+      -- Several rules: the fast path's counts are journaled.
+      slow[ti] = true
+      at[1], at[2], at[3] = ti, mark, o
+      done, c = fast_many(p, k, nrules, n, costs, o)
     end
     if not done then
       slow[ti] = true

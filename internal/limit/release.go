@@ -1,0 +1,94 @@
+package limit
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// MissedSlot is the slot of a deferred event that came back after the slot
+// had ended (a crash or a broker restart held it up): the event is checked
+// again as new, and its first slot, which no event used, is given back with
+// Release so that the window counts stay equal to the events. It is a value
+// type.
+type MissedSlot struct {
+	Tenant string
+	// Due is the event's gk-due: the time its slot was reserved at, which
+	// every rule's window holding it counted.
+	Due time.Time
+	// Cost is what the event counted (as for AdmitCosts).
+	Cost Cost
+	// Trip names this deferral of the event uniquely and for good (its
+	// origin partition and offset, and its attempt): Release takes a trip's
+	// slot back once, however often it is called for it.
+	Trip string
+}
+
+// releaseMarkerTTL is how long Release remembers a trip it took back: as
+// long as a replay record, the longest a redelivered batch is recognised.
+const releaseMarkerTTL = ReplayRecordTTL
+
+// Release gives back the missed slots, each once (a marker per trip, kept
+// releaseMarkerTTL): every rule of the tenant now in force, in the aligned
+// window that holds Due, counts the event's cost less. It returns how many
+// slots it took back. Slots of TTL windows are not taken back (their window
+// depends on the chain's anchor at the time of the deferral): Release
+// returns 0 for them without error. One round trip per Redis node; an
+// error means Redis trouble and the caller retries (nothing is taken back
+// twice).
+func (l *Limiter) Release(ctx context.Context, slots []MissedSlot) (int, error) {
+	if l.opts.WindowKind != Aligned || len(slots) == 0 {
+		return 0, nil
+	}
+	rules := l.Rules()
+	type call struct {
+		keys []string
+		args []any
+	}
+	var calls []call
+	for _, s := range slots {
+		rs := rules.For(s.Tenant)
+		if len(rs) == 0 || s.Trip == "" {
+			continue
+		}
+		c := call{keys: []string{l.keys.tenant(s.Tenant) + ":released:" + s.Trip},
+			args: []any{releaseMarkerTTL.Milliseconds()}}
+		for _, r := range rs {
+			c.keys = append(c.keys, l.keys.window(s.Tenant, r, alignedStart(r, s.Due, l.opts.Location)))
+			c.args = append(c.args, s.Cost.of(r.Measure))
+		}
+		calls = append(calls, c)
+	}
+	if len(calls) == 0 {
+		return 0, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	run := func(eval func(p redis.Pipeliner, c call) *redis.Cmd) ([]*redis.Cmd, error) {
+		cmds := make([]*redis.Cmd, len(calls))
+		_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, c := range calls {
+				cmds[i] = eval(p, c)
+			}
+			return nil
+		})
+		return cmds, err
+	}
+	cmds, err := run(func(p redis.Pipeliner, c call) *redis.Cmd { return l.release.EvalSha(ctx, p, c.keys, c.args...) })
+	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		cmds, err = run(func(p redis.Pipeliner, c call) *redis.Cmd { return l.release.Eval(ctx, p, c.keys, c.args...) })
+	}
+	if err != nil {
+		return 0, fmt.Errorf("release missed slots: %w", err)
+	}
+	n := 0
+	for _, c := range cmds {
+		if v, _ := c.Int(); v == 1 {
+			n++
+		}
+	}
+	return n, nil
+}
