@@ -90,6 +90,9 @@ type demoOptions struct {
 	// Drain bounds the wait, after traffic stops, for the gate to route
 	// every offered event.
 	Drain time.Duration
+	// Capacity is GATEKEEPER_CAPACITY for the run: a budget shared by the
+	// tenants (empty: none).
+	Capacity string
 }
 
 // demoCmd runs `gatekeeper-demo [-duration 30s] [-plain]` with args (without
@@ -98,6 +101,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gatekeeper-demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	duration := fs.Duration("duration", 30*time.Second, "how long to produce traffic (Ctrl-C ends the run early)")
+	capacity := fs.String("capacity", "50/1s", "a capacity shared fairly by the tenants, as GATEKEEPER_CAPACITY (empty: none)")
 	plain := fs.Bool("plain", false, "plain output: one line about every 5s instead of a live view (default when stdout is not a terminal)")
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: gatekeeper-demo [-duration 30s] [-plain]\n\n"+
@@ -136,6 +140,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Log:        logw,
 		Conn:       conn,
 		Drain:      20 * time.Second,
+		Capacity:   *capacity,
 	}
 	if !live {
 		// Plain output goes to logs (CI): warnings go there as they happen.
@@ -287,6 +292,9 @@ func runDemo(ctx context.Context, opts demoOptions) (*demoSummary, error) {
 	}
 
 	say("%s of traffic; limits %s, deferral horizon %v", opts.Duration, cfg.Limits, demoHorizon)
+	if cfg.Capacity != "" {
+		say("capacity %s shared by the tenants (weight 1 each): flood gets no more than the others while they send", cfg.Capacity)
+	}
 	return showDemo(ctx, opts, env, srv, tl, pipe, stopReaders)
 }
 
@@ -320,6 +328,9 @@ func showDemo(ctx context.Context, opts demoOptions, env *demoEnv, srv *demoServ
 	sum.Interrupted = interrupted
 	sum.Where = strings.Join(srv.where, "; ")
 	view.finish(sum)
+	if opts.Capacity != "" {
+		fmt.Fprintln(opts.Out, demoCapacityLine(context.WithoutCancel(ctx), env.cfg))
+	}
 	if trafficErr != nil {
 		return sum, fmt.Errorf("producer: %w", trafficErr)
 	}
@@ -423,6 +434,7 @@ func newDemoEnv(opts demoOptions, srv *demoServers) (*demoEnv, error) {
 	realKafka := len(opts.Conn.KafkaBrokers) > 0
 	names := newDemoNames(realKafka || len(opts.Conn.RedisAddrs) > 0)
 	cfg := demoConfig(opts.Conn, srv.brokers, srv.redisAddrs, names)
+	cfg.Capacity = opts.Capacity
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("demo configuration: %w", err)
 	}

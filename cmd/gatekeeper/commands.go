@@ -123,10 +123,15 @@ func usageCmd(ctx context.Context, tenant string, stdout, stderr io.Writer) int 
 	if usage == nil {
 		usage = []limit.Usage{}
 	}
+	shares, err := lim.CapacityUsage(ctx, tenant)
+	if err != nil {
+		fmt.Fprintf(stderr, "gatekeeper usage: %s\n", worker.OneLine(err.Error()))
+		return 1
+	}
 	enc := json.NewEncoder(stdout)
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(worker.UsageResponse{Tenant: tenant, Rules: usage}); err != nil {
+	if err := enc.Encode(worker.UsageResponse{Tenant: tenant, Rules: usage, Capacity: shares}); err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}

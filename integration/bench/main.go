@@ -74,13 +74,17 @@ const (
 	modeGatekeeperBytes = "gatekeeper-bytes"
 	modeGatekeeperOver  = "gatekeeper-overrides"
 	modeGatekeeperLib   = "gatekeeper-lib"
+	// gatekeeper-capacity is gatekeeper with a shared capacity
+	// (GATEKEEPER_CAPACITY) above the data set's rate: what keeping the
+	// capacity and the tenants' shares costs, beside the same run without.
+	modeGatekeeperCapacity = "gatekeeper-capacity"
 )
 
-var allModes = []string{modePassthrough, modeGatekeeperIn, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperOver, modeGatekeeperLib, modeAdversarial}
+var allModes = []string{modePassthrough, modeGatekeeperIn, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperCapacity, modeGatekeeperOver, modeGatekeeperLib, modeAdversarial}
 
 // isBinary says whether mode runs the gatekeeper binary.
 func isBinary(mode string) bool {
-	return mode == modeGatekeeper || mode == modeGatekeeperIn || mode == modeGatekeeperBytes || mode == modeGatekeeperOver
+	return mode == modeGatekeeper || mode == modeGatekeeperIn || mode == modeGatekeeperBytes || mode == modeGatekeeperCapacity || mode == modeGatekeeperOver
 }
 
 // containsMode reports whether modes holds mode.
@@ -132,7 +136,7 @@ func main() {
 	fs.Float64Var(&o.Deferred, "deferred", 1.0/3, "share of events the per-tenant limit leaves over it (diverted)")
 	fs.IntVar(&o.Batch, "batch", 500, "consumer batch size of every mode (GATEKEEPER_BATCH_SIZE)")
 	fs.IntVar(&o.Rounds, "rounds", 1, "times every mode drains the main data set, the modes interleaved; each is reported by its median round")
-	modes := fs.String("modes", "passthrough,gatekeeper-within,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-overrides,adversarial", "modes to run: "+strings.Join(allModes, ","))
+	modes := fs.String("modes", "passthrough,gatekeeper-within,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-capacity,gatekeeper-overrides,adversarial", "modes to run: "+strings.Join(allModes, ","))
 	fs.IntVar(&o.Overrides, "overrides", 100000, "live overrides of the gatekeeper-overrides mode")
 	fs.StringVar(&o.Window, "window", "ttl", "Gatekeeper's GATEKEEPER_WINDOW: ttl (the seed's window, as seed-naive counts) or aligned")
 	fs.DurationVar(&o.WindowLen, "window-len", time.Hour, "length of the limit's window (every mode)")

@@ -187,6 +187,10 @@ func (d *driver) childCommand(mr modeRun, nm modeNames, pprofAddr string) *exec.
 			"BATCH_SIZE":       strconv.Itoa(mr.batch),
 			"HTTP_ADDR":        "127.0.0.1:0",
 		}
+		if mr.mode == modeGatekeeperCapacity {
+			// Never binding: every event is still booked in it.
+			vars["CAPACITY"] = "1000000000/1s"
+		}
 		if pprofAddr != "" {
 			vars["HTTP_ADDR"], vars["PPROF"] = pprofAddr, "true"
 		}

@@ -138,6 +138,9 @@ func runScenario(t *testing.T, sc scenario) {
 	o.took = time.Since(began)
 	report(t, o)
 	check(t, o)
+	if sc.capacity != "" {
+		checkCapacityWindows(t, r.flow.Prefix, capacityPerSecond)
+	}
 }
 
 // startRun creates the flow, starts the gatekeepers and waits until they
@@ -148,6 +151,9 @@ func startRun(t *testing.T, sc scenario) *run {
 	t.Logf("phase setup: %s, kafka %s, %d replicas", sc.name, r.kafkaVersion, sc.replicas)
 	r.flow = newFlow(t, sc.name)
 	r.fleet = &fleet{env: r.flow.env()}
+	if sc.capacity != "" {
+		r.fleet.env["GATEKEEPER_CAPACITY"] = sc.capacity
+	}
 	if sc.lastEnv != nil {
 		r.fleet.startReady(t, sc.replicas-1)
 		r.fleet.startWith(t, sc.lastEnv()).WaitReady(t, 90*time.Second)

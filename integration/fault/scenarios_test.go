@@ -5,6 +5,7 @@ package fault
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -44,6 +45,7 @@ var runID = strings.ToLower(rand.Text()[:6])
 // nothing (G8).
 func TestRollingUpdate(t *testing.T) {
 	runScenario(t, scenario{name: "rolling-update", replicas: 3, load: loadDuration, exact: true,
+		capacity: fmt.Sprintf("%d/1s", capacityPerSecond),
 		fault: func(r *run) dupParams {
 			rollingUpdate(r, 1500*time.Millisecond, 10*time.Second)
 			return dupParams{BatchSize: batchSize}
@@ -316,4 +318,7 @@ type scenario struct {
 	// countTolerance, if positive, asserts that the Redis window counts
 	// differ from the events they count by at most this fraction of them.
 	countTolerance float64
+	// capacity, when set, is GATEKEEPER_CAPACITY of the fleet, and every
+	// window of it is checked to hold at most its limit (G12).
+	capacity string
 }

@@ -17,6 +17,8 @@ import (
 //	<rule key>:<window start ms>              a window's count (keys.window)
 //	<rule key>:anchor                         a ttl chain (keys.anchor)
 //	<prefix>:{<tenant>}:frontier:<rule set>   search frontier (keys.frontier)
+//	<prefix>:cap:<counter>                    capacity rule key (keys.capacity)
+//	<capacity key>:<window start ms>          a capacity window (admit/35_capacity.lua)
 //
 // <counter> is the rule's window as written ("1m" for the rule "1000/1m"), then
 // "/bytes" for a byte rule ("10MiB/1m") or "/units" for a unit rule ("500u/1m"),
@@ -102,6 +104,18 @@ func (k keys) anchor(tenant string, r Rule) string {
 func (k keys) frontier(tenant, set string) string {
 	return k.tenant(tenant) + ":frontier:" + set
 }
+
+// capacity returns the prefix of a capacity rule's window keys,
+// <prefix>:cap:<counter>, global (no tenant's hash tag); a capacity window's
+// hash holds a field per tenant (capacityField).
+func (k keys) capacity(r Rule) string {
+	return k.prefix + ":cap:" + r.Counter()
+}
+
+// capacityField is the field of what a tenant booked in a capacity window's
+// hash: "t:" and its encoded name, apart from the window's own fields
+// (35_capacity.lua's header); "r:" and the name holds what it was refused.
+func capacityField(tenant string) string { return "t:" + encodeTenant(tenant) }
 
 // replay returns the key of the replay record of a source partition on a
 // single Redis, where one script call decides a whole batch:

@@ -49,6 +49,9 @@ type Options struct {
 	ReplayScope string
 	// Registerer receives the limiter's metrics. Nil: not registered.
 	Registerer prometheus.Registerer
+	// Capacity is the budget shared by every tenant (G12; capacity.go).
+	// None: tenants have only their own rules. Not with Redis Cluster.
+	Capacity Capacity
 }
 
 func (o *Options) defaults() error {
@@ -156,6 +159,9 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		return nil, err
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
+	if err := checkCapacityUse(rules, opts, cluster); err != nil {
+		return nil, err
+	}
 	l := &Limiter{
 		rdb:     rdb,
 		cluster: cluster,
@@ -180,6 +186,11 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		return nil, err
 	}
 	l.metrics = m
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(newCapacityCollector(l)); err != nil {
+			return nil, fmt.Errorf("limiter metrics: %w", err)
+		}
+	}
 	l.states = newStateCache(opts.CacheBytes, m)
 	return l, nil
 }
@@ -215,6 +226,9 @@ func CheckRules(rules *Rules, kind WindowKind) error {
 // windows; the local cache is keyed by rule set and never applies to new rules.
 func (l *Limiter) SetRules(r *Rules) error {
 	if err := CheckRules(r, l.opts.WindowKind); err != nil {
+		return err
+	}
+	if err := CheckCapacity(r, l.opts.Capacity); err != nil {
 		return err
 	}
 	l.rules.Store(r)
@@ -376,12 +390,15 @@ func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 		g := &slab[n]
 		if order[n] == nil {
 			r, over := rules.lookup(t)
+			if len(r) == 0 && len(l.opts.Capacity) > 0 {
+				r = l.opts.Capacity // with a capacity, a tenant without rules has it as its ceiling
+			}
 			*g = group{tenant: t, rules: r, override: over, idx: idx[at : at : at+int(sizes[n])]}
 			at += int(sizes[n])
 			if len(r) > 0 {
 				set, ok := sets[&r[0]]
 				if !ok {
-					set = ruleSetID(l.opts.WindowKind, r)
+					set = l.setID(r)
 					sets[&r[0]] = set
 				}
 				g.set = set

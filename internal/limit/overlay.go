@@ -50,6 +50,7 @@ func (rs *Rules) WithOverlays(over map[string]Overlay, version int64) *Rules {
 	out := &Rules{}
 	if rs != nil {
 		out.byTenant, out.fallback, out.spec = rs.byTenant, rs.fallback, rs.spec
+		out.shares, out.fallbackShare = rs.shares, rs.fallbackShare
 	}
 	if out.byTenant == nil {
 		out.byTenant = map[string][]Rule{}

@@ -148,6 +148,9 @@ type Rules struct {
 	// over are the live overrides layered over byTenant and fallback (see
 	// WithOverlays); nil when none.
 	over *overlays
+	// shares are the tenants' weights and floors (capacity.go); fallbackShare "*"'s.
+	shares        map[string]Share
+	fallbackShare *Share
 }
 
 // String returns the spec the rules were parsed from.
@@ -205,7 +208,14 @@ func ParseRules(spec string) (*Rules, error) {
 			return nil, fmt.Errorf("%q: %w", part, err)
 		}
 		var rules []Rule
-		for _, rs := range strings.Split(part[eq+1:], ",") {
+		items, share, err := splitShare(tenant, strings.Split(part[eq+1:], ","))
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", part, err)
+		}
+		if err := rs.addShare(tenant, share); err != nil {
+			return nil, fmt.Errorf("%q: %w", part, err)
+		}
+		for _, rs := range items {
 			r, err := parseRule(strings.TrimSpace(rs))
 			if err != nil {
 				return nil, fmt.Errorf("%q: %w", part, err)
@@ -214,6 +224,9 @@ func ParseRules(spec string) (*Rules, error) {
 				return nil, fmt.Errorf("%q: %w", part, err)
 			}
 			rules = append(rules, r)
+		}
+		if len(rules) == 0 {
+			continue // a share alone: the tenant keeps the rules of "*"
 		}
 		if tenant == "*" {
 			if rs.fallback != nil {
@@ -227,7 +240,7 @@ func ParseRules(spec string) (*Rules, error) {
 		}
 		rs.byTenant[tenant] = rules
 	}
-	if len(rs.byTenant) == 0 && rs.fallback == nil {
+	if len(rs.byTenant) == 0 && rs.fallback == nil && len(rs.shares) == 0 && rs.fallbackShare == nil {
 		return nil, fmt.Errorf("%q: no rules", spec)
 	}
 	return rs, nil
@@ -306,9 +319,16 @@ func parseRule(s string) (Rule, error) {
 // Errors quote the bad part.
 func NewRules(fallback []string, byTenant map[string][]string) (*Rules, error) {
 	rs := &Rules{byTenant: map[string][]Rule{}}
-	parse := func(who string, specs []string) ([]Rule, error) {
+	parse := func(who, tenant string, specs []string) ([]Rule, error) {
 		if len(specs) == 0 {
 			return nil, fmt.Errorf("%s: no rules", who)
+		}
+		specs, share, err := splitShare(tenant, specs)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", who, err)
+		}
+		if err := rs.addShare(tenant, share); err != nil {
+			return nil, fmt.Errorf("%s: %w", who, err)
 		}
 		var out []Rule
 		for _, s := range specs {
@@ -325,7 +345,7 @@ func NewRules(fallback []string, byTenant map[string][]string) (*Rules, error) {
 	}
 	var specs []string
 	if fallback != nil {
-		r, err := parse("default", fallback)
+		r, err := parse("default", "*", fallback)
 		if err != nil {
 			return nil, err
 		}
@@ -339,14 +359,16 @@ func NewRules(fallback []string, byTenant map[string][]string) (*Rules, error) {
 		if err := checkTenant(t); err != nil {
 			return nil, err
 		}
-		r, err := parse(fmt.Sprintf("tenant %q", t), byTenant[t])
+		r, err := parse(fmt.Sprintf("tenant %q", t), t, byTenant[t])
 		if err != nil {
 			return nil, err
 		}
-		rs.byTenant[t] = r
+		if len(r) > 0 { // a share alone: the tenant keeps the default rules
+			rs.byTenant[t] = r
+		}
 		specs = append(specs, fmt.Sprintf("%q=%s", t, strings.Join(byTenant[t], ",")))
 	}
-	if len(rs.byTenant) == 0 && rs.fallback == nil {
+	if len(rs.byTenant) == 0 && rs.fallback == nil && len(rs.shares) == 0 && rs.fallbackShare == nil {
 		return nil, fmt.Errorf("no rules")
 	}
 	rs.spec = strings.Join(specs, ";")

@@ -70,6 +70,8 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src Source, budge
 			num(c.end)
 		}
 	}
+	capFirst := len(ks) + 1
+	ks = l.capacityKeys(ks)
 	if costsAt := nums + 1; weighted(groups) {
 		for i, g := range groups {
 			if g.costs != nil {
@@ -83,7 +85,8 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src Source, budge
 	av = append(av, now.UnixMilli(), hend.UnixMilli(), budget, len(d.index), len(groups))
 	av = append(av, d.args...)
 	av = append(av, recs)
-	return l.replayArgs(ks, av, groups, src)
+	ks, av = l.replayArgs(ks, av, groups, src)
+	return ks, l.capacityArgs(av, groups, now, capFirst)
 }
 
 // call runs admit.lua: one call for the batch on a single node; on Redis

@@ -41,6 +41,7 @@ var AdmitParts = []string{
 	"10_call.lua",
 	"20_journal.lua",
 	"30_windows.lua",
+	"35_capacity.lua",
 	"40_decode.lua",
 	"50_costs.lua",
 	"60_replay.lua",

@@ -13,7 +13,7 @@ import (
 // LimitsConfig (a test holds them in step).
 func usageVar(variable string) bool {
 	return strings.HasPrefix(variable, "REDIS_") ||
-		slices.Contains([]string{"LIMITS", "LIMITS_FILE", "WINDOW", "TIMEZONE", "DEFER_HORIZON", "RETENTION"}, variable)
+		slices.Contains([]string{"LIMITS", "LIMITS_FILE", "CAPACITY", "WINDOW", "TIMEZONE", "DEFER_HORIZON", "RETENTION"}, variable)
 }
 
 // LoadUsageConfig reads and validates only the variables that a usage

@@ -85,6 +85,7 @@ func (c *Config) routingChecks() []func() error {
 			return nil
 		},
 		c.checkLimits,
+		c.checkCapacity,
 		func() error {
 			// Not a check of LIMITS: `gatekeeper usage` reads unit rules
 			// without COST_FROM.

@@ -39,8 +39,10 @@ type httpConfig struct {
 	Gatherer   prometheus.Gatherer
 	Registerer prometheus.Registerer // for promhttp's own metrics; may be nil
 	// Ready runs the readiness checks of /readyz; nil: no checks.
-	Ready      *readiness
-	Usage      usageFunc
+	Ready *readiness
+	Usage usageFunc
+	// Capacity returns the tenant's share of the capacity; nil: none.
+	Capacity   func(ctx context.Context, tenant string) ([]limit.CapacityShare, error)
 	AdminToken string // empty: the usage API is open
 	// Tokens are the API's tokens (ADMIN_TOKEN and ADMIN_TOKENS); when
 	// empty, AdminToken alone is.
@@ -57,6 +59,8 @@ type httpConfig struct {
 type UsageResponse struct {
 	Tenant string        `json:"tenant"`
 	Rules  []limit.Usage `json:"rules"`
+	// Capacity is the tenant's share of each capacity rule (with a capacity).
+	Capacity []limit.CapacityShare `json:"capacity,omitempty"`
 }
 
 type errorResponse struct {
@@ -176,7 +180,14 @@ func (c httpConfig) usage(w http.ResponseWriter, r *http.Request) {
 	if rules == nil {
 		rules = []limit.Usage{}
 	}
-	writeJSON(w, http.StatusOK, UsageResponse{Tenant: tenant, Rules: rules})
+	var shares []limit.CapacityShare
+	if c.Capacity != nil {
+		if shares, err = c.Capacity(r.Context(), tenant); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, errorResponse{Error: "counters unavailable: " + OneLine(err.Error())})
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, UsageResponse{Tenant: tenant, Rules: rules, Capacity: shares})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

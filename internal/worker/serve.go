@@ -44,6 +44,7 @@ func LimiterOptions(cfg *Config, reg prometheus.Registerer) (limit.Options, erro
 		// prefix are never matched.
 		ReplayScope: cfg.GroupID,
 		Registerer:  reg,
+		Capacity:    cfg.CapacityRules(),
 	}, nil
 }
 
@@ -251,6 +252,13 @@ func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, er
 				return nil, errors.New("limiter not started")
 			}
 			return lim.Usage(ctx, tenant)
+		},
+		Capacity: func(ctx context.Context, tenant string) ([]limit.CapacityShare, error) {
+			lim := w.st.limiter.Load()
+			if lim == nil {
+				return nil, errors.New("limiter not started")
+			}
+			return lim.CapacityUsage(ctx, tenant)
 		},
 		AdminToken: cfg.AdminToken,
 		Tokens:     tokens,

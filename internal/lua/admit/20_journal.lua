@@ -13,9 +13,14 @@
 
 -- Three slots per write: op, key, arg. op 1: the key did not hold a count
 -- before (undo: DEL); op 2: the count grew by -arg (undo: HINCRBY arg);
--- op 3: an anchor that held arg, {start, until} or false (undo: put it back).
+-- op 3: an anchor that held arg, {start, until} or false (undo: put it back);
+-- op 4: a hash field grew by -arg[2] (undo: HINCRBY arg[1] arg[2]); op 5: the
+-- field arg did not exist (undo: HDEL). (Ops 4 and 5 are the capacity's.)
 local journal = {}
 local jn = 0
+-- on_undo, when set, is told each key undo writes (35_capacity.lua forgets
+-- what it read of a shared key).
+local on_undo = false
 
 local function note(op, key, arg)
   journal[jn + 1], journal[jn + 2], journal[jn + 3] = op, key, arg
@@ -26,8 +31,15 @@ end
 local function undo(mark)
   while jn > mark do
     local op, key, arg = journal[jn - 2], journal[jn - 1], journal[jn]
+    if on_undo then
+      on_undo(key)
+    end
     if op == 2 then
       redis.call("HINCRBY", key, "count", arg)
+    elseif op == 4 then
+      redis.call("HINCRBY", key, arg[1], arg[2])
+    elseif op == 5 then
+      redis.call("HDEL", key, arg)
     elseif op == 3 and arg then
       redis.call("HSET", key, "start", arg[1], "until", arg[2])
       redis.call("PEXPIRE", key, string.format("%.0f", tonumber(arg[2]) - now + 1000))

@@ -87,5 +87,8 @@ local function rules_of(ti, costs)
     rules[ri] = r
     q = q + 3
   end
+  if ncap > 0 then -- the shared capacity (35_capacity.lua)
+    cap_rules(rules, ti)
+  end
   return rules
 end

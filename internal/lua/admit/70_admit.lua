@@ -90,16 +90,20 @@ end
 -- read first, as admit_one does, and a chain that is gone starts at now.
 local function admit_all(rules, n)
   for _, r in ipairs(rules) do
-    local c = count_of(wkey(r.key, r.cur_start))
-    if c == 0 and r.chain_cached then
-      local cached_start = r.base
-      anchor(r)
-      if r.base ~= cached_start then
-        r.cur_start, r.cur_end = win(r, now)
-        c = count_of(wkey(r.key, r.cur_start))
+    if r.cap then -- 35_capacity.lua
+      r.room = room_of(r, r.cur_start)
+    else
+      local c = count_of(wkey(r.key, r.cur_start))
+      if c == 0 and r.chain_cached then
+        local cached_start = r.base
+        anchor(r)
+        if r.base ~= cached_start then
+          r.cur_start, r.cur_end = win(r, now)
+          c = count_of(wkey(r.key, r.cur_start))
+        end
       end
+      r.room = r.limit - c
     end
-    r.room = r.limit - c
   end
   local admitted = fit(rules, 1, n)
   if admitted > 0 then

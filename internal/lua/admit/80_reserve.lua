@@ -46,7 +46,7 @@ local function reserve(rules, fkey, rest, first, pos, costs)
         end
         budget = budget - 1
       end
-      local room = r.limit - count_of(key)
+      local room = room_of(r, s) -- 35_capacity.lua
       r.room = room
       if room < minroom then
         minroom = room

@@ -63,6 +63,9 @@ local function decide(ti, n, c, costs)
   -- 2. reserve the rest in the earliest future windows with room.
   local res, rest, t = reserve(rules, fkey, n - admitted, first, admitted + 1, costs)
   keep_chains(rules)
+  if ncap > 0 then -- what the tenant was refused now (35_capacity.lua)
+    cap_done(rules, n, admitted)
+  end
   -- 3. what is left is rejected.
   local full = 0
   if rest > 0 and t > hend then
@@ -225,6 +228,8 @@ local function run(first)
     if n == 0 then
       -- Every event of the tenant was replayed: nothing to decide.
       done = idle(ti, o)
+    elseif ncap > 0 then
+      -- A capacity (35_capacity.lua): no fast path; decide below.
     elseif nrules == 1 then
       local d, chain_start, chain_end = descs[recs[p + 2]], recs[p + 3], recs[p + 4]
       local cs, ce = nil, nil -- the current window, when known

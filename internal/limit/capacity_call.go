@@ -1,0 +1,95 @@
+package limit
+
+import (
+	"errors"
+	"strconv"
+	"time"
+)
+
+// The capacity's part of an admit.lua call (see internal/lua/admit/35_capacity.lua).
+
+// The ramp of the current window's level, in per mille of the window: it
+// holds until capacityRampLow, then rises to three times itself at
+// capacityRampHigh, after which what is left is anyone's (README: the model).
+const (
+	capacityRampLow  = 800
+	capacityRampHigh = 970
+)
+
+// ErrCapacityCluster is returned by New for a capacity on Redis Cluster:
+// the capacity's keys are global, and a call per tenant there touches only
+// that tenant's slot.
+var ErrCapacityCluster = errors.New("a capacity needs a single Redis (on Redis Cluster each tenant's keys sit in their own slot, and the capacity's keys in none of them)")
+
+// checkCapacityUse reports whether the capacity of opts can be kept with
+// these rules and this Redis.
+func checkCapacityUse(rules *Rules, opts Options, cluster bool) error {
+	if len(opts.Capacity) == 0 {
+		return nil
+	}
+	if cluster {
+		return ErrCapacityCluster
+	}
+	for _, r := range opts.Capacity {
+		if err := checkCapacityRule(r); err != nil {
+			return err
+		}
+	}
+	return CheckCapacity(rules, opts.Capacity)
+}
+
+// setID names a tenant's rule set under this limiter's capacity: a frontier
+// found under one capacity is not used under another.
+func (l *Limiter) setID(rules []Rule) string {
+	id := ruleSetID(l.opts.WindowKind, rules)
+	if len(l.opts.Capacity) > 0 {
+		id += "+cap:" + l.opts.Capacity.String()
+	}
+	return id
+}
+
+// capacityKeys appends the capacity rules' keys.
+func (l *Limiter) capacityKeys(ks []string) []string {
+	for _, r := range l.opts.Capacity {
+		ks = append(ks, l.keys.capacity(r))
+	}
+	return ks
+}
+
+// capacityArgs appends the capacity's arguments (35_capacity.lua's header),
+// then "cap:<where they start>", last:
+// first is the index in KEYS (1-based) of the first capacity key.
+func (l *Limiter) capacityArgs(av []any, groups []*group, now time.Time, first int) []any {
+	c := l.opts.Capacity
+	if len(c) == 0 {
+		return av
+	}
+	rules := l.rules.Load()
+	names := make([]byte, 0, 16*len(groups))
+	shares := make([]byte, 0, 4*len(groups)*(1+len(c)))
+	names = append(names, '[')
+	shares = append(shares, '[')
+	for i, g := range groups {
+		if i > 0 {
+			names = append(names, ',')
+			shares = append(shares, ',')
+		}
+		names = strconv.AppendQuote(names, encodeTenant(g.tenant))
+		s := rules.Share(g.tenant)
+		shares = strconv.AppendInt(shares, s.weight(), 10)
+		for _, r := range c {
+			shares = append(shares, ',')
+			shares = strconv.AppendInt(shares, s.floor(r), 10)
+		}
+	}
+	names = append(names, ']')
+	shares = append(shares, ']')
+	at := len(av) + 1 // where the capacity's arguments start in ARGV
+	av = append(av, len(c), first, capacityRampLow, capacityRampHigh, names, shares)
+	sums := floorSums(rules, c)
+	for i, r := range c {
+		s, _ := WindowBounds(r, now, l.opts.Location)
+		av = append(av, r.Limit, r.Length().Milliseconds(), s.UnixMilli(), retention(r, l.opts.Retention).Milliseconds(), sums[i])
+	}
+	return append(av, "cap:"+strconv.Itoa(at))
+}

@@ -1,0 +1,328 @@
+package limit
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// capWindow reads a capacity window's hash: the count, the active weight and
+// what each tenant booked there (by tenant name).
+func capWindow(t testing.TB, l *Limiter, r Rule, start time.Time) (count, active int64, booked map[string]int64) {
+	t.Helper()
+	h, err := l.rdb.HGetAll(context.Background(), l.keys.capacity(r)+WindowSep+strconv.FormatInt(start.UnixMilli(), 10)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	booked = map[string]int64{}
+	var sum int64
+	for k, v := range h {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		switch {
+		case k == "count":
+			count = n
+		case k == "a":
+			active = n
+		case strings.HasPrefix(k, "t:"):
+			booked[k[2:]] = n
+			sum += n
+		}
+	}
+	if sum != count {
+		t.Errorf("window %v: tenants booked %d, count %d", start, sum, count)
+	}
+	return count, active, booked
+}
+
+func TestParseCapacityAndShares(t *testing.T) {
+	for _, tc := range []struct{ capacity, limits, err string }{
+		{"5000/1s", "*=100/1m;a=weight:3,floor:200/1s", ""},
+		{"5000/1s,200000/1m", "a=1000/1m,weight:2,floor:100/1s,floor:1000/1m;*=weight:1", ""},
+		{"5000/1h", "*=100/1m", "seconds or minutes"},
+		{"5MiB/1s", "*=100/1m", "counts events"},
+		{"5000/7s", "*=100/1m", "does not tile"},
+		{"100/1s", "a=floor:60/1s;b=floor:50/1s", "sum to 110"},
+		{"100/1s", "a=floor:10/1m", "no capacity rule of window 1m"},
+		{"100/1s", "*=floor:10/1s", "named tenant"},
+		{"100/1s", "a=weight:0", "from 1 to 1000"},
+		{"100/1s", "a=weight:2,weight:3", "weight given twice"},
+		{"100/1s", "a=speed:3", "unknown setting"},
+	} {
+		t.Run(tc.capacity+" "+tc.limits, func(t *testing.T) {
+			c, err := ParseCapacity(tc.capacity)
+			if err == nil {
+				var rs *Rules
+				if rs, err = ParseRules(tc.limits); err == nil {
+					err = CheckCapacity(rs, c)
+				}
+			}
+			switch {
+			case tc.err == "" && err != nil:
+				t.Fatalf("got %v, want no error", err)
+			case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+				t.Fatalf("got %v, want an error with %q", err, tc.err)
+			}
+		})
+	}
+	rs := mustRules(t, "*=100/1m,weight:2;a=weight:3,floor:200/1s;b=10/1s")
+	if got := rs.For("a"); len(got) != 1 || got[0].String() != "100/1m" {
+		t.Errorf("a share alone: rules %v, want the default's", got)
+	}
+	if s := rs.Share("a"); s.Weight != 3 || s.floor(Rule{Limit: 1, Count: 1, Unit: Second}) != 200 {
+		t.Errorf("a: %+v", s)
+	}
+	if s := rs.Share("b"); s.Weight != 2 {
+		t.Errorf("b: weight %d, want 2 (from *)", s.Weight)
+	}
+}
+
+// TestCapacityWorkedExample runs the README's worked example for several
+// seconds of steady flooding: capacity 100/1s; a sends 10 a second, b 200,
+// c (weight 2, floor 30/1s) 100, each spread over the second. From the
+// eleventh second on the level has settled (each window takes a damped
+// Newton step towards the water level from the last, starting at the equal
+// share) and every second is the water-filling answer within 5%: a 10, b 30,
+// c 60.
+func TestCapacityWorkedExample(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("100/1s")
+	l := newTestLimiter(t, testRedis(t), "*=100000/1m;c=100000/1m,weight:2,floor:30/1s", Options{Clock: clk.Now, Capacity: c})
+	ctx := context.Background()
+	start := clk.Now()
+	const steps = 20
+	for sec := 0; sec < 14; sec++ {
+		for k := 0; k < steps; k++ {
+			clk.Set(start.Add(time.Duration(sec)*time.Second + time.Duration(k)*time.Second/steps))
+			var batch []string
+			batch = append(batch, repeat("a", 10/steps+btoi(k%2 == 0))...)
+			batch = append(batch, repeat("b", 200/steps)...)
+			batch = append(batch, repeat("c", 100/steps)...)
+			if _, err := l.Admit(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := map[string]int64{"a": 10, "b": 30, "c": 60}
+	for sec := 10; sec < 14; sec++ {
+		count, _, got := capWindow(t, l, c[0], start.Add(time.Duration(sec)*time.Second))
+		t.Logf("second %d: count %d, booked %v", sec, count, got)
+		if count != 100 {
+			t.Errorf("second %d: count %d, want 100 (work-conserving)", sec, count)
+		}
+		for ten, w := range want {
+			if d := got[ten] - w; d < -max(1, w/20) || d > max(1, w/20) {
+				t.Errorf("second %d: %s booked %d, want %d ± 5%%", sec, ten, got[ten], w)
+			}
+		}
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestCapacityExactAcrossLimiters has four limiters (replicas) decide
+// batches of 50 tenants at once under a capacity: no window's count
+// passes the capacity, and every window's count is what its tenants booked.
+func TestCapacityExactAcrossLimiters(t *testing.T) {
+	rdb := testRedis(t)
+	c, _ := ParseCapacity("300/1s,5000/1m")
+	prefix := testPrefix(t)
+	var ls []*Limiter
+	for i := 0; i < 4; i++ {
+		ls = append(ls, newTestLimiter(t, rdb, "*=1000/1m;t0=weight:5;t1=floor:40/1s", Options{Prefix: prefix, Capacity: c, Horizon: 30 * time.Second}))
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := 0
+	deadline := time.Now().Add(3 * time.Second)
+	for i, l := range ls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; time.Now().Before(deadline); j++ {
+				batch := make([]string, 0, 200)
+				for k := 0; k < 200; k++ {
+					batch = append(batch, fmt.Sprintf("t%d", (i*7+j*13+k*k)%50))
+				}
+				ds, err := l.Admit(ctx, batch)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				for _, d := range ds {
+					if d.Kind == Admit {
+						admitted++
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	now := time.Now()
+	checked := 0
+	for s := now.Add(-5 * time.Second).Truncate(time.Second); s.Before(now.Add(31 * time.Second)); s = s.Add(time.Second) {
+		count, _, _ := capWindow(t, ls[0], c[0], s)
+		if count > 300 {
+			t.Errorf("window %v: count %d over the capacity 300", s, count)
+		}
+		if count > 0 {
+			checked++
+		}
+	}
+	for s := now.Add(-2 * time.Minute).Truncate(time.Minute); s.Before(now.Add(time.Minute)); s = s.Add(time.Minute) {
+		if count, _, _ := capWindow(t, ls[0], c[1], s); count > 5000 {
+			t.Errorf("minute %v: count %d over the capacity 5000", s, count)
+		}
+	}
+	t.Logf("%d events admitted, %d one-second windows with bookings", admitted, checked)
+	if checked < 10 {
+		t.Errorf("only %d windows booked: the test did not load the capacity", checked)
+	}
+}
+
+// TestCapacityLateTenant: b floods alone for three seconds and reserves far
+// ahead; d starts flooding in the fourth second. From the next second on d
+// gets its share (half), though b had reserved into those seconds first.
+func TestCapacityLateTenant(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("100/1s")
+	l := newTestLimiter(t, testRedis(t), "*=100000/1m", Options{Clock: clk.Now, Capacity: c, Horizon: time.Minute})
+	ctx := context.Background()
+	start := clk.Now()
+	const steps = 20
+	for sec := 0; sec < 8; sec++ {
+		for k := 0; k < steps; k++ {
+			clk.Set(start.Add(time.Duration(sec)*time.Second + time.Duration(k)*time.Second/steps))
+			batch := repeat("b", 300/steps)
+			if sec >= 3 {
+				batch = append(batch, repeat("d", 300/steps)...)
+			}
+			if _, err := l.Admit(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for sec := 0; sec < 8; sec++ {
+		count, _, got := capWindow(t, l, c[0], start.Add(time.Duration(sec)*time.Second))
+		t.Logf("second %d: count %d, booked %v", sec, count, got)
+		if count != 100 {
+			t.Errorf("second %d: count %d, want 100", sec, count)
+		}
+		if sec >= 4 && (got["d"] < 47 || got["d"] > 53) {
+			t.Errorf("second %d: the late tenant booked %d, want its share 50 ± 3", sec, got["d"])
+		}
+	}
+	// Before d came, b had reserved half of the seconds ahead (these among them).
+	if _, _, got := capWindow(t, l, c[0], start.Add(10*time.Second)); got["b"] != 50 {
+		t.Errorf("second 10: b reserved %d, want half the capacity (50)", got["b"])
+	}
+}
+
+// TestCapacityBrokenTenant: a tenant whose own key is broken fails alone,
+// and what the call wrote for it in the capacity's window is taken back.
+func TestCapacityBrokenTenant(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("100/1s")
+	rdb := testRedis(t)
+	l := newTestLimiter(t, rdb, "*=100000/1m", Options{Clock: clk.Now, Capacity: c})
+	ctx := context.Background()
+	r := mustRules(t, "*=100000/1m").For("x")[0]
+	s, _ := WindowBounds(r, clk.Now(), time.UTC)
+	if err := rdb.Set(ctx, l.keys.window("x", r, s), "junk", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := l.Admit(ctx, []string{"y", "x", "y", "x", "z"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := kinds(ds); got != "afafa" {
+		t.Errorf("decisions %s, want afafa", got)
+	}
+	count, active, booked := capWindow(t, l, c[0], clk.Now().Truncate(time.Second))
+	if count != 3 || active != 2 || booked["x"] != 0 {
+		t.Errorf("capacity window: count %d, active weight %d, booked %v; want 3, 2 (y, z), none for x", count, active, booked)
+	}
+	h, _ := rdb.HGetAll(ctx, l.keys.capacity(c[0])+WindowSep+strconv.FormatInt(s.Truncate(time.Second).UnixMilli(), 10)).Result()
+	if _, ok := h["r:x"]; ok {
+		t.Errorf("the failed tenant is still marked active: %v", h)
+	}
+}
+
+// TestCapacityUsageAndMetrics: the usage API's share of a flooding tenant
+// (booked, level, entitlement, events waiting in later windows) and the
+// collector's capacity used per window, without tenant labels.
+func TestCapacityUsageAndMetrics(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("100/1s")
+	reg := prometheus.NewRegistry()
+	l := newTestLimiter(t, testRedis(t), "*=100000/1m;b=weight:2", Options{Clock: clk.Now, Capacity: c, Horizon: time.Minute, Registerer: reg})
+	ctx := context.Background()
+	start := clk.Now()
+	for sec := 0; sec < 3; sec++ {
+		for k := 0; k < 10; k++ {
+			clk.Set(start.Add(time.Duration(sec)*time.Second + time.Duration(k)*100*time.Millisecond))
+			if _, err := l.Admit(ctx, append(repeat("b", 30), repeat("a", 3)...)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	clk.Set(start.Add(2500 * time.Millisecond))
+	us, err := l.CapacityUsage(ctx, "b")
+	if err != nil || len(us) != 1 {
+		t.Fatalf("CapacityUsage: %v %v", us, err)
+	}
+	u := us[0]
+	t.Logf("%+v", u)
+	// Both were capped the second before: the level is at least the equal
+	// share 100 / (2 + 1), and b's entitlement is twice it.
+	if u.Capacity != "100/1s" || u.Used != 100 || u.Weight != 2 || u.Level < 100.0/3-0.001 || u.Entitlement != int64(2*u.Level+1e-9) ||
+		u.Booked == 0 || u.Booked > u.Used || u.Share != float64(u.Booked)/100 || u.Waiting == 0 || u.Refused == 0 || u.ActiveWeight != 3 {
+		t.Errorf("b's share: %+v; want used 100, level at least 33.3, entitlement twice it (weight 2), booked part of the window, events refused and waiting, active weight 3", u)
+	}
+	if v := gathered(t, reg, "gatekeeper_capacity_used", "last"); v != 100 {
+		t.Errorf("used in the last window: %v, want 100", v)
+	}
+	if v := gathered(t, reg, "gatekeeper_capacity_limit", ""); v != 100 {
+		t.Errorf("capacity limit: %v, want 100", v)
+	}
+}
+
+// gathered returns the value of a gathered gauge whose window label is
+// window (any series when window is empty); no series fails the test.
+func gathered(t *testing.T, reg *prometheus.Registry, name, window string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if window == "" {
+				return m.GetGauge().GetValue()
+			}
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "window" && lp.GetValue() == window {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{window=%q}", name, window)
+	return 0
+}

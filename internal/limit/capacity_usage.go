@@ -1,0 +1,181 @@
+package limit
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// Reading the capacity: a tenant's share for the usage API and the fleet's
+// use per window for the metrics. Both only read.
+
+// waitingWindows is how many windows after the current one CapacityUsage
+// sums a tenant's reserved events over (fewer when the horizon is shorter).
+const waitingWindows = 60
+
+// CapacityShare is a tenant's part of one capacity rule in its current
+// window. It is a value type.
+type CapacityShare struct {
+	// Capacity is the rule, as in GATEKEEPER_CAPACITY ("5000/1s").
+	Capacity string `json:"capacity"`
+	// Used is what all tenants booked in the current window (admitted or reserved).
+	Used int64 `json:"used"`
+	// Booked is what this tenant booked there, and Share its part of the capacity.
+	Booked int64   `json:"booked"`
+	Share  float64 `json:"share"`
+	// Weight and Floor are the tenant's, from LIMITS.
+	Weight int64 `json:"weight"`
+	Floor  int64 `json:"floor"`
+	// Level is the window's water level per unit of weight (0 before its
+	// first call), and Entitlement the tenant's max(floor, weight × level):
+	// what it may book before the end-of-window ramp.
+	Level       float64 `json:"level"`
+	Entitlement int64   `json:"entitlement"`
+	// ActiveWeight sums the weights of the tenants that sent events in the window.
+	ActiveWeight int64 `json:"active_weight"`
+	// Refused is the tenant's events decided in this window that went to later ones.
+	Refused int64 `json:"refused"`
+	// Waiting is the tenant's events reserved in the WaitingWindows windows
+	// after the current one: its deferred events waiting for their slot.
+	Waiting        int64 `json:"waiting"`
+	WaitingWindows int   `json:"waiting_windows"`
+	// Reset is when the current window ends.
+	Reset time.Time `json:"reset"`
+}
+
+// CapacityUsage returns the tenant's share of each capacity rule (none
+// without a capacity). It reads only.
+func (l *Limiter) CapacityUsage(ctx context.Context, tenant string) ([]CapacityShare, error) {
+	c := l.opts.Capacity
+	if len(c) == 0 {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	now := l.opts.Clock()
+	share := l.rules.Load().Share(tenant)
+	name := encodeTenant(tenant)
+	type read struct {
+		cur  *redis.SliceCmd
+		next []*redis.StringCmd
+	}
+	reads := make([]read, len(c))
+	nwin := make([]int, len(c))
+	if _, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, r := range c {
+			s, _ := WindowBounds(r, now, l.opts.Location)
+			key := l.keys.capacity(r)
+			reads[i].cur = p.HMGet(ctx, key+WindowSep+strconv.FormatInt(s.UnixMilli(), 10), "count", "lv", "a", "t:"+name, "r:"+name)
+			nwin[i] = min(waitingWindows, int(l.opts.Horizon/r.Length()))
+			for k := 1; k <= nwin[i]; k++ {
+				ws := s.Add(time.Duration(k) * r.Length())
+				reads[i].next = append(reads[i].next, p.HGet(ctx, key+WindowSep+strconv.FormatInt(ws.UnixMilli(), 10), "t:"+name))
+			}
+		}
+		return nil
+	}); err != nil && err != redis.Nil {
+		l.metrics.redisErrors.Inc()
+		return nil, fmt.Errorf("capacity usage: %w", err)
+	}
+	out := make([]CapacityShare, len(c))
+	for i, r := range c {
+		v := reads[i].cur.Val()
+		num := func(j int) float64 {
+			if j >= len(v) {
+				return 0
+			}
+			s, _ := v[j].(string)
+			f, _ := strconv.ParseFloat(s, 64)
+			return f
+		}
+		_, end := WindowBounds(r, now, l.opts.Location)
+		cs := CapacityShare{
+			Capacity: r.String(), Used: int64(num(0)), Level: num(1), ActiveWeight: int64(num(2)),
+			Booked: int64(num(3)), Refused: int64(num(4)), Weight: share.weight(), Floor: share.floor(r),
+			WaitingWindows: nwin[i], Reset: end,
+		}
+		cs.Share = float64(cs.Booked) / float64(r.Limit)
+		cs.Entitlement = max(cs.Floor, int64(float64(cs.Weight)*cs.Level+1e-9))
+		for _, n := range reads[i].next {
+			w, _ := n.Int64()
+			cs.Waiting += w
+		}
+		out[i] = cs
+	}
+	return out, nil
+}
+
+// capacityCollector exports, at each scrape, the capacity's use in its
+// current and last windows, read from Redis (the fleet's, not this
+// replica's): no tenant labels, one series per capacity rule. It is
+// registered with every Limiter and reports nothing without a capacity.
+type capacityCollector struct {
+	l                                  *Limiter
+	limit, used, level, active, capped *prometheus.Desc
+}
+
+func newCapacityCollector(l *Limiter) *capacityCollector {
+	return &capacityCollector{
+		l:      l,
+		limit:  prometheus.NewDesc("gatekeeper_capacity_limit", "The capacity: events per window that all tenants together may be admitted or have reserved (GATEKEEPER_CAPACITY).", []string{"capacity"}, nil),
+		used:   prometheus.NewDesc("gatekeeper_capacity_used", "Events booked (admitted or reserved) by all tenants in a capacity window: window=current (so far) or last (the window before, complete).", []string{"capacity", "window"}, nil),
+		level:  prometheus.NewDesc("gatekeeper_capacity_level", "The current capacity window's water level: the events a tenant of weight 1 is entitled to.", []string{"capacity"}, nil),
+		active: prometheus.NewDesc("gatekeeper_capacity_active_weight", "Summed weight of the tenants that sent events in the current capacity window.", []string{"capacity"}, nil),
+		capped: prometheus.NewDesc("gatekeeper_capacity_capped_weight", "Summed weight of the tenants held at the level in the last capacity window (they had more events than their share).", []string{"capacity"}, nil),
+	}
+}
+
+func (cc *capacityCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{cc.limit, cc.used, cc.level, cc.active, cc.capped} {
+		ch <- d
+	}
+}
+
+func (cc *capacityCollector) Collect(ch chan<- prometheus.Metric) {
+	l := cc.l
+	c := l.opts.Capacity
+	if len(c) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.opts.Timeout)
+	defer cancel()
+	now := l.opts.Clock()
+	cur := make([]*redis.SliceCmd, len(c))
+	last := make([]*redis.SliceCmd, len(c))
+	if _, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, r := range c {
+			s, _ := WindowBounds(r, now, l.opts.Location)
+			key := l.keys.capacity(r) + WindowSep
+			cur[i] = p.HMGet(ctx, key+strconv.FormatInt(s.UnixMilli(), 10), "count", "lv", "a")
+			last[i] = p.HMGet(ctx, key+strconv.FormatInt(s.Add(-r.Length()).UnixMilli(), 10), "count", "wc")
+		}
+		return nil
+	}); err != nil {
+		l.metrics.redisErrors.Inc()
+		return
+	}
+	for i, r := range c {
+		name := r.String()
+		cv, lv := floats(cur[i].Val(), 3), floats(last[i].Val(), 2)
+		ch <- prometheus.MustNewConstMetric(cc.limit, prometheus.GaugeValue, float64(r.Limit), name)
+		ch <- prometheus.MustNewConstMetric(cc.used, prometheus.GaugeValue, cv[0], name, "current")
+		ch <- prometheus.MustNewConstMetric(cc.used, prometheus.GaugeValue, lv[0], name, "last")
+		ch <- prometheus.MustNewConstMetric(cc.level, prometheus.GaugeValue, cv[1], name)
+		ch <- prometheus.MustNewConstMetric(cc.active, prometheus.GaugeValue, cv[2], name)
+		ch <- prometheus.MustNewConstMetric(cc.capped, prometheus.GaugeValue, lv[1], name)
+	}
+}
+
+// floats reads n numbers of an HMGET reply, 0 for a missing field.
+func floats(v []any, n int) []float64 {
+	out := make([]float64, n)
+	for j := 0; j < n && j < len(v); j++ {
+		s, _ := v[j].(string)
+		out[j], _ = strconv.ParseFloat(s, 64)
+	}
+	return out
+}

@@ -1,0 +1,38 @@
+package worker
+
+import (
+	"strings"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+)
+
+// checkCapacity parses CAPACITY and checks the tenants' floors against it;
+// a capacity needs a single Redis (limit.ErrCapacityCluster).
+func (c *Config) checkCapacity() error {
+	capacity, err := limit.ParseCapacity(c.Capacity)
+	if err != nil {
+		return bad("CAPACITY", "%v", err)
+	}
+	if len(capacity) == 0 {
+		return nil
+	}
+	if len(c.RedisAddrs) > 1 || strings.EqualFold(c.RedisCluster, "true") {
+		return bad("CAPACITY", "%v", limit.ErrCapacityCluster)
+	}
+	if c.limits != nil {
+		if err := limit.CheckCapacity(c.limits.rules, capacity); err != nil {
+			if c.LimitsFile != "" {
+				return bad("LIMITS_FILE", "%s: %v", c.LimitsFile, err)
+			}
+			return bad("LIMITS", "%v", err)
+		}
+	}
+	return nil
+}
+
+// CapacityRules returns the capacity of CAPACITY, none when unset or bad
+// (Validate reports a bad one).
+func (c *Config) CapacityRules() limit.Capacity {
+	capacity, _ := limit.ParseCapacity(c.Capacity)
+	return capacity
+}
