@@ -118,7 +118,7 @@ func TestConfigDefaults(t *testing.T) {
 		RetryConfig: RetryConfig{
 			MaxAttempts:         5,
 			RetryLookahead:      10000,
-			RetryLookaheadBytes: 256 << 10,
+			RetryLookaheadBytes: 1 << 20,
 		},
 		HTTPConfig: HTTPConfig{
 			HTTPAddr:      ":8080",
