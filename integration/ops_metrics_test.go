@@ -39,9 +39,10 @@ var notDriven = map[string]string{
 // gatekeeper until the lazily created series exist: admissions, deferrals
 // released from the first retry tier (reserved, lateness, waiting), a
 // rejection, an invalid event, an oversized event, an unsigned event in a
-// retry tier (signature failure), and offsets Kafka deleted before the
-// gatekeeper read them (offsets lost). Then every name must be in one
-// scrape of /metrics, except those of notDriven.
+// retry tier (signature failure), a shared capacity (that never binds),
+// and offsets Kafka deleted before the gatekeeper read them (offsets lost).
+// Then every name must be in one scrape of /metrics, except those of
+// notDriven.
 func TestOpsMonitoringMetricsExported(t *testing.T) {
 	t.Parallel()
 	opsAvoidDayEnd(t)
@@ -67,7 +68,9 @@ func TestOpsMonitoringMetricsExported(t *testing.T) {
 		"GATEKEEPER_GROUP_ID", group,
 		"GATEKEEPER_LIMITS_FILE", limits,
 		"GATEKEEPER_RETRY_SECRET", strings.Repeat("s", 32),
-		"GATEKEEPER_MAX_MESSAGE_BYTES", "20000"))
+		"GATEKEEPER_MAX_MESSAGE_BYTES", "20000",
+		// A capacity that never binds here: its metrics exist only with one.
+		"GATEKEEPER_CAPACITY", "100000/1s"))
 	gk.waitReady(90 * time.Second)
 
 	large := bytes.Repeat([]byte("x"), 19700)
