@@ -91,6 +91,13 @@ func (a *Admitter) AdmitNow(ctx context.Context, src limit.Source, tenants []str
 	return ds, nil
 }
 
+// Release gives back the missed slots of late deferred events with the
+// Limiter (route.SlotReleaser): without it the Retrier would leave every
+// missed slot counted, and each late event would count twice.
+func (a *Admitter) Release(ctx context.Context, slots []limit.MissedSlot) (int, error) {
+	return a.Limiter.Release(ctx, slots)
+}
+
 // report counts the decisions under overrides, logs the first decision of
 // each tenant under each override version, and tallies.
 func (a *Admitter) report(tenants []string, ds []limit.Decision) {

@@ -84,6 +84,16 @@ func startLive(ctx context.Context, log *slog.Logger, cfg *Config, rdb redis.Uni
 	return l, nil
 }
 
+// The live Admitter stands in for the Limiter on the pipeline, so it must
+// offer every optional interface the route package looks for on an
+// Admitter: without SlotReleaser, late deferred events kept their missed
+// slots counted (each counted twice).
+var _ interface {
+	route.Admitter
+	route.NowAdmitter
+	route.SlotReleaser
+} = (*override.Admitter)(nil)
+
 // admitter is the pipeline's Admitter: the live one when there is one.
 func (p Pipeline) admitter() route.Admitter {
 	if p.Live != nil && p.Live.Admitter != nil {
