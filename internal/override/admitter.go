@@ -24,10 +24,13 @@ type Tally interface {
 // at debug level one log line per tenant and override version on each
 // replica), the decisions of the Shadow
 // limiter for the tenants with a shadow override (counted, never
-// enforced), and every decision to the Tally. It implements
-// route.Admitter and route.NowAdmitter and is safe for concurrent use.
+// enforced), and every decision to the Tally. It embeds the Limiter, so
+// that every optional interface the route package looks for on an
+// Admitter (route.SlotReleaser among them) is the Limiter's unless
+// Admitter reports on it too (AdmitFrom, AdmitNow). It is safe for
+// concurrent use.
 type Admitter struct {
-	Limiter *limit.Limiter
+	*limit.Limiter
 	// Shadow counts the shadow overrides (its rules are only theirs, under
 	// a key prefix of its own); nil: none.
 	Shadow *limit.Limiter
@@ -89,13 +92,6 @@ func (a *Admitter) AdmitNow(ctx context.Context, src limit.Source, tenants []str
 	}
 	a.report(tenants, ds)
 	return ds, nil
-}
-
-// Release gives back the missed slots of late deferred events with the
-// Limiter (route.SlotReleaser): without it the Retrier would leave every
-// missed slot counted, and each late event would count twice.
-func (a *Admitter) Release(ctx context.Context, slots []limit.MissedSlot) (int, error) {
-	return a.Limiter.Release(ctx, slots)
 }
 
 // report counts the decisions under overrides, logs the first decision of
@@ -170,7 +166,7 @@ func (a *Admitter) shadow(ctx context.Context, tenants []string, costs []limit.C
 	ds, err := a.Shadow.AdmitCosts(ctx, st, sc)
 	if err != nil {
 		a.m.shadow.WithLabelValues("error").Inc()
-		a.Log.Warn("shadow override check failed (nothing enforced depends on it)", slog.String("error", err.Error()))
+		a.Log.Warn("shadow override check failed (nothing enforced depends on it)", slog.String("err", err.Error()))
 		return
 	}
 	var n [5]int

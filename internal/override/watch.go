@@ -115,7 +115,7 @@ func (w *Watcher) Load(ctx context.Context) error {
 		for _, r := range page {
 			o, err := w.overlayOf(r)
 			if err != nil {
-				w.opts.Log.Error("stored override not applied", slog.String("tenant", r.Tenant), slog.String("error", err.Error()))
+				w.opts.Log.Error("stored override not applied", slog.String("tenant", r.Tenant), slog.String("err", err.Error()))
 				continue
 			}
 			records[r.Tenant], overlays[r.Tenant] = r, o
@@ -170,7 +170,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		if err := w.poll(ctx); err != nil && ctx.Err() == nil {
 			w.m.errors.Inc()
 			if !w.failing {
-				w.opts.Log.Warn("cannot read the overrides; keeping those in force", slog.String("error", err.Error()))
+				w.opts.Log.Warn("cannot read the overrides; keeping those in force", slog.String("err", err.Error()))
 			}
 			w.failing = true
 			continue
@@ -217,7 +217,7 @@ func (w *Watcher) poll(ctx context.Context) error {
 			}
 			o, err := w.overlayOf(*e.After)
 			if err != nil {
-				w.opts.Log.Error("override change not applied", slog.String("tenant", e.Tenant), slog.Int64("version", e.Version), slog.String("error", err.Error()))
+				w.opts.Log.Error("override change not applied", slog.String("tenant", e.Tenant), slog.Int64("version", e.Version), slog.String("err", err.Error()))
 				continue
 			}
 			w.records[e.Tenant], w.overlays[e.Tenant] = *e.After, o

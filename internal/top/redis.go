@@ -61,7 +61,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		}
 		if err := p.Publish(ctx); err != nil {
 			if !failing && ctx.Err() == nil {
-				p.Log.Warn("cannot publish the top tenants", slog.String("error", err.Error()))
+				p.Log.Warn("cannot publish the top tenants", slog.String("err", err.Error()))
 			}
 			failing = true
 			continue

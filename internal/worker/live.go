@@ -62,7 +62,7 @@ func startLive(ctx context.Context, log *slog.Logger, cfg *Config, rdb redis.Uni
 	}
 	if l.Watcher, err = override.NewWatcher(l.Store, func(s *override.Snapshot) {
 		if err := l.Layers.Apply(s); err != nil {
-			log.Error("overrides not applied, keeping the rules in force", slog.Int64("version", s.Version), slog.String("error", OneLine(err.Error())))
+			log.Error("overrides not applied, keeping the rules in force", slog.Int64("version", s.Version), slog.String("err", OneLine(err.Error())))
 		}
 	}, override.WatcherOptions{Log: log, Registerer: reg}); err != nil {
 		return nil, err

@@ -129,7 +129,7 @@ func (a *overrideAPI) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, override.ErrNotFound):
 		writeJSON(w, http.StatusNotFound, errorResponse{Error: err.Error()})
 	default:
-		a.log.LogAttrs(r.Context(), slog.LevelWarn, "override API failed", slog.String("path", r.URL.Path), slog.String("error", err.Error()))
+		a.log.LogAttrs(r.Context(), slog.LevelWarn, "override API failed", slog.String("path", r.URL.Path), slog.String("err", err.Error()))
 		writeJSON(w, http.StatusServiceUnavailable, errorResponse{Error: "overrides unavailable: " + OneLine(err.Error())})
 	}
 }
