@@ -30,8 +30,21 @@ func ovTokensEnv() []string {
 }
 
 // ovDo sends method path with a JSON body to p as token and decodes the
-// answer into out (when not nil); it returns the status.
+// answer into out (when not nil) if its status is 2xx; it returns the status.
 func ovDo(t testing.TB, p *gkProc, token, method, path string, body, out any) int {
+	t.Helper()
+	st, data := ovSend(t, p, token, method, path, body)
+	if out != nil && st/100 == 2 {
+		if err := json.Unmarshal(data, out); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, data)
+		}
+	}
+	return st
+}
+
+// ovSend sends method path with a JSON body (nil: none) to p as token and
+// returns the status and the body of the answer.
+func ovSend(t testing.TB, p *gkProc, token, method, path string, body any) (int, []byte) {
 	t.Helper()
 	var rd io.Reader
 	if body != nil {
@@ -50,12 +63,7 @@ func ovDo(t testing.TB, p *gkProc, token, method, path string, body, out any) in
 	}
 	defer res.Body.Close()
 	data, _ := io.ReadAll(res.Body)
-	if out != nil && res.StatusCode/100 == 2 {
-		if err := json.Unmarshal(data, out); err != nil {
-			t.Fatalf("%s %s: %v: %s", method, path, err, data)
-		}
-	}
-	return res.StatusCode
+	return res.StatusCode, data
 }
 
 type ovView struct {

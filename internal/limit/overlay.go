@@ -10,8 +10,14 @@ import (
 // rules of LIMITS or LIMITS_FILE by Rules.WithOverlays. It is a value type.
 type Overlay struct {
 	// Rules replace the tenant's own rules (or the "*" rules) while the
-	// override is in force; none admits everything.
+	// override is in force; none admits everything, unless KeepRules.
 	Rules []Rule
+	// KeepRules: the tenant keeps its rules of LIMITS or LIMITS_FILE (Rules
+	// is then empty), the override sets only its Share.
+	KeepRules bool
+	// Share, if set, replaces the tenant's weight and floors (its part of
+	// the shared capacity, capacity.go) while the override is in force.
+	Share *Share
 	// Version is the override's version, carried by every decision made
 	// under it (Decision.Override).
 	Version int64
@@ -93,15 +99,19 @@ func (rs *Rules) lookup(tenant string) ([]Rule, int64) {
 	if rs == nil {
 		return nil, 0
 	}
+	var version int64
 	if rs.over != nil {
 		if o, ok := rs.over.byTenant[tenant]; ok {
-			return o.Rules, o.Version
+			if !o.KeepRules {
+				return o.Rules, o.Version
+			}
+			version = o.Version
 		}
 	}
 	if r, ok := rs.byTenant[tenant]; ok {
-		return r, 0
+		return r, version
 	}
-	return rs.fallback, 0
+	return rs.fallback, version
 }
 
 // Overridden returns the number of tenants with an override in rs.

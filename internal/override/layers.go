@@ -87,7 +87,7 @@ func (l *Layers) setLocked(base *limit.Rules, s *Snapshot, changed []string, all
 	var raised []string
 	seen := map[string]bool{}
 	for _, t := range changed {
-		if !seen[t] && limit.Raised(prev.For(t), enforced.For(t)) {
+		if !seen[t] && (limit.Raised(prev.For(t), enforced.For(t)) || limit.ShareRaised(prev.Share(t), enforced.Share(t))) {
 			raised = append(raised, t)
 		}
 		seen[t] = true

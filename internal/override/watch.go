@@ -129,21 +129,29 @@ func (w *Watcher) Load(ctx context.Context) error {
 	return nil
 }
 
-// overlayOf parses a stored record's rules.
+// overlayOf parses a stored record's rules and share.
 func overlayOf(r Record) (limit.Overlay, error) {
 	rules, err := limit.ParseRuleList(r.Rules)
 	if err != nil {
 		return limit.Overlay{}, err
 	}
-	return limit.Overlay{Rules: rules, Version: r.Version}, nil
+	share, err := r.Share()
+	if err != nil {
+		return limit.Overlay{}, err
+	}
+	return limit.Overlay{Rules: rules, KeepRules: r.KeepRules, Share: share, Version: r.Version}, nil
 }
 
 // overlayOf parses a record's rules, or takes the list parsed for the same
-// text before.
+// text before, and its share.
 func (w *Watcher) overlayOf(r Record) (limit.Overlay, error) {
 	key := strings.Join(r.Rules, ",")
 	if rules, ok := w.parsed[key]; ok {
-		return limit.Overlay{Rules: rules, Version: r.Version}, nil
+		share, err := r.Share()
+		if err != nil {
+			return limit.Overlay{}, err
+		}
+		return limit.Overlay{Rules: rules, KeepRules: r.KeepRules, Share: share, Version: r.Version}, nil
 	}
 	o, err := overlayOf(r)
 	if err != nil {
@@ -261,7 +269,13 @@ func (w *Watcher) publish(changed []string, all bool) {
 		}
 		s.Records[t] = r
 		if r.Shadow {
-			s.Shadow[t] = w.overlays[t]
+			// The shadow limiter counts rules only (it has no capacity):
+			// a shadow share is reported from the capacity's counts (the
+			// API's shadow_capacity), and a share alone has no rules to count.
+			if o := w.overlays[t]; !o.KeepRules {
+				o.Share = nil
+				s.Shadow[t] = o
+			}
 		} else {
 			s.Enforced[t] = w.overlays[t]
 		}
