@@ -173,6 +173,7 @@ func RuleStrings(rules []Rule) []string {
 // Raised reports whether the rules now let a tenant have more than the
 // rules before in some window: a counter of before has no rule in now, or
 // a higher limit there. Rules without counters (none) admit everything.
+// It allocates nothing (rule lists are short).
 func Raised(before, now []Rule) bool {
 	if len(before) == 0 {
 		return false
@@ -180,14 +181,42 @@ func Raised(before, now []Rule) bool {
 	if len(now) == 0 {
 		return true
 	}
-	limits := make(map[string]int64, len(now))
-	for _, r := range now {
-		limits[r.Counter()] = r.Limit
-	}
 	for _, r := range before {
-		l, ok := limits[r.Counter()]
-		if !ok || l > r.Limit {
+		found := false
+		for _, n := range now {
+			if n.Count == r.Count && n.Unit == r.Unit && n.Measure == r.Measure {
+				found = true
+				if n.Limit > r.Limit {
+					return true
+				}
+				break
+			}
+		}
+		if !found {
 			return true
+		}
+	}
+	return false
+}
+
+// AnyRaised reports whether some tenant's rules or share are higher in now
+// than in before (Raised, ShareRaised): a named tenant of either, or every
+// other tenant (the "*" rules).
+func AnyRaised(before, now *Rules) bool {
+	const other = "\x00" // no tenant is named so: the "*" rules
+	for _, t := range append(append([]string{other}, before.Tenants()...), now.Tenants()...) {
+		if Raised(before.For(t), now.For(t)) || ShareRaised(before.Share(t), now.Share(t)) {
+			return true
+		}
+	}
+	for _, rs := range []*Rules{before, now} {
+		if rs == nil {
+			continue
+		}
+		for t := range rs.shares {
+			if ShareRaised(before.Share(t), now.Share(t)) {
+				return true
+			}
 		}
 	}
 	return false

@@ -171,6 +171,9 @@ func (rs *Rules) For(tenant string) []Rule {
 
 // Tenants lists the tenants with rules of their own, sorted.
 func (rs *Rules) Tenants() []string {
+	if rs == nil {
+		return nil
+	}
 	var out []string
 	for t := range rs.byTenant {
 		out = append(out, t)
