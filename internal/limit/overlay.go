@@ -41,14 +41,24 @@ type overlays struct {
 // batch names each distinct list once, however many tenants have it.
 func (rs *Rules) WithOverlays(over map[string]Overlay, version int64) *Rules {
 	shared := map[string][]Rule{}
+	ids := map[*Rule]string{} // lists shared already are named once
 	for t, o := range over {
 		if len(o.Rules) == 0 {
 			continue
 		}
-		k := ruleSetID("", o.Rules)
+		k, ok := ids[&o.Rules[0]]
+		if !ok {
+			k = ruleSetID("", o.Rules)
+			ids[&o.Rules[0]] = k
+		}
 		if s, ok := shared[k]; ok {
-			o.Rules = s
-			over[t] = o
+			if &s[0] != &o.Rules[0] {
+				// Written only when not shared yet: a map handed to
+				// WithOverlays again (a reload of the base rules) is read
+				// by the batches in flight and is then left alone.
+				o.Rules = s
+				over[t] = o
+			}
 		} else {
 			shared[k] = o.Rules
 		}

@@ -141,6 +141,10 @@ func (r *Record) Check(now time.Time, kind limit.WindowKind) (parsed, error) {
 	return parsed{rules: rules, share: share}, nil
 }
 
+// Expired reports whether r has expired at now (a snapshot's Records hold
+// an expired record until the expiry sweep deletes it).
+func (r *Record) Expired(now time.Time) bool { return r.expired(now) }
+
 // expired reports whether r has expired at now.
 func (r *Record) expired(now time.Time) bool {
 	return r.Expires != nil && !now.Before(*r.Expires)

@@ -445,7 +445,7 @@ func (a *overrideAPI) top(w http.ResponseWriter, r *http.Request, l *live) {
 			}
 			tr := TopRow{Row: row, Rules: limit.RuleStrings(rules.For(row.Tenant))}
 			if snap != nil {
-				if rec, ok := snap.Records[row.Tenant]; ok {
+				if rec, ok := snap.Records[row.Tenant]; ok && !rec.Expired(time.Now()) {
 					tr.Override = &rec
 				}
 			}
