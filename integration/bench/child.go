@@ -203,7 +203,8 @@ func (p *childParts) handler(ctx context.Context, c childConfig, goRun func(func
 // recycled, as the Gate recycles its own.
 func passthrough(router *route.Router) consume.Handler {
 	var pool sync.Pool
-	return consume.HandlerFunc(func(ctx context.Context, msgs []kafka.Message) error {
+	return consume.HandlerFunc(func(ctx context.Context, b consume.Batch) error {
+		msgs := b.Messages
 		p, _ := pool.Get().(*[]route.Item)
 		if p == nil {
 			p = new([]route.Item)

@@ -140,20 +140,18 @@ func (a *Admission) admit(ctx context.Context, tenants []string, costs []limit.C
 	}
 }
 
-// source returns where the events msgs[i], i in idx, were consumed from,
-// for replay-safe counting: their partition (msgs holds one partition's
-// batch), their offsets, and as the low bound the committed offset that
-// the consumer put in ctx. Without one (a Handler not called by a consumer
-// of package consume) it names no source: nothing bounds what a record
-// would have to remember.
-func source(ctx context.Context, msgs []kafka.Message, idx []int) limit.Source {
-	low, ok := consume.CommittedOffset(ctx)
-	if !ok || len(idx) == 0 {
+// source returns where the events b.Messages[i], i in idx, were consumed
+// from, for replay-safe counting: b's partition, their offsets, and as the
+// low bound b's committed offset. A batch that names no topic (one not
+// handed over by a consumer of package consume) names no source: nothing
+// bounds what a record would have to remember.
+func source(b consume.Batch, idx []int) limit.Source {
+	if b.Topic == "" || len(idx) == 0 {
 		return limit.Source{}
 	}
-	src := limit.Source{Topic: msgs[idx[0]].Topic, Partition: msgs[idx[0]].Partition, Low: low, Offsets: make([]int64, len(idx))}
+	src := limit.Source{Topic: b.Topic, Partition: b.Partition, Low: b.Committed, Offsets: make([]int64, len(idx))}
 	for j, i := range idx {
-		src.Offsets[j] = msgs[i].Offset
+		src.Offsets[j] = b.Messages[i].Offset
 	}
 	return src
 }

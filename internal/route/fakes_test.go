@@ -11,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
@@ -201,3 +202,15 @@ func ms(t time.Time) string {
 }
 
 func formatMillisString(n int64) string { return string(formatMillis(n)) }
+
+// batchOf is msgs as a batch that no consumer handed over: it names no
+// source, so nothing is recorded for a replay.
+func batchOf(msgs []kafka.Message) consume.Batch {
+	return consume.Batch{Messages: msgs}
+}
+
+// consumed is msgs as a consumer hands them over: their partition (that of
+// msgs[0]) with committed as its committed offset.
+func consumed(committed int64, msgs []kafka.Message) consume.Batch {
+	return consume.Batch{Topic: msgs[0].Topic, Partition: msgs[0].Partition, Committed: max(committed, 0), Messages: msgs}
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
@@ -50,10 +51,11 @@ func (g *Gate) Validate() error {
 // the downstream topic if admitted, to a retry tier if deferred, to the
 // dead-letter topic if rejected or invalid. On error nothing may be taken
 // as done, and the caller retries the batch.
-func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
+func (g *Gate) Handle(ctx context.Context, b consume.Batch) error {
 	if err := g.Validate(); err != nil {
 		return err
 	}
+	msgs := b.Messages
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -68,7 +70,7 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 	orig := newOrigins(msgs)
 	tenants, costs, valid := g.extract(msgs, items, orig, counts, log)
 
-	ds, unchecked, err := g.admit(ctx, tenants, costs, source(ctx, msgs, valid), msgs[0])
+	ds, unchecked, err := g.admit(ctx, tenants, costs, source(b, valid), msgs[0])
 	if err != nil {
 		return fmt.Errorf("gate: %w", err)
 	}

@@ -32,7 +32,7 @@ func TestRetrierGivesBackMissedSlotRedis(t *testing.T) {
 				t.Fatal(err)
 			}
 			gate := &Gate{Extractor: ex, Admission: adm}
-			if err := gate.Handle(ctx, []kafka.Message{srcMsg(1, "acme"), srcMsg(2, "acme"), srcMsg(3, "acme")}); err != nil {
+			if err := gate.Handle(ctx, batchOf([]kafka.Message{srcMsg(1, "acme"), srcMsg(2, "acme"), srcMsg(3, "acme")})); err != nil {
 				t.Fatal(err)
 			}
 			var deferred []kafka.Message
@@ -55,7 +55,7 @@ func TestRetrierGivesBackMissedSlotRedis(t *testing.T) {
 			back.Topic, back.Partition, back.Offset = "down.retry", 0, 40
 			r := &Retrier{Admission: adm}
 			for range 2 { // the second time: the batch redelivered
-				if err := r.Handle(consume.WithCommittedOffset(ctx, 40), []kafka.Message{back}); err != nil {
+				if err := r.Handle(ctx, consumed(40, []kafka.Message{back})); err != nil {
 					t.Fatal(err)
 				}
 				if got := w.last(t)[0].Topic; got != "down" {

@@ -15,20 +15,20 @@ import (
 
 // The Gate names the batch's source to the Admitter: the partition, the
 // offsets of the events with a tenant, and the committed offset the consumer
-// put in the context. Without one it names no source.
+// put in the batch. A batch that names no partition names no source.
 func TestGateSource(t *testing.T) {
 	batch := []kafka.Message{srcMsg(10, "ok"), srcMsg(11, ""), srcMsg(12, "later")}
 	for name, tc := range map[string]struct {
-		ctx  context.Context
-		want limit.Source
+		batch consume.Batch
+		want  limit.Source
 	}{
-		"from a consumer": {consume.WithCommittedOffset(context.Background(), 8),
+		"from a consumer": {consumed(8, batch),
 			limit.Source{Topic: "events", Partition: 1, Low: 8, Offsets: []int64{10, 12}}},
-		"no committed offset": {context.Background(), limit.Source{}},
+		"no committed offset": {batchOf(batch), limit.Source{}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := newGate(t, byTenant(gateDecisions))
-			if err := f.gate.Handle(tc.ctx, batch); err != nil {
+			if err := f.gate.Handle(context.Background(), tc.batch); err != nil {
 				t.Fatalf("Handle: %v", err)
 			}
 			if diff := cmp.Diff([]limit.Source{tc.want}, f.admitter.Sources()); diff != "" {
@@ -51,7 +51,7 @@ func TestRetrierSourceAndLate(t *testing.T) {
 		"ok":    {Kind: limit.Admit},
 		"again": {Kind: limit.Defer, Due: t0.Add(time.Minute), Until: t0.Add(2 * time.Minute)},
 	}))
-	if err := f.retrier.Handle(consume.WithCommittedOffset(context.Background(), 4), batch); err != nil {
+	if err := f.retrier.Handle(context.Background(), consumed(4, batch)); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
 	want := []limit.Source{{Topic: "down.retry", Partition: 0, Low: 4, Offsets: []int64{6, 9}}}
@@ -82,7 +82,7 @@ func TestAdmissionRetryAfterLostReplyRedis(t *testing.T) {
 				return ds, err
 			}
 			batch := []kafka.Message{srcMsg(1, "a"), srcMsg(2, "a"), srcMsg(3, "a"), srcMsg(4, "b")}
-			if err := f.gate.Handle(consume.WithCommittedOffset(ctx, 1), batch); err != nil {
+			if err := f.gate.Handle(ctx, consumed(1, batch)); err != nil {
 				t.Fatalf("Handle: %v", err)
 			}
 			if got := len(f.admitter.Calls()); got != 2 {
@@ -122,7 +122,7 @@ func TestRetrierOneCheckPerTrip(t *testing.T) {
 	f := newRetrier(t, byTenant(map[string]limit.Decision{
 		"again": {Kind: limit.Defer, Due: t0.Add(time.Minute), Until: t0.Add(2 * time.Minute)},
 	}))
-	if err := f.retrier.Handle(consume.WithCommittedOffset(context.Background(), 6), batch); err != nil {
+	if err := f.retrier.Handle(context.Background(), consumed(6, batch)); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
 	want := []limit.Source{{Topic: "down.retry", Partition: 0, Low: 6, Offsets: []int64{6, 8}}}

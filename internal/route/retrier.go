@@ -8,6 +8,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
@@ -77,10 +78,11 @@ func (r *Retrier) Validate() error {
 // message released before its time makes Handle return an error wrapping
 // ErrEarly before anything is written; a message from a topic that is not a
 // retry tier also fails the batch. On error the caller retries the batch.
-func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
+func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 	if err := r.Validate(); err != nil {
 		return err
 	}
+	msgs := batch.Messages
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -94,7 +96,7 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 
 	// A re-check's identity is its position in the retry tier, unique per
 	// trip: deferred again and late again, it is a new decision.
-	ds, unchecked, err := r.admit(ctx, b.tenants, b.costs, source(ctx, msgs, b.checked), msgs[0])
+	ds, unchecked, err := r.admit(ctx, b.tenants, b.costs, source(batch, b.checked), msgs[0])
 	if err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
