@@ -294,8 +294,8 @@ type seedAdmitter struct {
 
 // AdmitFrom is Admit: the seed's script keeps no replay record, and it counts every event
 // as 1, whatever its cost.
-func (a *seedAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, tenants []string, _ []limit.Cost) ([]limit.Decision, error) {
-	return a.Admit(ctx, tenants)
+func (a *seedAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, events []limit.Event) ([]limit.Decision, error) {
+	return a.Admit(ctx, limit.Tenants(events))
 }
 
 func (a *seedAdmitter) Admit(ctx context.Context, tenants []string) ([]limit.Decision, error) {
@@ -332,8 +332,8 @@ type rateAdmitter struct {
 
 // AdmitFrom is Admit: redis_rate keeps no replay record, and it counts every event
 // as 1, whatever its cost.
-func (a *rateAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, tenants []string, _ []limit.Cost) ([]limit.Decision, error) {
-	return a.Admit(ctx, tenants)
+func (a *rateAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, events []limit.Event) ([]limit.Decision, error) {
+	return a.Admit(ctx, limit.Tenants(events))
 }
 
 func (a *rateAdmitter) Admit(ctx context.Context, tenants []string) ([]limit.Decision, error) {

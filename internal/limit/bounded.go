@@ -38,7 +38,7 @@ func never(rules []Rule) string {
 // admits one, unless one of them may have been decided by Redis before
 // (src, see sentOffsets): that one gets its recorded decision back from
 // Redis. It reports whether g was decided. l.mu must be held.
-func (l *Limiter) rejectNever(g *group, src Source, out []Decision) bool {
+func (l *Limiter) rejectNever(g *group, src positions, out []Decision) bool {
 	why := never(g.rules)
 	if why == "" || l.sent.mayReplay(src, g.idx) {
 		return false

@@ -73,25 +73,40 @@ type fakeAdmitter struct {
 	mu      sync.Mutex
 	calls   [][]string
 	costs   [][]limit.Cost
-	sources []limit.Source
+	sources []sourceAt
 	decide  func(n int, tenants []string) ([]limit.Decision, error)
 	// from, if set, answers instead of decide, with the call's source.
-	from func(n int, src limit.Source, tenants []string) ([]limit.Decision, error)
+	from func(n int, src limit.Source, events []limit.Event) ([]limit.Decision, error)
 }
 
-func (a *fakeAdmitter) AdmitFrom(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error) {
+// sourceAt is the source a call named and, when it named one, the offsets
+// of its events.
+type sourceAt struct {
+	limit.Source
+	Offsets []int64
+}
+
+func (a *fakeAdmitter) AdmitFrom(ctx context.Context, src limit.Source, events []limit.Event) ([]limit.Decision, error) {
+	tenants := make([]string, len(events))
+	costs := make([]limit.Cost, len(events))
+	at := sourceAt{Source: src}
+	for i, e := range events {
+		tenants[i], costs[i] = e.Tenant, e.Cost
+		if src.Topic != "" {
+			at.Offsets = append(at.Offsets, e.Offset)
+		}
+	}
 	a.mu.Lock()
 	n := len(a.calls)
-	a.calls = append(a.calls, append([]string(nil), tenants...))
-	a.costs = append(a.costs, append([]limit.Cost(nil), costs...))
-	src.Offsets = append([]int64(nil), src.Offsets...)
-	a.sources = append(a.sources, src)
+	a.calls = append(a.calls, tenants)
+	a.costs = append(a.costs, costs)
+	a.sources = append(a.sources, at)
 	a.mu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if a.from != nil {
-		return a.from(n, src, tenants)
+		return a.from(n, src, events)
 	}
 	return a.decide(n, tenants)
 }
@@ -102,10 +117,10 @@ func (a *fakeAdmitter) Costs() [][]limit.Cost {
 	return append([][]limit.Cost(nil), a.costs...)
 }
 
-func (a *fakeAdmitter) Sources() []limit.Source {
+func (a *fakeAdmitter) Sources() []sourceAt {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return append([]limit.Source(nil), a.sources...)
+	return append([]sourceAt(nil), a.sources...)
 }
 
 func (a *fakeAdmitter) Calls() [][]string {

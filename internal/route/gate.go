@@ -68,15 +68,15 @@ func (g *Gate) Handle(ctx context.Context, b consume.Batch) error {
 	defer itemPool.put(items)
 	counts := map[string]int{}
 	orig := newOrigins(msgs)
-	tenants, costs, valid := g.extract(msgs, items, orig, counts, log)
+	events, valid := g.extract(msgs, items, orig, counts, log)
 
-	ds, unchecked, err := g.admit(ctx, tenants, costs, source(b, valid), msgs[0])
+	ds, unchecked, err := g.admit(ctx, source(b), events, msgs[0])
 	if err != nil {
 		return fmt.Errorf("gate: %w", err)
 	}
 
 	for j, i := range valid {
-		m, tenant := msgs[i], tenants[j]
+		m, tenant := msgs[i], events[j].Tenant
 		if unchecked {
 			items[i] = Item{Msg: orig.with(m, ""), Outcome: Forward}
 			continue
@@ -108,12 +108,11 @@ func (g *Gate) Handle(ctx context.Context, b consume.Batch) error {
 }
 
 // extract works out the tenant and the cost of each of msgs. It returns the
-// tenants found, the events' costs and the indexes in msgs of their events;
-// an event without a tenant or a cost gets its item (dead-lettered, or
-// forwarded in shadow mode) and is counted invalid.
-func (g *Gate) extract(msgs []kafka.Message, items []Item, orig *origins, counts map[string]int, log *slog.Logger) (tenants []string, costs []limit.Cost, valid []int) {
-	tenants = make([]string, 0, len(msgs))
-	costs = make([]limit.Cost, 0, len(msgs))
+// events found (tenant, cost, offset) and their indexes in msgs; an event
+// without a tenant or a cost gets its item (dead-lettered, or forwarded in
+// shadow mode) and is counted invalid.
+func (g *Gate) extract(msgs []kafka.Message, items []Item, orig *origins, counts map[string]int, log *slog.Logger) (events []limit.Event, valid []int) {
+	events = make([]limit.Event, 0, len(msgs))
 	valid = make([]int, 0, len(msgs)) // indexes of msgs with a tenant
 	for i, m := range msgs {
 		tenant, err := g.Extractor.Tenant(m)
@@ -131,11 +130,10 @@ func (g *Gate) extract(msgs []kafka.Message, items []Item, orig *origins, counts
 			}
 			continue
 		}
-		tenants = append(tenants, tenant)
-		costs = append(costs, cost)
+		events = append(events, limit.Event{Tenant: tenant, Cost: cost, Offset: m.Offset})
 		valid = append(valid, i)
 	}
-	return tenants, costs, valid
+	return events, valid
 }
 
 // decided returns the item of event m of tenant after decision d (Admit,

@@ -20,18 +20,18 @@ func TestGateSource(t *testing.T) {
 	batch := []kafka.Message{srcMsg(10, "ok"), srcMsg(11, ""), srcMsg(12, "later")}
 	for name, tc := range map[string]struct {
 		batch consume.Batch
-		want  limit.Source
+		want  sourceAt
 	}{
 		"from a consumer": {consumed(8, batch),
-			limit.Source{Topic: "events", Partition: 1, Low: 8, Offsets: []int64{10, 12}}},
-		"no committed offset": {batchOf(batch), limit.Source{}},
+			sourceAt{limit.Source{Topic: "events", Partition: 1, Low: 8}, []int64{10, 12}}},
+		"no committed offset": {batchOf(batch), sourceAt{}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := newGate(t, byTenant(gateDecisions))
 			if err := f.gate.Handle(context.Background(), tc.batch); err != nil {
 				t.Fatalf("Handle: %v", err)
 			}
-			if diff := cmp.Diff([]limit.Source{tc.want}, f.admitter.Sources()); diff != "" {
+			if diff := cmp.Diff([]sourceAt{tc.want}, f.admitter.Sources()); diff != "" {
 				t.Errorf("sources (-want +got):\n%s", diff)
 			}
 		})
@@ -54,7 +54,7 @@ func TestRetrierSourceAndLate(t *testing.T) {
 	if err := f.retrier.Handle(context.Background(), consumed(4, batch)); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
-	want := []limit.Source{{Topic: "down.retry", Partition: 0, Low: 4, Offsets: []int64{6, 9}}}
+	want := []sourceAt{{limit.Source{Topic: "down.retry", Partition: 0, Low: 4}, []int64{6, 9}}}
 	if diff := cmp.Diff(want, f.admitter.Sources()); diff != "" {
 		t.Errorf("sources (-want +got):\n%s", diff)
 	}
@@ -74,8 +74,8 @@ func TestAdmissionRetryAfterLostReplyRedis(t *testing.T) {
 			now := time.Date(2026, 11, 30, 10, 0, 10, 0, time.UTC)
 			lim, _ := redisLimiter(t, ctx, rdb, "*=2/1m", func() time.Time { return now })
 			f := newGate(t, nil)
-			f.admitter.from = func(n int, src limit.Source, tenants []string) ([]limit.Decision, error) {
-				ds, err := lim.AdmitFrom(ctx, src, tenants, nil)
+			f.admitter.from = func(n int, src limit.Source, events []limit.Event) ([]limit.Decision, error) {
+				ds, err := lim.AdmitFrom(ctx, src, events)
 				if n == 0 && err == nil {
 					return nil, context.DeadlineExceeded // it ran; the reply is lost
 				}
@@ -125,7 +125,7 @@ func TestRetrierOneCheckPerTrip(t *testing.T) {
 	if err := f.retrier.Handle(context.Background(), consumed(6, batch)); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
-	want := []limit.Source{{Topic: "down.retry", Partition: 0, Low: 6, Offsets: []int64{6, 8}}}
+	want := []sourceAt{{limit.Source{Topic: "down.retry", Partition: 0, Low: 6}, []int64{6, 8}}}
 	if diff := cmp.Diff(want, f.admitter.Sources()); diff != "" {
 		t.Errorf("sources (-want +got):\n%s", diff)
 	}

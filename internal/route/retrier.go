@@ -96,7 +96,7 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 
 	// A re-check's identity is its position in the retry tier, unique per
 	// trip: deferred again and late again, it is a new decision.
-	ds, unchecked, err := r.admit(ctx, b.tenants, b.costs, source(batch, b.checked), msgs[0])
+	ds, unchecked, err := r.admit(ctx, source(batch), b.events, msgs[0])
 	if err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
@@ -124,7 +124,7 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 	if unchecked {
 		r.Metrics.unchecked(len(b.readmit))
 	}
-	r.Metrics.late(len(b.tenants))
+	r.Metrics.late(len(b.events))
 	return nil
 }
 
@@ -132,11 +132,9 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 type retryBatch struct {
 	items       []Item             // index-aligned with the batch
 	readmit     []pendingRetry     // events to admit again, in batch order
-	tenants     []string           // the tenants of the distinct trips among them, in order
-	costs       []limit.Cost       // their costs, index-aligned with tenants
-	checked     []int              // and the indexes in the batch of their first copies
+	events      []limit.Event      // the distinct trips among them, in order, at their first copies' offsets
 	missed      []limit.MissedSlot // the slots they missed, one per trip
-	trips       map[trip]int       // the index in tenants of each trip
+	trips       map[trip]int       // the index in events of each trip
 	counts      map[string]int     // gatekeeper_decisions_total by label
 	sigFailures map[string]int     // gatekeeper_retry_sig_failures_total by reason
 	early       []earlyCheck       // events released early after a raise
@@ -236,11 +234,9 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, now time.Time)
 		if b.trips == nil {
 			b.trips = map[trip]int{}
 		}
-		j = len(b.tenants)
+		j = len(b.events)
 		b.trips[k] = j
-		b.tenants = append(b.tenants, d.Tenant)
-		b.costs = append(b.costs, cost)
-		b.checked = append(b.checked, i)
+		b.events = append(b.events, limit.Event{Tenant: d.Tenant, Cost: cost, Offset: m.Offset})
 		b.missed = append(b.missed, missedSlot(d, cost))
 	}
 	b.readmit = append(b.readmit, pendingRetry{i: i, j: j, d: d})
