@@ -233,7 +233,11 @@ func (p *childParts) gate(a route.Admitter) (consume.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &route.Gate{Extractor: extractor, Admission: p.admission(a)}, nil
+	gate, err := route.NewGate(route.Gate{Extractor: extractor, Admission: p.admission(a)})
+	if err != nil {
+		return nil, err
+	}
+	return gate, nil
 }
 
 // gatekeeperLib is Gatekeeper's own parts wired as
@@ -260,7 +264,11 @@ func (p *childParts) gatekeeperLib(ctx context.Context, c childConfig, goRun fun
 	for _, t := range p.topics.Tiers() {
 		dc.Topics = append(dc.Topics, t.Topic)
 	}
-	retry, err := consume.NewDelayed(dc, &route.Retrier{Admission: p.admission(lim)})
+	retrier, err := route.NewRetrier(route.Retrier{Admission: p.admission(lim)})
+	if err != nil {
+		return nil, err
+	}
+	retry, err := consume.NewDelayed(dc, retrier)
 	if err != nil {
 		return nil, err
 	}

@@ -229,3 +229,23 @@ func batchOf(msgs []kafka.Message) consume.Batch {
 func consumed(committed int64, msgs []kafka.Message) consume.Batch {
 	return consume.Batch{Topic: msgs[0].Topic, Partition: msgs[0].Partition, Committed: max(committed, 0), Messages: msgs}
 }
+
+// mustGate is NewGate(g), failing the test on error.
+func mustGate(t *testing.T, g Gate) *Gate {
+	t.Helper()
+	built, err := NewGate(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return built
+}
+
+// mustRetrier is NewRetrier(r), failing the test on error.
+func mustRetrier(t *testing.T, r Retrier) *Retrier {
+	t.Helper()
+	built, err := NewRetrier(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return built
+}

@@ -21,9 +21,10 @@ const defaultReason = "over limit"
 
 // Gate handles batches from the source topics: it derives tenants, admits
 // the valid events in one Admitter call and routes every event. It
-// implements consume.Handler.
+// implements consume.Handler. Build it with NewGate, which checks its parts
+// once: Handle does not check them again.
 //
-// A Gate is safe for concurrent use once configured (partitions may call
+// A Gate is safe for concurrent use once built (partitions may call
 // Handle in parallel); do not change its fields while Handle may run.
 type Gate struct {
 	// Admission holds the Admitter, the Router and what else the Gate
@@ -33,6 +34,14 @@ type Gate struct {
 	// Shadow sends every event downstream, invalid ones included, while the
 	// decisions are still made and counted.
 	Shadow bool
+}
+
+// NewGate returns a Gate with g's parts once Validate accepts them.
+func NewGate(g Gate) (*Gate, error) {
+	if err := g.Validate(); err != nil {
+		return nil, err
+	}
+	return &g, nil
 }
 
 // Validate reports a missing part or a bad OnRedisError.
@@ -52,9 +61,6 @@ func (g *Gate) Validate() error {
 // dead-letter topic if rejected or invalid. On error nothing may be taken
 // as done, and the caller retries the batch.
 func (g *Gate) Handle(ctx context.Context, b consume.Batch) error {
-	if err := g.Validate(); err != nil {
-		return err
-	}
 	msgs := b.Messages
 	if len(msgs) == 0 {
 		return nil

@@ -91,7 +91,7 @@ func newGate(t *testing.T, decide func(int, []string) ([]limit.Decision, error))
 		metrics:  newTestMetrics(t),
 		ready:    &readyLog{},
 	}
-	f.gate = &Gate{Extractor: ex, Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready)}
+	f.gate = mustGate(t, Gate{Extractor: ex, Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready)})
 	return f
 }
 
@@ -370,7 +370,7 @@ func TestGateValidate(t *testing.T) {
 		{name: "no writer", gate: Gate{Extractor: ex, Admission: Admission{Admitter: a, Router: &Router{}}}},
 	}
 	for _, tt := range tests {
-		err := tt.gate.Validate()
+		_, err := NewGate(tt.gate)
 		if (err == nil) != tt.ok {
 			t.Errorf("%s: got error %v, want ok=%v", tt.name, err, tt.ok)
 		}

@@ -46,8 +46,9 @@ var ErrEarly = errors.New("released before its time")
 // gatekeeper_retry_sig_failures_total. Every message written back to a tier
 // (moved or deferred again) is signed again with the current key.
 //
-// A Retrier is safe for concurrent use once configured; do not change its
-// fields while Handle may run.
+// Build a Retrier with NewRetrier, which checks its parts once: Handle does
+// not check them again. A Retrier is safe for concurrent use once built; do
+// not change its fields while Handle may run.
 type Retrier struct {
 	// Admission holds the Admitter, the Router and what else the Retrier
 	// shares with the Gate. Its Clock is also the one the caller releases
@@ -60,6 +61,14 @@ type Retrier struct {
 	// consume.Expediter); such a message is checked now (see early.go)
 	// instead of failing the batch with ErrEarly.
 	Expedited func(m kafka.Message) bool
+}
+
+// NewRetrier returns a Retrier with r's parts once Validate accepts them.
+func NewRetrier(r Retrier) (*Retrier, error) {
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	return &r, nil
 }
 
 // Validate reports a missing part or a bad setting.
@@ -79,9 +88,6 @@ func (r *Retrier) Validate() error {
 // ErrEarly before anything is written; a message from a topic that is not a
 // retry tier also fails the batch. On error the caller retries the batch.
 func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
-	if err := r.Validate(); err != nil {
-		return err
-	}
 	msgs := batch.Messages
 	if len(msgs) == 0 {
 		return nil

@@ -51,7 +51,7 @@ func newRetrier(t *testing.T, decide func(int, []string) ([]limit.Decision, erro
 		metrics:  newTestMetrics(t),
 		ready:    &readyLog{},
 	}
-	f.retrier = &Retrier{Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready), MaxAttempts: 3}
+	f.retrier = mustRetrier(t, Retrier{Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready), MaxAttempts: 3})
 	return f
 }
 
@@ -229,7 +229,7 @@ func TestRetrierValidate(t *testing.T) {
 		{name: "no router", retrier: Retrier{Admission: Admission{Admitter: a}}},
 	}
 	for _, tt := range tests {
-		err := tt.retrier.Validate()
+		_, err := NewRetrier(tt.retrier)
 		if (err == nil) != tt.ok {
 			t.Errorf("%s: got error %v, want ok=%v", tt.name, err, tt.ok)
 		}
