@@ -6,7 +6,7 @@ import "fmt"
 // its batch, whatever the rules, the horizon or the windows' length:
 //
 //   - an event that a rule of its tenant can never admit is rejected here,
-//     without Redis: an event rule of limit 0 (never), and, in weigh, an
+//     without Redis: an event rule of limit 0 (never), and, in takeCosts, an
 //     event whose cost is over the whole limit of a byte or unit rule;
 //   - the deferral searches of one call read at most Options.MaxScan windows
 //     all together (see "Budget" in internal/lua/admit/10_call.lua): when the budget is spent, a

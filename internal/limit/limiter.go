@@ -247,10 +247,10 @@ type group struct {
 	st     *tenantState
 	// chains is st.chains as read for this call (nil: unknown).
 	chains []chain
-	// weighted: the rules count bytes or units (see Weighted); costs are
+	// byCost: the rules count bytes or units (see CountsCosts); costs are
 	// then the costs of the events idx (else nil).
-	weighted bool
-	costs    []Cost
+	byCost bool
+	costs  []Cost
 	// override is the version of the live override whose rules these are
 	// (0: none); every decision of the group carries it.
 	override int64
@@ -310,7 +310,7 @@ func (l *Limiter) admitFrom(ctx context.Context, src positions, tenants []string
 		return nil, err
 	}
 	if costs != nil {
-		weigh(order, costs, out)
+		takeCosts(order, costs, out)
 	}
 	var calls []*group
 	l.mu.Lock()
@@ -406,8 +406,8 @@ func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 				}
 				g.set = set
 			}
-			g.weighted = Weighted(g.rules)
-			if g.weighted && noCosts {
+			g.byCost = CountsCosts(g.rules)
+			if g.byCost && noCosts {
 				return nil, fmt.Errorf("admit: tenant %q has a rule counting bytes or units, and the events have no costs", t)
 			}
 			order[n] = g

@@ -72,7 +72,7 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, bu
 	}
 	capFirst := len(ks) + 1
 	ks = l.capacityKeys(ks)
-	if costsAt := nums + 1; weighted(groups) {
+	if costsAt := nums + 1; anyCosts(groups) {
 		for i, g := range groups {
 			if g.costs != nil {
 				appendCosts(num, i+1, g)
