@@ -74,32 +74,32 @@ type admitMetrics struct {
 }
 
 // AdmitFrom decides with the Limiter and reports (see Admitter).
-func (a *Admitter) AdmitFrom(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error) {
-	ds, err := a.Limiter.AdmitFrom(ctx, src, tenants, costs)
+func (a *Admitter) AdmitFrom(ctx context.Context, src limit.Source, events []limit.Event) ([]limit.Decision, error) {
+	ds, err := a.Limiter.AdmitFrom(ctx, src, events)
 	if err != nil {
 		return nil, err
 	}
-	a.report(tenants, ds)
-	a.shadow(ctx, tenants, costs)
+	a.report(events, ds)
+	a.shadow(ctx, events)
 	return ds, nil
 }
 
 // AdmitNow decides with the Limiter's AdmitNow and reports.
-func (a *Admitter) AdmitNow(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error) {
-	ds, err := a.Limiter.AdmitNow(ctx, src, tenants, costs)
+func (a *Admitter) AdmitNow(ctx context.Context, src limit.Source, events []limit.Event) ([]limit.Decision, error) {
+	ds, err := a.Limiter.AdmitNow(ctx, src, events)
 	if err != nil {
 		return nil, err
 	}
-	a.report(tenants, ds)
+	a.report(events, ds)
 	return ds, nil
 }
 
 // report counts the decisions under overrides, logs the first decision of
 // each tenant under each override version, and tallies. It takes the
 // trace's lock once per batch, not once per event.
-func (a *Admitter) report(tenants []string, ds []limit.Decision) {
+func (a *Admitter) report(events []limit.Event, ds []limit.Decision) {
 	if a.Tally != nil {
-		a.Tally.Record(tenants, ds)
+		a.Tally.Record(limit.Tenants(events), ds)
 	}
 	var n [5]int
 	var first []int // the decisions to log: a tenant's first under a version
@@ -115,11 +115,11 @@ func (a *Admitter) report(tenants []string, ds []limit.Decision) {
 		if int(d.Kind) < len(n) {
 			n[d.Kind]++
 		}
-		if a.logged[tenants[i]] != d.Override {
+		if t := events[i].Tenant; a.logged[t] != d.Override {
 			if len(a.logged) >= 1<<20 {
 				clear(a.logged)
 			}
-			a.logged[tenants[i]] = d.Override
+			a.logged[t] = d.Override
 			first = append(first, i)
 		}
 	}
@@ -128,7 +128,7 @@ func (a *Admitter) report(tenants []string, ds []limit.Decision) {
 	}
 	a.mu.Unlock()
 	for _, i := range first {
-		a.Log.Debug("deciding under override", slog.String("tenant", tenants[i]), slog.Int64("override_version", ds[i].Override),
+		a.Log.Debug("deciding under override", slog.String("tenant", events[i].Tenant), slog.Int64("override_version", ds[i].Override),
 			slog.String("first_decision", ds[i].Kind.String()))
 	}
 	for k, c := range n {
@@ -141,7 +141,7 @@ func (a *Admitter) report(tenants []string, ds []limit.Decision) {
 // shadow decides the events of the tenants with a shadow override with the
 // Shadow limiter, counts and tallies what it would have done. Its errors
 // are counted and logged, never the batch's.
-func (a *Admitter) shadow(ctx context.Context, tenants []string, costs []limit.Cost) {
+func (a *Admitter) shadow(ctx context.Context, events []limit.Event) {
 	if a.Shadow == nil {
 		return
 	}
@@ -149,20 +149,16 @@ func (a *Admitter) shadow(ctx context.Context, tenants []string, costs []limit.C
 	if rules.Overridden() == 0 {
 		return
 	}
-	var st []string
-	var sc []limit.Cost
-	for i, t := range tenants {
-		if rules.OverrideVersion(t) != 0 {
-			st = append(st, t)
-			if costs != nil {
-				sc = append(sc, costs[i])
-			}
+	var se []limit.Event
+	for _, e := range events {
+		if rules.OverrideVersion(e.Tenant) != 0 {
+			se = append(se, e)
 		}
 	}
-	if len(st) == 0 {
+	if len(se) == 0 {
 		return
 	}
-	ds, err := a.Shadow.AdmitCosts(ctx, st, sc)
+	ds, err := a.Shadow.AdmitFrom(ctx, limit.Source{}, se)
 	if err != nil {
 		a.m.shadow.WithLabelValues("error").Inc()
 		a.Log.Warn("shadow override check failed (nothing enforced depends on it)", slog.String("err", err.Error()))
@@ -180,6 +176,6 @@ func (a *Admitter) shadow(ctx context.Context, tenants []string, costs []limit.C
 		}
 	}
 	if a.Tally != nil {
-		a.Tally.RecordShadow(st, ds)
+		a.Tally.RecordShadow(limit.Tenants(se), ds)
 	}
 }

@@ -24,7 +24,7 @@ const HeaderChecked = "gk-checked"
 // NowAdmitter admits in the current window only, reserving nothing
 // (*limit.Limiter implements it: limit.Limiter.AdmitNow).
 type NowAdmitter interface {
-	AdmitNow(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error)
+	AdmitNow(ctx context.Context, src limit.Source, events []limit.Event) ([]limit.Decision, error)
 }
 
 // CheckedSince returns when m, a deferred event, was last deferred or
@@ -43,13 +43,13 @@ func CheckedSince(m kafka.Message) (time.Time, bool) {
 }
 
 // earlyCheck is an event released before its time after its tenant's
-// rules were raised: msgs[i], with its deferral, its cost and the rules
-// whose windows counted its slot (nil: the rules in force).
+// rules were raised: msgs[i], with its deferral, as the limiter decides
+// it, and the rules whose windows counted its slot (nil: the rules in
+// force).
 type earlyCheck struct {
 	i      int
 	d      Deferral
-	cost   limit.Cost
-	tenant string
+	event  limit.Event
 	before []limit.Rule
 }
 
@@ -75,7 +75,7 @@ func (r *Retrier) early(b *retryBatch, i int, m kafka.Message) bool {
 	if err != nil {
 		return false
 	}
-	b.early = append(b.early, earlyCheck{i: i, d: d, cost: cost, tenant: d.Tenant, before: before})
+	b.early = append(b.early, earlyCheck{i: i, d: d, event: limit.Event{Tenant: d.Tenant, Cost: cost}, before: before})
 	return true
 }
 
@@ -95,14 +95,13 @@ func (r *Retrier) checkEarly(ctx context.Context, b *retryBatch, msgs []kafka.Me
 	if len(b.early) == 0 {
 		return
 	}
-	tenants := make([]string, len(b.early))
-	costs := make([]limit.Cost, len(b.early))
+	events := make([]limit.Event, len(b.early))
 	for j, e := range b.early {
-		tenants[j], costs[j] = e.tenant, e.cost
+		events[j] = e.event
 	}
-	ds, err := r.Admitter.(NowAdmitter).AdmitNow(ctx, limit.Source{}, tenants, costs)
-	if err != nil || len(ds) != len(tenants) {
-		r.logger().Warn("early check of deferred events failed; they wait for their reserved slots", "events", len(tenants), "err", err)
+	ds, err := r.Admitter.(NowAdmitter).AdmitNow(ctx, limit.Source{}, events)
+	if err != nil || len(ds) != len(events) {
+		r.logger().Warn("early check of deferred events failed; they wait for their reserved slots", "events", len(events), "err", err)
 		ds = nil
 	}
 	checked := []byte(strconv.FormatInt(r.now().UnixMilli(), 10))
@@ -111,7 +110,7 @@ func (r *Retrier) checkEarly(ctx context.Context, b *retryBatch, msgs []kafka.Me
 		if ds != nil && ds[j].Kind == limit.Admit {
 			b.counts[DecisionEarly]++
 			b.items[e.i] = Item{Msg: msgs[e.i], Outcome: Forward}
-			s := missedSlot(e.d, e.cost)
+			s := missedSlot(e.d, e.event.Cost)
 			s.Rules = e.before
 			slots = append(slots, s)
 			continue
