@@ -215,6 +215,8 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 	if m.handover {
 		metas = m.fetchMetadata(ctx, gen)
 	}
+	// The fence of the generation's writes (fence.go).
+	keeper := m.newFenceKeeper(ctx, gen)
 	for _, topic := range slices.Sorted(maps.Keys(gen.Assignments)) {
 		for _, pa := range gen.Assignments[topic] {
 			parts = append(parts, fmt.Sprintf("%s/%d", topic, pa.ID))
@@ -222,7 +224,7 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 			commit := func(c offsetCommit) error { return oc.commit(topic, pa.ID, c) }
 			meta := metas[tp{topic, pa.ID}]
 			gen.Start(func(gctx context.Context) {
-				m.runPartition(ctx, gctx, gen, topic, pa, meta, commit)
+				m.runPartition(ctx, gctx, gen, topic, pa, meta, commit, keeper.fence)
 				wg.Done()
 				// kafka-go ends the generation for every partition as soon as
 				// one function returns. After a shutdown drain, keep it alive
@@ -232,6 +234,12 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 			})
 		}
 	}
+	drained := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(drained)
+	}()
+	gen.Start(func(gctx context.Context) { keeper.run(gctx, drained, m.log) })
 	if m.cfg.Leases != nil {
 		gen.Start(func(gctx context.Context) { m.watchLeases(gctx, gen) })
 	}
@@ -245,16 +253,18 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 // runPartition consumes one partition until ctx is cancelled (shutdown) or
 // gctx is done (the generation ended).
 //
-// meta is the metadata of the partition's last commit. Commits made after
+// meta is the metadata of the partition's last commit; fence is the
+// generation's WriteFence, carried by every Handle call's context. Commits made after
 // gctx is done still go out: the coordinator refuses them if the group has
 // moved on without this member, and accepts them otherwise (see
 // newOffsetCommitter).
-func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, topic string, pa kafka.PartitionAssignment, meta string, commit func(c offsetCommit) error) {
+func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, topic string, pa kafka.PartitionAssignment, meta string, commit func(c offsetCommit) error, fence *WriteFence) {
 	stop, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(gctx, cancel)()
 	hctx, hcancel := drainContext(ctx, stop, m.cfg.DrainTimeout)
 	defer hcancel()
+	hctx = WithFence(hctx, fence)
 
 	log := m.log.With("topic", topic, "partition", pa.ID)
 	// pa.Offset is the committed offset, or kafka.FirstOffset when the group
