@@ -3,12 +3,16 @@ package consume
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	offsetfetchAPI "github.com/segmentio/kafka-go/protocol/offsetfetch"
 )
 
 // fakeHeartbeater answers heartbeats with err (a request error) or code (the
@@ -142,5 +146,56 @@ func TestWriteFenceClosesAfterTheDrain(t *testing.T) {
 	<-ran
 	if err := k.fence.Err(); !errors.Is(err, ErrFenced) {
 		t.Errorf("after the drain: got %v, want ErrFenced", err)
+	}
+}
+
+// flakyOffsetFetch fails the first fails OffsetFetch requests the way a
+// connection that lived through a network cut does, then answers with the
+// committed offset 10 and the metadata "done" for every partition asked.
+type flakyOffsetFetch struct {
+	mu    sync.Mutex
+	fails int
+	asked int
+}
+
+func (f *flakyOffsetFetch) RoundTrip(_ context.Context, _ net.Addr, req kafka.Request) (kafka.Response, error) {
+	r, ok := req.(*offsetfetchAPI.Request)
+	if !ok {
+		return nil, fmt.Errorf("unexpected request %T", req)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.asked++
+	if f.asked <= f.fails {
+		return nil, io.ErrUnexpectedEOF
+	}
+	res := &offsetfetchAPI.Response{}
+	for _, t := range r.Topics {
+		rt := offsetfetchAPI.ResponseTopic{Name: t.Name}
+		for _, p := range t.PartitionIndexes {
+			rt.Partitions = append(rt.Partitions, offsetfetchAPI.ResponsePartition{PartitionIndex: p, CommittedOffset: 10, Metadata: "done"})
+		}
+		res.Topics = append(res.Topics, rt)
+	}
+	return res, nil
+}
+
+// A new owner reads its retry partitions' done sets even when the first
+// offset fetches fail (the network just came back): without them it would
+// hand the previous owner's finished events over again, and in-slot events
+// would go downstream twice. (Before: three attempts, then none.)
+func TestFetchMetadataOutlastsAHealingNetwork(t *testing.T) {
+	tr := &flakyOffsetFetch{fails: 6}
+	m, err := newMember(Config{Brokers: []string{"127.0.0.1:1"}, GroupID: "g", Topics: []string{"t"}, Transport: tr,
+		SessionTimeout: 5 * time.Second, BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond},
+		HandlerFunc(func(context.Context, []kafka.Message) error { return nil }), func(*partition, context.Context, context.Context) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := &kafka.Generation{ID: 3, GroupID: "g", MemberID: "m",
+		Assignments: map[string][]kafka.PartitionAssignment{"t": {{ID: 0, Offset: 10}}}}
+	metas := m.fetchMetadata(context.Background(), gen)
+	if got := metas[tp{"t", 0}]; got != "done" {
+		t.Errorf("metadata of t/0 after %d failed fetches: got %q, want %q", tr.fails, got, "done")
 	}
 }

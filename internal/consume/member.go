@@ -297,10 +297,14 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 }
 
 // fetchMetadata reads the metadata of the last commit of every partition gen
-// assigns (one OffsetFetch). On failure it logs and returns what it has: a
-// partition without metadata is consumed from its committed offset, and
-// messages its previous owner finished beyond that offset are handled again
-// (at least once).
+// assigns (one OffsetFetch), trying again with backoff for up to a session
+// timeout: right after a network cut heals, the first requests fail on the
+// connections that lived through it, and a partition consumed without its
+// done set hands its previous owner's finished messages over again (in-slot
+// retry events then go downstream twice, over the window's limit). After
+// that it logs and returns what it has: a partition without metadata is
+// consumed from its committed offset, and messages its previous owner
+// finished beyond that offset are handled again (at least once).
 func (m *member) fetchMetadata(ctx context.Context, gen *kafka.Generation) map[tp]string {
 	req := &kafka.OffsetFetchRequest{Addr: m.client.Addr, GroupID: gen.GroupID, Topics: map[string][]int{}}
 	for topic, pas := range gen.Assignments {
@@ -313,7 +317,8 @@ func (m *member) fetchMetadata(ctx context.Context, gen *kafka.Generation) map[t
 	}
 	metas := map[tp]string{}
 	var err error
-	for attempt := range 3 {
+	until := time.Now().Add(m.cfg.sessionOrDefault())
+	for attempt := 0; ; attempt++ {
 		fctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
 		var res *kafka.OffsetFetchResponse
 		res, err = m.client.OffsetFetch(fctx, req)
@@ -331,7 +336,8 @@ func (m *member) fetchMetadata(ctx context.Context, gen *kafka.Generation) map[t
 			}
 			return metas
 		}
-		if ctx.Err() != nil || !sleep(ctx, m.cfg.backoff(attempt)) {
+		d := m.cfg.backoff(attempt)
+		if ctx.Err() != nil || time.Now().Add(d).After(until) || !sleep(ctx, d) {
 			break
 		}
 	}
