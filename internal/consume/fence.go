@@ -209,9 +209,14 @@ func (k *fenceKeeper) beat(ctx context.Context) {
 // its partitions have drained (drained is closed), then closes the fence. If
 // the fence ends first, run returns at once, so that kafka-go ends the
 // generation: when run is started with gen.Start, that is what its return does.
+//
+// The heartbeats go out from a goroutine of their own, so that one that hangs
+// (a dial through a cut network outlasts its context) delays neither the end
+// of the fence nor the end of the generation.
 func (k *fenceKeeper) run(gctx context.Context, drained <-chan struct{}, log *slog.Logger) {
-	tick := time.NewTicker(k.every)
-	defer tick.Stop()
+	bctx, stopBeats := context.WithCancel(context.Background())
+	defer stopBeats()
+	go k.beatEvery(bctx)
 	genDone, partsDone := gctx.Done(), drained
 	for genDone != nil || partsDone != nil {
 		select {
@@ -225,9 +230,21 @@ func (k *fenceKeeper) run(gctx context.Context, drained <-chan struct{}, log *sl
 			genDone = nil
 		case <-partsDone:
 			partsDone = nil
-		case <-tick.C:
-			k.beat(context.Background())
 		}
 	}
 	k.fence.Close("the generation ended and its partitions drained")
+}
+
+// beatEvery sends a heartbeat every interval until ctx is done.
+func (k *fenceKeeper) beatEvery(ctx context.Context) {
+	tick := time.NewTicker(k.every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			k.beat(ctx)
+		}
+	}
 }

@@ -199,3 +199,34 @@ func TestFetchMetadataOutlastsAHealingNetwork(t *testing.T) {
 		t.Errorf("metadata of t/0 after %d failed fetches: got %q, want %q", tr.fails, got, "done")
 	}
 }
+
+// A batch whose writes failed is not handed over again once the
+// generation's write fence has ended: the partition may have a new owner
+// whose commit has gone past the batch, and deciding it again there would
+// count it twice (the replay record forgets offsets below the commit). It is
+// left to the next owner, uncommitted. (Before: retried until the generation
+// ended, which a cut-off member learns only when kafka-go's own heartbeat
+// times out, seconds after the new owner started.)
+func TestHandleStopsOnceFenced(t *testing.T) {
+	fence := NewOpenWriteFence()
+	var calls int
+	h := HandlerFunc(func(ctx context.Context, _ []kafka.Message) error {
+		calls++
+		if calls == 2 {
+			fence.Close("test: no heartbeat answered")
+		}
+		return errors.New("write failed")
+	})
+	p := testPartition(nil, h, &commits{}, nil)
+	stop, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if p.handle(stop, WithFence(context.Background(), fence), msgs(0, 3)) {
+		t.Fatal("handle: got true (handled), want false")
+	}
+	if stop.Err() != nil {
+		t.Fatalf("handle returned only when stop ended (%d Handle calls); want it to stop once the fence ended", calls)
+	}
+	if calls != 2 {
+		t.Errorf("Handle calls: got %d, want 2 (none after the fence ended)", calls)
+	}
+}

@@ -36,9 +36,20 @@ type partition struct {
 // stop is done (false): then nothing of msgs may be committed. A failing
 // batch is retried as it is, after a capped exponential backoff. The
 // Handler's context carries the committed offset (CommittedOffset).
+//
+// Once the generation's write fence has ended (FenceOf hctx), the batch is
+// not handed over again: the partition may already have a new owner, and a
+// decision made now could come after that owner's commit, where nothing
+// recognises it as a replay (it would be counted twice).
 func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message) bool {
 	hctx = WithCommittedOffset(hctx, p.committed)
+	fence, _ := FenceOf(hctx)
 	for attempt := 0; ; attempt++ {
+		if fence != nil && fence.Err() != nil {
+			p.log.Warn("batch not handled: the generation's write fence ended; it will be redelivered to the partition's next owner",
+				"offset", msgs[0].Offset, "count", len(msgs), "err", fence.Err())
+			return false
+		}
 		err := p.handler.Handle(hctx, msgs)
 		if err == nil {
 			return true
