@@ -231,16 +231,18 @@ func tally(res loadResult, source, out []outEvent, downstream string, win time.D
 	return f
 }
 
-// maxWindowAfter is figures.MaxWindow but for the copies a crash may
-// redeliver (G8): the copies of events whose first copy was appended
-// downstream before since (the start of the first fault), and, for an event
+// strayCopies returns the downstream copies of events that a crash cannot
+// explain (G8), and the most downstream events of one tenant in one window
+// without them. A crash may redeliver what was acknowledged before it and
+// not yet committed: copies of events whose first copy was appended
+// downstream before since (just after the start of the first fault), and, for an event
 // that went through the retry path, as many extra copies as the first retry
 // tier (retry) holds extra records of that trip (a source batch acknowledged
-// before the fault and decided again by the partition's next owner: the
+// before the fault and decided again by its partition's next owner: the
 // replay gives the same deferral, and each record is forwarded in its slot).
-// Every other copy counts: a zombie's write landing late, or a handover that
-// forgets what the last owner finished, shows here.
-func maxWindowAfter(out, retry []outEvent, downstream string, win time.Duration, since time.Time) (int, string) {
+// Any other copy is stray: a zombie's write landing late, or a handover that
+// forgets what the last owner finished.
+func strayCopies(out, retry []outEvent, downstream string, win time.Duration, since time.Time) (stray []outEvent, most int, where string) {
 	type trip struct {
 		id  int
 		due int64
@@ -259,7 +261,6 @@ func maxWindowAfter(out, retry []outEvent, downstream string, win time.Duration,
 		}
 	}
 	perWindow, firstTaken, extraUsed := map[string]int{}, map[int]bool{}, map[trip]int{}
-	most, where := 0, ""
 	for _, e := range out {
 		if e.topic != downstream {
 			continue
@@ -271,6 +272,8 @@ func maxWindowAfter(out, retry []outEvent, downstream string, win time.Duration,
 		} else if k := (trip{e.id, e.due.UnixMilli()}); !e.due.IsZero() && extraUsed[k] < records[k]-1 {
 			extraUsed[k]++
 			continue // the forward of a redelivered deferral's record
+		} else {
+			stray = append(stray, e)
 		}
 		w := windowOf(e, win)
 		k := e.tenant + "@" + strconv.FormatInt(w, 10)
@@ -280,7 +283,7 @@ func maxWindowAfter(out, retry []outEvent, downstream string, win time.Duration,
 			where = fmt.Sprintf("%s in the window from %s", e.tenant, time.UnixMilli(w*win.Milliseconds()).UTC().Format("15:04:05"))
 		}
 	}
-	return most, where
+	return stray, most, where
 }
 
 // lateness returns the p99 and the maximum of ls, and how many are over

@@ -112,6 +112,7 @@ func (m *member) consume(ctx context.Context, cg *kafka.ConsumerGroup) (missing 
 	var current *sync.WaitGroup
 	var lastGen time.Time // when the last generation started
 	short := 0            // generations in a row that lasted under minGeneration
+	lastMember := ""      // this member's ID in the last generation, until kafka-go drops it
 	for {
 		// A guard against any other cause of a rejoin loop: after a
 		// generation that lasted under minGeneration, the next one is taken
@@ -134,8 +135,16 @@ func (m *member) consume(ctx context.Context, cg *kafka.ConsumerGroup) (missing 
 			}
 			m.ready.Store(false)
 			m.log.Warn("join consumer group failed; retrying", "err", err)
+			if lastMember != "" {
+				// kafka-go rejoins under a new member ID after a failed
+				// join (it tried to leave under the old one, which fails
+				// while the broker is away): see leaveStale.
+				go m.leaveStale(ctx, m.client, lastMember)
+				lastMember = ""
+			}
 			continue
 		}
+		lastMember = gen.MemberID
 		if !lastGen.IsZero() && time.Since(lastGen) < minGeneration {
 			short++
 		} else {

@@ -1,0 +1,66 @@
+package consume
+
+import (
+	"context"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// fakeLeaver fails the first fails LeaveGroup calls as an unreachable broker
+// does, then answers with code; it records the member IDs asked to leave.
+type fakeLeaver struct {
+	mu    sync.Mutex
+	fails int
+	code  error
+	ids   []string
+}
+
+func (l *fakeLeaver) LeaveGroup(_ context.Context, req *kafka.LeaveGroupRequest) (*kafka.LeaveGroupResponse, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, mb := range req.Members {
+		l.ids = append(l.ids, mb.ID)
+	}
+	if len(l.ids) <= l.fails {
+		return nil, syscall.ECONNREFUSED
+	}
+	return &kafka.LeaveGroupResponse{Error: l.code}, nil
+}
+
+// After a failed join (the broker away), the member's ID of the last
+// generation is removed from the group as soon as the coordinator answers,
+// so that the rejoin under kafka-go's new ID need not wait for the old one's
+// session to expire; a coordinator that no longer knows it ends the tries.
+func TestLeaveStale(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		fails     int
+		code      error
+		wantCalls int
+	}{
+		{"left once the broker answers", 3, nil, 4},
+		{"already gone", 0, kafka.UnknownMemberId, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := newMember(Config{Brokers: []string{"127.0.0.1:1"}, GroupID: "g", Topics: []string{"t"}, SessionTimeout: 10 * time.Second},
+				HandlerFunc(func(context.Context, []kafka.Message) error { return nil }), func(*partition, context.Context, context.Context) {})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := &fakeLeaver{fails: tc.fails, code: tc.code}
+			m.leaveStale(context.Background(), l, "old-member")
+			if len(l.ids) != tc.wantCalls {
+				t.Errorf("LeaveGroup calls: got %d, want %d", len(l.ids), tc.wantCalls)
+			}
+			for _, id := range l.ids {
+				if id != "old-member" {
+					t.Errorf("left under %q, want old-member", id)
+				}
+			}
+		})
+	}
+}
