@@ -41,6 +41,8 @@ type member struct {
 
 	ready   atomic.Bool
 	running atomic.Bool
+	// lastGenStart is when the last generation started (unix ns; 0: none yet).
+	lastGenStart atomic.Int64
 
 	// onGeneration, if set, is called with each new generation (tests).
 	onGeneration func(gen *kafka.Generation)
@@ -139,12 +141,13 @@ func (m *member) consume(ctx context.Context, cg *kafka.ConsumerGroup) (missing 
 				// kafka-go rejoins under a new member ID after a failed
 				// join (it tried to leave under the old one, which fails
 				// while the broker is away): see leaveStale.
-				go m.leaveStale(ctx, m.client, lastMember)
+				go m.leaveStale(ctx, m.client, lastMember, m.staleGone(time.Now()))
 				lastMember = ""
 			}
 			continue
 		}
 		lastMember = gen.MemberID
+		m.lastGenStart.Store(time.Now().UnixNano())
 		if !lastGen.IsZero() && time.Since(lastGen) < minGeneration {
 			short++
 		} else {
