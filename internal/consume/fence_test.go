@@ -188,7 +188,7 @@ func TestFetchMetadataOutlastsAHealingNetwork(t *testing.T) {
 	tr := &flakyOffsetFetch{fails: 6}
 	m, err := newMember(Config{Brokers: []string{"127.0.0.1:1"}, GroupID: "g", Topics: []string{"t"}, Transport: tr,
 		SessionTimeout: 5 * time.Second, BackoffMin: 10 * time.Millisecond, BackoffMax: 100 * time.Millisecond},
-		HandlerFunc(func(context.Context, []kafka.Message) error { return nil }), func(*partition, context.Context, context.Context) {})
+		HandlerFunc(func(context.Context, Batch) error { return nil }), func(*partition, context.Context, context.Context) {})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func TestFetchMetadataOutlastsAHealingNetwork(t *testing.T) {
 func TestHandleStopsOnceFenced(t *testing.T) {
 	fence := NewOpenWriteFence()
 	var calls int
-	h := HandlerFunc(func(ctx context.Context, _ []kafka.Message) error {
+	h := HandlerFunc(func(ctx context.Context, _ Batch) error {
 		calls++
 		if calls == 2 {
 			fence.Close("test: no heartbeat answered")

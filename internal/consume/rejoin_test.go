@@ -48,7 +48,7 @@ func TestLeaveStale(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, err := newMember(Config{Brokers: []string{"127.0.0.1:1"}, GroupID: "g", Topics: []string{"t"}, SessionTimeout: time.Second},
-				HandlerFunc(func(context.Context, []kafka.Message) error { return nil }), func(*partition, context.Context, context.Context) {})
+				HandlerFunc(func(context.Context, Batch) error { return nil }), func(*partition, context.Context, context.Context) {})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -70,7 +70,7 @@ func TestLeaveStale(t *testing.T) {
 // coordinator has dropped the old ID by then.
 func TestLeaveStaleEndsAfterANewGeneration(t *testing.T) {
 	m, err := newMember(Config{Brokers: []string{"127.0.0.1:1"}, GroupID: "g", Topics: []string{"t"}, SessionTimeout: 50 * time.Millisecond},
-		HandlerFunc(func(context.Context, []kafka.Message) error { return nil }), func(*partition, context.Context, context.Context) {})
+		HandlerFunc(func(context.Context, Batch) error { return nil }), func(*partition, context.Context, context.Context) {})
 	if err != nil {
 		t.Fatal(err)
 	}
