@@ -30,8 +30,21 @@ func ovTokensEnv() []string {
 }
 
 // ovDo sends method path with a JSON body to p as token and decodes the
-// answer into out (when not nil); it returns the status.
+// answer into out (when not nil) if its status is 2xx; it returns the status.
 func ovDo(t testing.TB, p *gkProc, token, method, path string, body, out any) int {
+	t.Helper()
+	st, data := ovSend(t, p, token, method, path, body)
+	if out != nil && st/100 == 2 {
+		if err := json.Unmarshal(data, out); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, data)
+		}
+	}
+	return st
+}
+
+// ovSend sends method path with a JSON body (nil: none) to p as token and
+// returns the status and the body of the answer.
+func ovSend(t testing.TB, p *gkProc, token, method, path string, body any) (int, []byte) {
 	t.Helper()
 	var rd io.Reader
 	if body != nil {
@@ -50,12 +63,7 @@ func ovDo(t testing.TB, p *gkProc, token, method, path string, body, out any) in
 	}
 	defer res.Body.Close()
 	data, _ := io.ReadAll(res.Body)
-	if out != nil && res.StatusCode/100 == 2 {
-		if err := json.Unmarshal(data, out); err != nil {
-			t.Fatalf("%s %s: %v: %s", method, path, err, data)
-		}
-	}
-	return res.StatusCode
+	return res.StatusCode, data
 }
 
 type ovView struct {
@@ -302,72 +310,117 @@ func TestOverridePropagationThreeReplicas(t *testing.T) {
 }
 
 // TestOverrideRaiseMovesBacklogForward defers a tenant's events under a low
-// limit, raises the limit with an override, and checks that the deferred
-// events are forwarded early, counted in the current window under the
-// raised limit and never over it.
+// limit (30 events under 5/1m: 25 reserved over the next five minutes, in
+// the first retry tier and in the hour tier, most beyond a look-ahead of 3
+// events per partition), raises the limit, and checks that the deferred
+// events are forwarded before their reserved slots where the raised rules
+// have room in the current window, never beyond them, and that Redis counts
+// each event once (the slots of the events admitted early are given back).
+// The raise comes from an override (to 100/1m: all 25 early) or from a
+// LIMITS_FILE reload (to 15/1m: 10 early, the 15 others checked once and
+// back to their slots).
 func TestOverrideRaiseMovesBacklogForward(t *testing.T) {
-	f := newFlow(t, 1)
-	// At least 20s left in this minute, so that the reservations all lie in
-	// later windows when the limit is raised.
-	if s := time.Now().Second(); s > 40 {
-		time.Sleep(time.Duration(61-s) * time.Second)
+	for _, c := range []struct {
+		name      string
+		limit     int // the raised limit per minute
+		early     int
+		fileRaise bool
+	}{
+		{"override", 100, 25, false},
+		{"limits file", 15, 10, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFlow(t, 1)
+			// At least 20s left in this minute, so that the reservations all
+			// lie in later windows when the limit is raised.
+			if s := time.Now().Second(); s > 35 {
+				time.Sleep(time.Duration(61-s) * time.Second)
+			}
+			prefix := keyPrefix(t)
+			ld := &opsLimitsDir{t: t, dir: t.TempDir()}
+			ld.write("default: [5/1m]\n")
+			env := f.env(t, append(ovTokensEnv(), "GATEKEEPER_LIMITS_FILE", ld.file(), "GATEKEEPER_REDIS_KEY_PREFIX", prefix,
+				"GATEKEEPER_RETRY_LOOKAHEAD", "3")...)
+			p := startGatekeeper(t, "gk", env)
+			p.waitReady(90 * time.Second)
+			var msgs []kafka.Message
+			for i := range 30 {
+				msgs = append(msgs, kafka.Message{Key: []byte("acme"), Value: ev{ID: i}.value()})
+			}
+			produce(t, f.Source, msgs)
+			waitFor(t, 30*time.Second, "5 admitted and 25 deferred", func() (bool, string) {
+				out := readOutputs(t, f)
+				return len(out.down) == 5 && len(out.retry) >= 25, out.String()
+			})
+			waitFor(t, 30*time.Second, "the look-ahead full", func() (bool, string) {
+				n := p.metric(t, "gatekeeper_deferred_waiting")
+				return n >= 3, fmt.Sprint(n)
+			})
+			t.Logf("waiting in the retry consumers' look-ahead at the raise: %v of 25", p.metric(t, "gatekeeper_deferred_waiting"))
+			raised := time.Now()
+			if c.fileRaise {
+				ld.write(fmt.Sprintf("default: [%d/1m]\n", c.limit))
+			} else {
+				body := map[string]any{"rules": []string{fmt.Sprintf("%d/1m", c.limit)}, "reason": "customer escalation", "version": 0}
+				if st := ovDo(t, p, ovWriteToken, "PUT", "/v1/overrides/acme", body, nil); st != 200 {
+					t.Fatalf("PUT: status %d", st)
+				}
+			}
+			var out outputs
+			waitFor(t, 20*time.Second, fmt.Sprintf("%d downstream", 5+c.early), func() (bool, string) {
+				out = readOutputs(t, f)
+				return len(out.down) == 5+c.early && p.metric(t, "gatekeeper_decisions_total", "decision", "admit_early") == float64(c.early), out.String()
+			})
+			// Nothing more comes early: the others wait for their slots.
+			time.Sleep(2 * time.Second)
+			out = readOutputs(t, f)
+			early := 0
+			for _, m := range out.down {
+				var ms int64
+				if due := header(m, "gk-due"); due != "" {
+					fmt.Sscan(due, &ms)
+					if m.Time.Before(time.UnixMilli(ms)) {
+						early++
+					}
+				}
+			}
+			checked := 0
+			for _, m := range out.retry {
+				if header(m, "gk-checked") != "" {
+					checked++
+				}
+			}
+			t.Logf("after the raise at %s: %d of 25 deferred events forwarded before their reserved slots, %d downstream in all (%v after the raise); %d checked and sent back to their slots",
+				raised.Format("15:04:05.000"), early, len(out.down), time.Since(raised).Round(time.Millisecond), checked)
+			if early != c.early || len(out.down) != 5+c.early {
+				t.Errorf("got %s, %d downstream before their due time; want %d downstream, %d early", out, early, 5+c.early, c.early)
+			}
+			if checked != 25-c.early {
+				t.Errorf("%d copies with gk-checked in the retry tiers, want %d (each event that found no room checked once)", checked, 25-c.early)
+			}
+			// Never over the rules in force, and each event counted once:
+			// the windows of acme hold 30 in all (the current one 5+early,
+			// the slots of those admitted early given back).
+			cur := time.Now().Truncate(time.Minute).UnixMilli()
+			var sum, now int64
+			for _, w := range readWindows(t, redisAddr(), prefix) {
+				if w.Tenant != "acme" {
+					continue
+				}
+				sum += w.Count
+				if w.Start == cur {
+					now = w.Count
+				}
+			}
+			if sum != 30 || now != int64(5+c.early) || now > int64(c.limit) {
+				t.Errorf("acme's windows count %d in all and %d in the current one; want 30 (each event once) and %d (at most %d)", sum, now, 5+c.early, c.limit)
+			}
+			if n := p.metric(t, "gatekeeper_released_slots_total"); n != float64(c.early) {
+				t.Errorf("gatekeeper_released_slots_total = %v, want %d", n, c.early)
+			}
+			ovSlowlog(t, prefix)
+		})
 	}
-	prefix := keyPrefix(t)
-	env := f.env(t, append(ovTokensEnv(), "GATEKEEPER_LIMITS", "*=5/1m", "GATEKEEPER_REDIS_KEY_PREFIX", prefix)...)
-	p := startGatekeeper(t, "gk", env)
-	p.waitReady(90 * time.Second)
-	var msgs []kafka.Message
-	for i := range 30 {
-		msgs = append(msgs, kafka.Message{Key: []byte("acme"), Value: ev{ID: i}.value()})
-	}
-	produce(t, f.Source, msgs)
-	waitFor(t, 30*time.Second, "5 admitted and 25 deferred", func() (bool, string) {
-		out := readOutputs(t, f)
-		return len(out.down) == 5 && len(out.retry) >= 25, out.String()
-	})
-	// Let the retry consumer fetch them into its waiting heaps.
-	waitFor(t, 30*time.Second, "25 waiting", func() (bool, string) {
-		n := p.metric(t, "gatekeeper_deferred_waiting")
-		return n == 25, fmt.Sprint(n)
-	})
-	raised := time.Now()
-	body := map[string]any{"rules": []string{"100/1m"}, "reason": "customer escalation", "version": 0}
-	if st := ovDo(t, p, ovWriteToken, "PUT", "/v1/overrides/acme", body, nil); st != 200 {
-		t.Fatalf("PUT: status %d", st)
-	}
-	var out outputs
-	waitFor(t, 20*time.Second, "all 30 downstream", func() (bool, string) {
-		out = readOutputs(t, f)
-		return len(out.down) == 30, out.String()
-	})
-	early := 0
-	for _, m := range out.down {
-		due := header(m, "gk-due")
-		if due == "" {
-			continue
-		}
-		var ms int64
-		fmt.Sscan(due, &ms)
-		if m.Time.Before(time.UnixMilli(ms)) {
-			early++
-		}
-	}
-	t.Logf("after the raise at %s: %d of 25 deferred events forwarded before their reserved slots (all 30 downstream within %v)",
-		raised.Format("15:04:05.000"), early, time.Since(raised).Round(time.Millisecond))
-	if early != 25 || len(out.down) != 30 {
-		t.Errorf("got %s, %d downstream before their due time; want 30 downstream, 25 early", out, early)
-	}
-	// Never over the rules in force: this minute's window counts 30 of 100.
-	cur := time.Now().Truncate(time.Minute).UnixMilli()
-	for _, w := range readWindows(t, redisAddr(), prefix) {
-		if w.Tenant == "acme" && w.Start == cur && w.Count > 100 {
-			t.Errorf("window %d counts %d, over the raised limit 100", w.Start, w.Count)
-		}
-	}
-	if n := p.metric(t, "gatekeeper_decisions_total", "decision", "admit_early"); n != 25 {
-		t.Errorf("gatekeeper_decisions_total{decision=admit_early} = %v, want 25", n)
-	}
-	ovSlowlog(t, prefix)
 }
 
 // TestTopInTerminal runs gatekeeper top in a terminal (tmux) and as plain

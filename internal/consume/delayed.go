@@ -159,7 +159,14 @@ func (r *delayedRun) push(m kafka.Message) {
 		}
 		return
 	}
-	r.h.push(m, r.c.ReleaseAt(m), r.clock.Now())
+	now := r.clock.Now()
+	at := r.c.ReleaseAt(m)
+	if e := r.c.Expedite; e != nil && at.After(now) && e.Early(m, now) {
+		// Fetched after a raise that it waited through (beyond the
+		// look-ahead, or in a later tier): released at once.
+		at = now
+	}
+	r.h.push(m, at, now)
 	r.waitingDelta(1)
 	if r.c.OnWaitingMessage != nil {
 		r.c.OnWaitingMessage(m, 1)

@@ -13,10 +13,12 @@ import (
 type Expediter interface {
 	// Changed returns a channel that is closed at the next change after
 	// the call: each partition then asks Early about its waiting messages.
+	// Each fetched message is asked about too, when it comes in.
 	Changed() <-chan struct{}
 	// Early reports whether m, waiting since since (by the consumer's
 	// clock), may be handed to the Handler now. The Handler must accept
-	// such a message before its release time.
+	// such a message before its release time. It is called for every
+	// message fetched, so it must be cheap when nothing was raised.
 	Early(m kafka.Message, since time.Time) bool
 }
 

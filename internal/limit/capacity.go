@@ -90,11 +90,17 @@ func (s Share) weight() int64 {
 	return s.Weight
 }
 
-// Share returns the share of a tenant: its own when given, else that of "*",
-// else weight 1 and no floor.
+// Share returns the share of a tenant: its override's when it has one that
+// sets a share, else its own when given, else that of "*", else weight 1
+// and no floor.
 func (rs *Rules) Share(tenant string) Share {
 	if rs == nil {
 		return Share{Weight: 1}
+	}
+	if rs.over != nil {
+		if o, ok := rs.over.byTenant[tenant]; ok && o.Share != nil {
+			return *o.Share
+		}
 	}
 	if s, ok := rs.shares[tenant]; ok {
 		return s
@@ -104,6 +110,58 @@ func (rs *Rules) Share(tenant string) Share {
 	}
 	return Share{Weight: 1}
 }
+
+// ParseShare parses a share as LIMITS writes it, e.g. "weight:3" and
+// "floor:200/1s" (the items of a tenant's rule list that are not rules):
+// a weight from 1 to MaxWeight (1 when not given), floors counting events,
+// one per window. Errors quote the bad item.
+func ParseShare(items []string) (Share, error) {
+	var s Share
+	for _, it := range items {
+		ok, err := shareItem(strings.TrimSpace(it), &s)
+		if err != nil {
+			return Share{}, err
+		}
+		if !ok {
+			return Share{}, fmt.Errorf("%q: not weight:N or floor:N/window", it)
+		}
+	}
+	if s.Weight == 0 {
+		s.Weight = 1
+	}
+	return s, nil
+}
+
+// SplitShare separates a tenant's rule list as LIMITS writes it
+// ("5000/1m,weight:3,floor:200/1s") into its rules and its share items,
+// without checking either.
+func SplitShare(items []string) (rules, share []string) {
+	for _, it := range items {
+		k, _, ok := strings.Cut(strings.TrimSpace(it), ":")
+		if ok && (k == "weight" || k == "floor") {
+			share = append(share, strings.TrimSpace(it))
+			continue
+		}
+		rules = append(rules, it)
+	}
+	return rules, share
+}
+
+// Items returns the share as LIMITS writes it ("weight:3", "floor:200/1s").
+func (s Share) Items() []string {
+	out := []string{"weight:" + strconv.FormatInt(s.weight(), 10)}
+	for _, f := range s.Floors {
+		out = append(out, "floor:"+f.String())
+	}
+	return out
+}
+
+// EffectiveWeight returns the share's weight, 1 when unset.
+func (s Share) EffectiveWeight() int64 { return s.weight() }
+
+// FloorIn returns the share's floor in the windows of capacity rule c, 0
+// when none.
+func (s Share) FloorIn(c Rule) int64 { return s.floor(c) }
 
 // shareItem reports whether a rule list item sets a share ("weight:2",
 // "floor:200/1s") and, when so, applies it to s. Errors quote the item.
@@ -171,29 +229,22 @@ func splitShare(who string, items []string) ([]string, *Share, error) {
 	return rules, &s, nil
 }
 
-// CheckCapacity reports whether the rules' shares fit capacity c: every
-// floor names the window of a capacity rule, and the floors of each
-// capacity rule sum to at most its limit. With no capacity, shares are
-// accepted and unused.
+// CheckCapacity reports whether the rules' shares, those of their
+// overrides included, fit capacity c: every floor names the window of a
+// capacity rule, and the floors of each capacity rule sum to at most its
+// limit. With no capacity, shares are accepted and unused.
 func CheckCapacity(rules *Rules, c Capacity) error {
 	if rules == nil || len(c) == 0 {
 		return nil
 	}
-	sums := make([]int64, len(c))
 	for _, t := range sortedShareTenants(rules) {
-		for _, f := range rules.shares[t].Floors {
-			found := false
-			for i, r := range c {
-				if r.Counter() == f.Counter() {
-					found = true
-					sums[i] += f.Limit
-				}
-			}
-			if !found {
+		for _, f := range rules.Share(t).Floors {
+			if !c.hasWindow(f) {
 				return fmt.Errorf("tenant %q: floor %s: no capacity rule of window %s (capacity %s)", t, f, f.WindowName(), c)
 			}
 		}
 	}
+	sums := floorSums(rules, c)
 	for i, r := range c {
 		if sums[i] > r.Limit {
 			return fmt.Errorf("the floors of window %s sum to %d, over the capacity %s", r.WindowName(), sums[i], r)
@@ -202,24 +253,79 @@ func CheckCapacity(rules *Rules, c Capacity) error {
 	return nil
 }
 
-// floorSums returns, per capacity rule, the sum of the named tenants' floors.
-func floorSums(rules *Rules, c Capacity) []int64 {
-	sums := make([]int64, len(c))
-	if rules == nil {
-		return sums
+// hasWindow reports whether c has a rule of f's window.
+func (c Capacity) hasWindow(f Rule) bool {
+	for _, r := range c {
+		if r.Counter() == f.Counter() {
+			return true
+		}
 	}
-	for _, s := range rules.shares {
+	return false
+}
+
+// floorMemo is floorSums of one Rules for one capacity.
+type floorMemo struct {
+	capacity string
+	sums     []int64
+}
+
+// floorSums returns, per capacity rule, the sum of the named tenants'
+// floors (each tenant's share in force: its override's when it sets one).
+// Computed once per Rules and capacity (every call under a capacity reads
+// it), so that a call costs nothing per override.
+func floorSums(rules *Rules, c Capacity) []int64 {
+	if rules == nil {
+		return make([]int64, len(c))
+	}
+	key := c.String()
+	if m := rules.floors.Load(); m != nil && m.capacity == key {
+		return m.sums
+	}
+	sums := make([]int64, len(c))
+	add := func(s Share) {
 		for i, r := range c {
 			sums[i] += s.floor(r)
 		}
 	}
+	for t, s := range rules.shares {
+		if o, ok := rules.overlay(t); ok && o.Share != nil {
+			continue // counted with the overrides
+		}
+		add(s)
+	}
+	if rules.over != nil {
+		for _, o := range rules.over.byTenant {
+			if o.Share != nil {
+				add(*o.Share)
+			}
+		}
+	}
+	rules.floors.Store(&floorMemo{capacity: key, sums: sums})
 	return sums
 }
 
+// overlay returns the tenant's override in rs, if any.
+func (rs *Rules) overlay(tenant string) (Overlay, bool) {
+	if rs == nil || rs.over == nil {
+		return Overlay{}, false
+	}
+	o, ok := rs.over.byTenant[tenant]
+	return o, ok
+}
+
+// sortedShareTenants lists the tenants with a share of their own, in
+// LIMITS or in an override, sorted.
 func sortedShareTenants(rs *Rules) []string {
 	m := make(map[string][]string, len(rs.shares))
 	for t := range rs.shares {
 		m[t] = nil
+	}
+	if rs.over != nil {
+		for t, o := range rs.over.byTenant {
+			if o.Share != nil {
+				m[t] = nil
+			}
+		}
 	}
 	return sortedKeys(m)
 }
@@ -241,4 +347,39 @@ func (rs *Rules) addShare(tenant string, s *Share) error {
 	}
 	rs.shares[tenant] = *s
 	return nil
+}
+
+// CheckShareChange reports whether tenant may take share s under capacity
+// c, the other tenants keeping their shares in rules: every floor of s
+// names a capacity window, and the floors of each capacity rule, the
+// tenant's new ones in place of its old, sum to at most its limit.
+func CheckShareChange(rules *Rules, c Capacity, tenant string, s Share) error {
+	for _, f := range s.Floors {
+		if !c.hasWindow(f) {
+			return fmt.Errorf("floor %s: no capacity rule of window %s (capacity %s)", f, f.WindowName(), c)
+		}
+	}
+	sums := floorSums(rules, c)
+	old := rules.Share(tenant)
+	for i, r := range c {
+		if n := sums[i] - old.floor(r) + s.floor(r); n > r.Limit {
+			return fmt.Errorf("the floors of window %s would sum to %d, over the capacity %s", r.WindowName(), n, r)
+		}
+	}
+	return nil
+}
+
+// ShareRaised reports whether share now lets a tenant book more of a
+// capacity than before: a higher weight, or a floor higher than before (or
+// new) in some window.
+func ShareRaised(before, now Share) bool {
+	if now.weight() > before.weight() {
+		return true
+	}
+	for _, f := range now.Floors {
+		if f.Limit > before.floor(f) {
+			return true
+		}
+	}
+	return false
 }

@@ -64,7 +64,12 @@ func (l *Limiter) capacityArgs(av []any, groups []*group, now time.Time, first i
 	if len(c) == 0 {
 		return av
 	}
-	rules := l.rules.Load()
+	if len(groups) == 0 {
+		return av
+	}
+	// The batch's own rules value, never the one in force now: a batch is
+	// decided on one value, shares and floors included.
+	rules := groups[0].from
 	names := make([]byte, 0, 16*len(groups))
 	shares := make([]byte, 0, 4*len(groups)*(1+len(c)))
 	names = append(names, '[')

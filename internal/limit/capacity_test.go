@@ -108,12 +108,19 @@ func TestCapacityWorkedExample(t *testing.T) {
 			}
 		}
 	}
-	want := map[string]int64{"a": 10, "b": 30, "c": 60}
-	for sec := 10; sec < 14; sec++ {
-		count, _, got := capWindow(t, l, c[0], start.Add(time.Duration(sec)*time.Second))
+	checkBooked(t, l, c[0], start, 10, 14, map[string]int64{"a": 10, "b": 30, "c": 60})
+}
+
+// checkBooked checks that the capacity windows of seconds from to to
+// (after start) are full (work-conserving) and give each tenant of want
+// what it says, within 5% or 1 event.
+func checkBooked(t *testing.T, l *Limiter, r Rule, start time.Time, from, to int, want map[string]int64) {
+	t.Helper()
+	for sec := from; sec < to; sec++ {
+		count, _, got := capWindow(t, l, r, start.Add(time.Duration(sec)*time.Second))
 		t.Logf("second %d: count %d, booked %v", sec, count, got)
-		if count != 100 {
-			t.Errorf("second %d: count %d, want 100 (work-conserving)", sec, count)
+		if count != r.Limit {
+			t.Errorf("second %d: count %d, want %d (work-conserving)", sec, count, r.Limit)
 		}
 		for ten, w := range want {
 			if d := got[ten] - w; d < -max(1, w/20) || d > max(1, w/20) {

@@ -50,6 +50,14 @@ type CapacityShare struct {
 // CapacityUsage returns the tenant's share of each capacity rule (none
 // without a capacity). It reads only.
 func (l *Limiter) CapacityUsage(ctx context.Context, tenant string) ([]CapacityShare, error) {
+	return l.CapacityUsageUnder(ctx, tenant, l.rules.Load().Share(tenant))
+}
+
+// CapacityUsageUnder returns the tenant's share of each capacity rule as
+// CapacityUsage does, but with share as its weight and floors: what it
+// booked against the entitlement share would give it at the current
+// level (a dry run of an override's share). It reads only.
+func (l *Limiter) CapacityUsageUnder(ctx context.Context, tenant string, share Share) ([]CapacityShare, error) {
 	c := l.opts.Capacity
 	if len(c) == 0 {
 		return nil, nil
@@ -57,7 +65,6 @@ func (l *Limiter) CapacityUsage(ctx context.Context, tenant string) ([]CapacityS
 	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
 	now := l.opts.Clock()
-	share := l.rules.Load().Share(tenant)
 	name := encodeTenant(tenant)
 	type read struct {
 		cur  *redis.SliceCmd

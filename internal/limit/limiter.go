@@ -238,6 +238,9 @@ func (l *Limiter) SetRules(r *Rules) error {
 // Rules returns the rules in force.
 func (l *Limiter) Rules() *Rules { return l.rules.Load() }
 
+// Capacity returns the limiter's capacity (none: nil).
+func (l *Limiter) Capacity() Capacity { return l.opts.Capacity }
+
 // group is the events of one tenant in a batch.
 type group struct {
 	tenant string
@@ -254,6 +257,9 @@ type group struct {
 	// override is the version of the live override whose rules these are
 	// (0: none); every decision of the group carries it.
 	override int64
+	// from is the Rules value the batch is decided on (one per batch: its
+	// rules, shares and floors all come from it).
+	from *Rules
 }
 
 // Admit decides a batch that names no source and whose events cost nothing
@@ -396,7 +402,7 @@ func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 			if len(r) == 0 && len(l.opts.Capacity) > 0 {
 				r = l.opts.Capacity // with a capacity, a tenant without rules has it as its ceiling
 			}
-			*g = group{tenant: t, rules: r, override: over, idx: idx[at : at : at+int(sizes[n])]}
+			*g = group{tenant: t, rules: r, override: over, from: rules, idx: idx[at : at : at+int(sizes[n])]}
 			at += int(sizes[n])
 			if len(r) > 0 {
 				set, ok := sets[&r[0]]

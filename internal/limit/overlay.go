@@ -10,8 +10,14 @@ import (
 // rules of LIMITS or LIMITS_FILE by Rules.WithOverlays. It is a value type.
 type Overlay struct {
 	// Rules replace the tenant's own rules (or the "*" rules) while the
-	// override is in force; none admits everything.
+	// override is in force; none admits everything, unless KeepRules.
 	Rules []Rule
+	// KeepRules: the tenant keeps its rules of LIMITS or LIMITS_FILE (Rules
+	// is then empty), the override sets only its Share.
+	KeepRules bool
+	// Share, if set, replaces the tenant's weight and floors (its part of
+	// the shared capacity, capacity.go) while the override is in force.
+	Share *Share
 	// Version is the override's version, carried by every decision made
 	// under it (Decision.Override).
 	Version int64
@@ -35,14 +41,24 @@ type overlays struct {
 // batch names each distinct list once, however many tenants have it.
 func (rs *Rules) WithOverlays(over map[string]Overlay, version int64) *Rules {
 	shared := map[string][]Rule{}
+	ids := map[*Rule]string{} // lists shared already are named once
 	for t, o := range over {
 		if len(o.Rules) == 0 {
 			continue
 		}
-		k := ruleSetID("", o.Rules)
+		k, ok := ids[&o.Rules[0]]
+		if !ok {
+			k = ruleSetID("", o.Rules)
+			ids[&o.Rules[0]] = k
+		}
 		if s, ok := shared[k]; ok {
-			o.Rules = s
-			over[t] = o
+			if &s[0] != &o.Rules[0] {
+				// Written only when not shared yet: a map handed to
+				// WithOverlays again (a reload of the base rules) is read
+				// by the batches in flight and is then left alone.
+				o.Rules = s
+				over[t] = o
+			}
 		} else {
 			shared[k] = o.Rules
 		}
@@ -93,15 +109,19 @@ func (rs *Rules) lookup(tenant string) ([]Rule, int64) {
 	if rs == nil {
 		return nil, 0
 	}
+	var version int64
 	if rs.over != nil {
 		if o, ok := rs.over.byTenant[tenant]; ok {
-			return o.Rules, o.Version
+			if !o.KeepRules {
+				return o.Rules, o.Version
+			}
+			version = o.Version
 		}
 	}
 	if r, ok := rs.byTenant[tenant]; ok {
-		return r, 0
+		return r, version
 	}
-	return rs.fallback, 0
+	return rs.fallback, version
 }
 
 // Overridden returns the number of tenants with an override in rs.
@@ -163,6 +183,7 @@ func RuleStrings(rules []Rule) []string {
 // Raised reports whether the rules now let a tenant have more than the
 // rules before in some window: a counter of before has no rule in now, or
 // a higher limit there. Rules without counters (none) admit everything.
+// It allocates nothing (rule lists are short).
 func Raised(before, now []Rule) bool {
 	if len(before) == 0 {
 		return false
@@ -170,14 +191,42 @@ func Raised(before, now []Rule) bool {
 	if len(now) == 0 {
 		return true
 	}
-	limits := make(map[string]int64, len(now))
-	for _, r := range now {
-		limits[r.Counter()] = r.Limit
-	}
 	for _, r := range before {
-		l, ok := limits[r.Counter()]
-		if !ok || l > r.Limit {
+		found := false
+		for _, n := range now {
+			if n.Count == r.Count && n.Unit == r.Unit && n.Measure == r.Measure {
+				found = true
+				if n.Limit > r.Limit {
+					return true
+				}
+				break
+			}
+		}
+		if !found {
 			return true
+		}
+	}
+	return false
+}
+
+// AnyRaised reports whether some tenant's rules or share are higher in now
+// than in before (Raised, ShareRaised): a named tenant of either, or every
+// other tenant (the "*" rules).
+func AnyRaised(before, now *Rules) bool {
+	const other = "\x00" // no tenant is named so: the "*" rules
+	for _, t := range append(append([]string{other}, before.Tenants()...), now.Tenants()...) {
+		if Raised(before.For(t), now.For(t)) || ShareRaised(before.Share(t), now.Share(t)) {
+			return true
+		}
+	}
+	for _, rs := range []*Rules{before, now} {
+		if rs == nil {
+			continue
+		}
+		for t := range rs.shares {
+			if ShareRaised(before.Share(t), now.Share(t)) {
+				return true
+			}
 		}
 	}
 	return false

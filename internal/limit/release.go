@@ -25,6 +25,10 @@ type MissedSlot struct {
 	// origin partition and offset, and its attempt): Release takes a trip's
 	// slot back once, however often it is called for it.
 	Trip string
+	// Rules, if set, are the rules whose windows counted the slot (the
+	// tenant's rules when it was reserved, e.g. before a raise); nil: the
+	// tenant's rules in force.
+	Rules []Rule
 }
 
 // releaseMarkerTTL is how long Release remembers a trip it took back: as
@@ -32,8 +36,9 @@ type MissedSlot struct {
 const releaseMarkerTTL = ReplayRecordTTL
 
 // Release gives back the missed slots, each once (a marker per trip, kept
-// releaseMarkerTTL): every rule of the tenant now in force, in the aligned
-// window that holds Due, counts the event's cost less. It returns how many
+// releaseMarkerTTL): every rule of the slot (MissedSlot.Rules, else the
+// tenant's rules now in force), in the aligned window that holds Due,
+// counts the event's cost less. It returns how many
 // slots it took back. Slots of TTL windows are not taken back (their window
 // depends on the chain's anchor at the time of the deferral): Release
 // returns 0 for them without error. One round trip per Redis node; an
@@ -51,6 +56,9 @@ func (l *Limiter) Release(ctx context.Context, slots []MissedSlot) (int, error) 
 	var calls []call
 	for _, s := range slots {
 		rs := rules.For(s.Tenant)
+		if s.Rules != nil {
+			rs = s.Rules
+		}
 		if len(rs) == 0 || s.Trip == "" {
 			continue
 		}

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode"
 )
@@ -151,6 +152,9 @@ type Rules struct {
 	// shares are the tenants' weights and floors (capacity.go); fallbackShare "*"'s.
 	shares        map[string]Share
 	fallbackShare *Share
+	// floors memoizes floorSums for one capacity: the sums are read by
+	// every call under a capacity, and overrides may hold many shares.
+	floors atomic.Pointer[floorMemo]
 }
 
 // String returns the spec the rules were parsed from.
@@ -161,19 +165,15 @@ func (rs *Rules) For(tenant string) []Rule {
 	if rs == nil {
 		return nil
 	}
-	if rs.over != nil {
-		if o, ok := rs.over.byTenant[tenant]; ok {
-			return o.Rules
-		}
-	}
-	if r, ok := rs.byTenant[tenant]; ok {
-		return r
-	}
-	return rs.fallback
+	r, _ := rs.lookup(tenant)
+	return r
 }
 
 // Tenants lists the tenants with rules of their own, sorted.
 func (rs *Rules) Tenants() []string {
+	if rs == nil {
+		return nil
+	}
 	var out []string
 	for t := range rs.byTenant {
 		out = append(out, t)

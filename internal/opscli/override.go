@@ -8,10 +8,10 @@ import (
 	"io"
 	"net/url"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/gatekeeper-dev/gatekeeper/internal/override"
 	"github.com/gatekeeper-dev/gatekeeper/internal/worker"
 )
@@ -19,7 +19,9 @@ import (
 // OverrideUsage is the help of `gatekeeper override`.
 const OverrideUsage = `Usage:
   gatekeeper override set TENANT RULES --reason WHY [--version N] [--expires 2h] [--shadow] [--dry-run]
-      RULES as in LIMITS, comma-separated ("500/1m,20000/1d"), or "none" (not limited)
+      RULES as in LIMITS, comma-separated ("500/1m,20000/1d"), or "none" (not limited);
+      with a capacity, weight:N and floor:N/1s items set the tenant's share ("500/1m,weight:3");
+      share items alone keep the tenant's rules ("weight:3,floor:200/1s")
       --version: the tenant's current version (0: none); without it, read first
   gatekeeper override get TENANT
   gatekeeper override list
@@ -117,12 +119,12 @@ func (c *client) currentVersion(ctx context.Context, tenant string) (int64, erro
 }
 
 func (c *client) set(ctx context.Context, stdout, stderr io.Writer, tenant, rules, reason string, version int64, expires time.Duration, shadow, dryRun bool) error {
-	body := worker.OverrideWrite{Reason: reason, Shadow: shadow, DryRun: dryRun, Rules: []string{}}
-	if rules != "none" {
-		for _, r := range strings.Split(rules, ",") {
-			body.Rules = append(body.Rules, strings.TrimSpace(r))
-		}
+	var rec override.Record
+	if err := rec.SetRulesText(rules); err != nil {
+		return err
 	}
+	body := worker.OverrideWrite{Reason: reason, Shadow: shadow, DryRun: dryRun, Rules: rec.Rules,
+		KeepRules: rec.KeepRules, Weight: rec.Weight, Floors: rec.Floors}
 	if expires > 0 {
 		body.ExpiresIn = expires.String()
 	}
@@ -176,6 +178,21 @@ func printDryRun(w io.Writer, d worker.DryRun) {
 		}
 	}
 	tw.Flush()
+	if len(d.CapacityBefore) == 0 && len(d.CapacityAfter) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nshare of the capacity in its current window (entitlement: max(floor, weight x level), at the current level)")
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\tCAPACITY\tWEIGHT\tFLOOR\tLEVEL\tENTITLEMENT\tBOOKED\tSHARE\tWAITING")
+	for _, x := range []struct {
+		name string
+		cs   []limit.CapacityShare
+	}{{"now", d.CapacityBefore}, {"new", d.CapacityAfter}} {
+		for _, c := range x.cs {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.1f\t%d\t%d\t%.3f\t%d\n", x.name, c.Capacity, c.Weight, c.Floor, c.Level, c.Entitlement, c.Booked, c.Share, c.Waiting)
+		}
+	}
+	tw.Flush()
 }
 
 func (c *client) list(ctx context.Context, w io.Writer) error {
@@ -192,20 +209,13 @@ func (c *client) list(ctx context.Context, w io.Writer) error {
 			if r.Expires != nil {
 				exp = r.Expires.UTC().Format(time.RFC3339)
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%v\t%s\t%s\t%s\n", r.Tenant, r.Version, rulesText(r.Rules), r.Shadow, exp, r.By, r.Reason)
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%v\t%s\t%s\t%s\n", r.Tenant, r.Version, r.RulesText(), r.Shadow, exp, r.By, r.Reason)
 		}
 		if cursor = page.NextCursor; cursor == 0 {
 			break
 		}
 	}
 	return tw.Flush()
-}
-
-func rulesText(rules []string) string {
-	if len(rules) == 0 {
-		return "none"
-	}
-	return strings.Join(rules, ",")
 }
 
 func (c *client) delete(ctx context.Context, stdout, stderr io.Writer, tenant, reason string, version int64) error {
@@ -241,7 +251,7 @@ func (c *client) audit(ctx context.Context, w io.Writer, tenant string, count in
 		if r == nil {
 			return "-"
 		}
-		s := rulesText(r.Rules)
+		s := r.RulesText()
 		if r.Shadow {
 			s += " (shadow)"
 		}

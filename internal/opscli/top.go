@@ -93,13 +93,19 @@ func renderTop(w io.Writer, t worker.TopResponse, now time.Time, every time.Dura
 			if r.Override != nil {
 				ov = fmt.Sprintf("v%d", r.Override.Version)
 				if r.Override.Shadow {
-					ov += fmt.Sprintf(" shadow %s (would defer %d, reject %d)", rulesText(r.Override.Rules), r.ShadowDeferred, r.ShadowRejected)
+					ov += fmt.Sprintf(" shadow %s (would defer %d, reject %d)", r.Override.RulesText(), r.ShadowDeferred, r.ShadowRejected)
+				}
+				if !r.Override.Shadow && r.Override.HasShare() {
+					ov += " " + r.Override.RulesText()
 				}
 				if r.Override.Expires != nil {
 					ov += " until " + r.Override.Expires.UTC().Format("15:04:05")
 				}
 			}
-			rules := rulesText(r.Rules)
+			rules := "none"
+			if len(r.Rules) > 0 {
+				rules = strings.Join(r.Rules, ",")
+			}
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t\n", safe(r.Tenant), r.Admitted, r.Deferred, r.Rejected, r.Waiting, rules, ov)
 		}
 		if o := x.tab.Other; o.Admitted+o.Deferred+o.Rejected > 0 {

@@ -95,47 +95,46 @@ func (a *Admitter) AdmitNow(ctx context.Context, src limit.Source, events []limi
 }
 
 // report counts the decisions under overrides, logs the first decision of
-// each tenant under each override version, and tallies.
+// each tenant under each override version, and tallies. It takes the
+// trace's lock once per batch, not once per event.
 func (a *Admitter) report(events []limit.Event, ds []limit.Decision) {
 	if a.Tally != nil {
 		a.Tally.Record(limit.Tenants(events), ds)
 	}
 	var n [5]int
-	any := false
+	var first []int // the decisions to log: a tenant's first under a version
+	locked := false
 	for i, d := range ds {
 		if d.Override == 0 {
 			continue
 		}
-		any = true
+		if !locked {
+			a.mu.Lock()
+			locked = true
+		}
 		if int(d.Kind) < len(n) {
 			n[d.Kind]++
 		}
-		a.trace(events[i].Tenant, d)
+		if t := events[i].Tenant; a.logged[t] != d.Override {
+			if len(a.logged) >= 1<<20 {
+				clear(a.logged)
+			}
+			a.logged[t] = d.Override
+			first = append(first, i)
+		}
 	}
-	if !any {
+	if !locked {
 		return
+	}
+	a.mu.Unlock()
+	for _, i := range first {
+		a.Log.Debug("deciding under override", slog.String("tenant", events[i].Tenant), slog.Int64("override_version", ds[i].Override),
+			slog.String("first_decision", ds[i].Kind.String()))
 	}
 	for k, c := range n {
 		if c > 0 {
 			a.m.under.WithLabelValues(limit.Kind(k).String()).Add(float64(c))
 		}
-	}
-}
-
-// trace logs the first decision of tenant under an override version.
-func (a *Admitter) trace(tenant string, d limit.Decision) {
-	a.mu.Lock()
-	seen := a.logged[tenant] == d.Override
-	if !seen {
-		a.logged[tenant] = d.Override
-		if len(a.logged) > 1<<20 {
-			clear(a.logged)
-		}
-	}
-	a.mu.Unlock()
-	if !seen {
-		a.Log.Debug("deciding under override", slog.String("tenant", tenant), slog.Int64("override_version", d.Override),
-			slog.String("first_decision", d.Kind.String()))
 	}
 }
 

@@ -10,8 +10,9 @@
 // never merged), takes the next version of a counter shared by all changes,
 // and appends an audit entry (before and after) in the same script call. A
 // shadow override is counted by a limiter of its own and reported, never
-// enforced. Weight and floor are part of the record for the shared capacity
-// (issue #24) and refused until it exists.
+// enforced. With a shared capacity, an override may also set the tenant's
+// weight and floors (its share), checked as LIMITS checks them and against
+// the floors of every other tenant.
 //
 // # Propagation
 //

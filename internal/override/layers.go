@@ -18,10 +18,14 @@ type Layers struct {
 	// logged by Apply's caller.
 	Enforce func(*limit.Rules) error
 	Shadow  func(*limit.Rules) error
-	// OnRaise, if set, is told of the tenants whose rules a change raised
-	// (limit.Raised), with the time of the change: their deferred events
-	// may be checked early.
-	OnRaise func(tenants []string, at time.Time)
+	// OnRaise, if set, is told of the tenants whose rules or share an
+	// override change raised (limit.Raised, limit.ShareRaised), with their
+	// rules before and the time of the change: their deferred events may
+	// be checked early. OnRaiseBase, if set, is told of a change of the
+	// base rules (a LIMITS_FILE reload) that raised some tenant, with the
+	// rules enforced before and after (limit.AnyRaised).
+	OnRaise     func(tenants []string, before func(string) []limit.Rule, at time.Time)
+	OnRaiseBase func(before, now *limit.Rules, at time.Time)
 
 	mu       sync.Mutex
 	base     *limit.Rules
@@ -42,13 +46,15 @@ func (l *Layers) Current() (*Snapshot, *limit.Rules) {
 func (l *Layers) SetBase(base *limit.Rules) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var changed []string
-	if l.snap != nil {
-		for t := range l.snap.Enforced {
-			changed = append(changed, t)
-		}
+	prev := l.enforced
+	// The overrides stay: only the base changed.
+	if err := l.setLocked(base, l.snap, nil, false); err != nil {
+		return err
 	}
-	return l.setLocked(base, l.snap, changed, true)
+	if l.OnRaiseBase != nil && prev != nil && limit.AnyRaised(prev, l.enforced) {
+		l.OnRaiseBase(prev, l.enforced, time.Now())
+	}
+	return nil
 }
 
 // Apply replaces the overrides with s. Its error (the rules do not fit the
@@ -87,7 +93,7 @@ func (l *Layers) setLocked(base *limit.Rules, s *Snapshot, changed []string, all
 	var raised []string
 	seen := map[string]bool{}
 	for _, t := range changed {
-		if !seen[t] && limit.Raised(prev.For(t), enforced.For(t)) {
+		if !seen[t] && (limit.Raised(prev.For(t), enforced.For(t)) || limit.ShareRaised(prev.Share(t), enforced.Share(t))) {
 			raised = append(raised, t)
 		}
 		seen[t] = true
@@ -97,7 +103,7 @@ func (l *Layers) setLocked(base *limit.Rules, s *Snapshot, changed []string, all
 		if s != nil {
 			at = s.Applied
 		}
-		l.OnRaise(raised, at)
+		l.OnRaise(raised, prev.For, at)
 	}
 	return nil
 }

@@ -190,7 +190,13 @@ func TestRecordCheck(t *testing.T) {
 		{Record{Tenant: "a", Rules: []string{"5/7s"}, Reason: "x"}, "rules"},
 		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: " "}, "reason: required"},
 		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: "x", Expires: &past}, "expires"},
-		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: "x", Weight: 2}, "issue #24"},
+		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: "x", Weight: 2, Floors: []string{"10/1s"}}, ""},
+		{Record{Tenant: "a", Rules: []string{}, KeepRules: true, Reason: "x", Weight: 2}, ""},
+		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: "x", Weight: 1001}, "weight: 1001"},
+		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: "x", Floors: []string{"5MiB/1s"}}, "floors:"},
+		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: "x", Floors: []string{"1/1s", "2/1s"}}, "floors:"},
+		{Record{Tenant: "a", Rules: []string{"5/1m"}, KeepRules: true, Reason: "x", Weight: 2}, "keep_rules"},
+		{Record{Tenant: "a", Rules: []string{}, KeepRules: true, Reason: "x"}, "keep_rules"},
 	} {
 		_, err := c.rec.Check(now, limit.Aligned)
 		switch {
@@ -198,6 +204,57 @@ func TestRecordCheck(t *testing.T) {
 			t.Errorf("%+v: %v", c.rec, err)
 		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
 			t.Errorf("%+v: got %v, want %q", c.rec, err, c.want)
+		}
+	}
+}
+
+// TestRecordShareText: the CLI's RULES with weight: and floor: items, as
+// in LIMITS, and back; and a share checked against the capacity and the
+// floors of the rules in force.
+func TestRecordShareText(t *testing.T) {
+	for _, c := range []struct{ text, want, err string }{
+		{"5000/1m,weight:3,floor:200/1s", "5000/1m,weight:3,floor:200/1s", ""},
+		{"weight:3", "(its rules),weight:3", ""},
+		{"none", "none", ""},
+		{"none,floor:5/1s", "none,floor:5/1s", ""},
+		{"none,5/1m", "", "none may be followed only"},
+		{"weight:x", "", "whole number"},
+		{"weight:2,weight:3", "", "twice"},
+	} {
+		var r Record
+		err := r.SetRulesText(c.text)
+		switch {
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%q: got %v, want %q", c.text, err, c.err)
+		case c.err == "" && err != nil:
+			t.Errorf("%q: %v", c.text, err)
+		case c.err == "" && r.RulesText() != c.want:
+			t.Errorf("%q: got %q, want %q", c.text, r.RulesText(), c.want)
+		}
+	}
+	c, _ := limit.ParseCapacity("100/1s")
+	inForce, err := limit.ParseRules("*=10/1s;b=floor:60/1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []struct {
+		rec  Record
+		c    limit.Capacity
+		want string
+	}{
+		{Record{Tenant: "a", Weight: 3, Floors: []string{"40/1s"}}, c, ""},
+		{Record{Tenant: "a", Floors: []string{"41/1s"}}, c, "sum to 101"},
+		{Record{Tenant: "b", Floors: []string{"100/1s"}}, c, ""},
+		{Record{Tenant: "a", Floors: []string{"1/1m"}}, c, "no capacity rule of window 1m"},
+		{Record{Tenant: "a", Weight: 2}, nil, "no GATEKEEPER_CAPACITY"},
+		{Record{Tenant: "a"}, nil, ""},
+	} {
+		err := x.rec.CheckCapacity(x.c, inForce)
+		switch {
+		case x.want == "" && err != nil:
+			t.Errorf("%+v: %v", x.rec, err)
+		case x.want != "" && (err == nil || !strings.Contains(err.Error(), x.want)):
+			t.Errorf("%+v: got %v, want %q", x.rec, err, x.want)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"time"
 
@@ -18,7 +19,9 @@ import (
 type Snapshot struct {
 	// Version is the version of the last change applied (0: none yet).
 	Version int64
-	// Records are the overrides in force (not expired), by tenant.
+	// Records are the overrides stored, by tenant: those in force, and an
+	// expired one until the expiry sweep deletes it (within a second; see
+	// Record.Expires).
 	Records map[string]Record
 	// Enforced are the rules of the overrides in force that are not
 	// shadow, and Shadow those of the shadow ones, by tenant.
@@ -57,9 +60,13 @@ type Watcher struct {
 	opts  WatcherOptions
 	m     *watchMetrics
 
-	// Only Load and Run's goroutine touch these.
+	// Only Load and Run's goroutine touch these. records and overlays are
+	// shared with the last snapshot (its Records, and its Enforced when no
+	// override is shadow or expired) and copied before a change (owned):
+	// 100,000 overrides are held once, not twice.
 	records   map[string]Record
 	overlays  map[string]limit.Overlay
+	owned     bool
 	version   int64
 	lastID    string
 	nextCheck time.Time // the earliest expiry among records (zero: none)
@@ -129,21 +136,29 @@ func (w *Watcher) Load(ctx context.Context) error {
 	return nil
 }
 
-// overlayOf parses a stored record's rules.
+// overlayOf parses a stored record's rules and share.
 func overlayOf(r Record) (limit.Overlay, error) {
 	rules, err := limit.ParseRuleList(r.Rules)
 	if err != nil {
 		return limit.Overlay{}, err
 	}
-	return limit.Overlay{Rules: rules, Version: r.Version}, nil
+	share, err := r.Share()
+	if err != nil {
+		return limit.Overlay{}, err
+	}
+	return limit.Overlay{Rules: rules, KeepRules: r.KeepRules, Share: share, Version: r.Version}, nil
 }
 
 // overlayOf parses a record's rules, or takes the list parsed for the same
-// text before.
+// text before, and its share.
 func (w *Watcher) overlayOf(r Record) (limit.Overlay, error) {
 	key := strings.Join(r.Rules, ",")
 	if rules, ok := w.parsed[key]; ok {
-		return limit.Overlay{Rules: rules, Version: r.Version}, nil
+		share, err := r.Share()
+		if err != nil {
+			return limit.Overlay{}, err
+		}
+		return limit.Overlay{Rules: rules, KeepRules: r.KeepRules, Share: share, Version: r.Version}, nil
 	}
 	o, err := overlayOf(r)
 	if err != nil {
@@ -207,6 +222,7 @@ func (w *Watcher) poll(ctx context.Context) error {
 			if e.Version <= w.version {
 				continue
 			}
+			w.own()
 			w.version = e.Version
 			changed = append(changed, e.Tenant)
 			w.m.lag.Observe(max(0, w.opts.Clock().Sub(e.At).Seconds()))
@@ -243,25 +259,56 @@ func (w *Watcher) poll(ctx context.Context) error {
 	return nil
 }
 
-// publish builds the snapshot of the records not expired and applies it.
+// own makes records and overlays the Watcher's own (copies) before a
+// change: the last snapshot keeps the maps it was given.
+func (w *Watcher) own() {
+	if !w.owned {
+		w.records, w.overlays, w.owned = maps.Clone(w.records), maps.Clone(w.overlays), true
+	}
+}
+
+// publish builds the snapshot of the records (enforcing those neither
+// expired nor shadow) and applies it. The snapshot shares the Watcher's
+// maps, which are copied before the next change.
 func (w *Watcher) publish(changed []string, all bool) {
 	now := w.opts.Clock()
-	s := &Snapshot{Version: w.version, Records: make(map[string]Record, len(w.records)),
-		Enforced: make(map[string]limit.Overlay, len(w.overlays)), Shadow: map[string]limit.Overlay{},
+	s := &Snapshot{Version: w.version, Records: w.records, Shadow: map[string]limit.Overlay{},
 		Changed: changed, All: all, Applied: now}
+	w.owned = false
 	w.nextCheck = time.Time{}
-	for t, r := range w.records {
+	aside := 0 // records not enforced: expired or shadow
+	for _, r := range w.records {
 		if r.expired(now) {
 			// Checked again at each poll until the sweep deletes it.
 			w.nextCheck = now
+			aside++
 			continue
 		}
 		if r.Expires != nil && (w.nextCheck.IsZero() || r.Expires.Before(w.nextCheck)) {
 			w.nextCheck = *r.Expires
 		}
-		s.Records[t] = r
 		if r.Shadow {
-			s.Shadow[t] = w.overlays[t]
+			aside++
+		}
+	}
+	shared := aside == 0 && len(w.overlays) == len(w.records)
+	if shared {
+		s.Enforced = w.overlays
+	} else {
+		s.Enforced = make(map[string]limit.Overlay, len(w.overlays))
+	}
+	for t, r := range w.records {
+		if shared || r.expired(now) {
+			continue
+		}
+		if r.Shadow {
+			// The shadow limiter counts rules only (it has no capacity):
+			// a shadow share is reported from the capacity's counts (the
+			// API's shadow_capacity), and a share alone has no rules to count.
+			if o := w.overlays[t]; !o.KeepRules {
+				o.Share = nil
+				s.Shadow[t] = o
+			}
 		} else {
 			s.Enforced[t] = w.overlays[t]
 		}

@@ -58,9 +58,10 @@ type Retrier struct {
 	MaxAttempts int
 	// Expedited, if set, reports whether a message released before its
 	// time was let go early on purpose (its tenant's rules were raised:
-	// consume.Expediter); such a message is checked now (see early.go)
-	// instead of failing the batch with ErrEarly.
-	Expedited func(m kafka.Message) bool
+	// consume.Expediter), and the tenant's rules before the raise (nil:
+	// not known); such a message is checked now (see early.go) instead of
+	// failing the batch with ErrEarly.
+	Expedited func(m kafka.Message) (before []limit.Rule, ok bool)
 }
 
 // NewRetrier returns a Retrier with r's parts once Validate accepts them.

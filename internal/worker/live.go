@@ -41,7 +41,7 @@ func startLive(ctx context.Context, log *slog.Logger, cfg *Config, rdb redis.Uni
 	l := &live{Tracker: top.NewTracker(cfg.TopWindow, 0, nil)}
 	l.Expediter = &override.Expediter{Keep: cfg.DeferHorizon, TenantOf: func(m kafka.Message) (string, bool) {
 		return route.LastHeader(m, route.HeaderTenant)
-	}}
+	}, CheckedSince: route.CheckedSince}
 	var shadow *limit.Limiter
 	err := retryRedis(ctx, log, "load the live overrides", func() (err error) {
 		if l.Store, err = override.NewStore(ctx, rdb, override.StoreOptions{Prefix: cfg.RedisKeyPrefix,
@@ -56,7 +56,8 @@ func startLive(ctx context.Context, log *slog.Logger, cfg *Config, rdb redis.Uni
 	if err != nil || l.Store == nil || shadow == nil {
 		return nil, err
 	}
-	l.Layers = &override.Layers{Enforce: lim.SetRules, Shadow: shadow.SetRules, OnRaise: l.Expediter.Raise}
+	l.Layers = &override.Layers{Enforce: lim.SetRules, Shadow: shadow.SetRules, OnRaise: l.Expediter.Raise,
+		OnRaiseBase: l.Expediter.RaiseBase}
 	if err := l.Layers.SetBase(base); err != nil {
 		return nil, err
 	}

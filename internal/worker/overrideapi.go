@@ -61,12 +61,21 @@ func (a *overrideAPI) routes(mux *http.ServeMux, auth func(string, http.Handler)
 }
 
 // OverrideView is an override as the API shows it, with the rules the
-// tenant has without it and the version this replica applies.
+// tenant has without it and the version this replica applies; with a
+// capacity, the tenant's share in force (and, for a shadow override with
+// a weight or floors, what that share would give it now).
 type OverrideView struct {
 	Override       *override.Record `json:"override"`
 	BaseRules      []string         `json:"base_rules"`
 	RulesInForce   []string         `json:"rules_in_force"`
+	BaseShare      []string         `json:"base_share,omitempty"`
+	ShareInForce   []string         `json:"share_in_force,omitempty"`
 	AppliedVersion int64            `json:"applied_version"`
+	// Capacity is the tenant's part of each capacity rule now (none
+	// without a capacity); ShadowCapacity the same under a shadow
+	// override's share: its entitlement at the current level.
+	Capacity       []limit.CapacityShare `json:"capacity,omitempty"`
+	ShadowCapacity []limit.CapacityShare `json:"shadow_capacity,omitempty"`
 }
 
 // OverrideWrite is the body of PUT /v1/overrides/{tenant}.
@@ -79,21 +88,27 @@ type OverrideWrite struct {
 	ExpiresIn string     `json:"expires_in,omitempty"`
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
 	Shadow    bool       `json:"shadow,omitempty"`
-	Weight    float64    `json:"weight,omitempty"`
-	Floor     string     `json:"floor,omitempty"`
+	// KeepRules, Weight and Floors: see override.Record.
+	KeepRules bool     `json:"keep_rules,omitempty"`
+	Weight    int64    `json:"weight,omitempty"`
+	Floors    []string `json:"floors,omitempty"`
 	// DryRun: check and show, write nothing.
 	DryRun bool `json:"dry_run,omitempty"`
 }
 
 // DryRun is the answer to a dry run: the tenant's current usage under the
-// rules in force and under the override's rules.
+// rules in force and under the override's rules; with a capacity, its
+// share of it (booked, share, entitlement at the current level) under its
+// share in force and under the override's.
 type DryRun struct {
-	DryRun  bool            `json:"dry_run"`
-	Tenant  string          `json:"tenant"`
-	Before  []limit.Usage   `json:"before"`
-	After   []limit.Usage   `json:"after"`
-	Record  override.Record `json:"override"`
-	Current int64           `json:"current_version"`
+	DryRun         bool                  `json:"dry_run"`
+	Tenant         string                `json:"tenant"`
+	Before         []limit.Usage         `json:"before"`
+	After          []limit.Usage         `json:"after"`
+	CapacityBefore []limit.CapacityShare `json:"capacity_before,omitempty"`
+	CapacityAfter  []limit.CapacityShare `json:"capacity_after,omitempty"`
+	Record         override.Record       `json:"override"`
+	Current        int64                 `json:"current_version"`
 }
 
 // pathTenant returns the escaped path after prefix+"/", unescaped once.
@@ -112,13 +127,31 @@ func pathTenant(r *http.Request, prefix string) (string, error) {
 	return t, nil
 }
 
-func (a *overrideAPI) view(l *live, tenant string, rec *override.Record) OverrideView {
+func (a *overrideAPI) view(r *http.Request, l *live, tenant string, rec *override.Record) (OverrideView, error) {
 	snap, rules := l.Layers.Current()
 	v := OverrideView{Override: rec, BaseRules: limit.RuleStrings(rules.Base().For(tenant)), RulesInForce: limit.RuleStrings(rules.For(tenant))}
 	if snap != nil {
 		v.AppliedVersion = snap.Version
 	}
-	return v
+	lim := a.limiter()
+	if lim == nil || len(lim.Capacity()) == 0 {
+		return v, nil
+	}
+	v.BaseShare, v.ShareInForce = rules.Base().Share(tenant).Items(), rules.Share(tenant).Items()
+	var err error
+	if v.Capacity, err = lim.CapacityUsage(r.Context(), tenant); err != nil {
+		return v, err
+	}
+	if rec != nil && rec.Shadow && rec.HasShare() {
+		s, err := rec.Share()
+		if err != nil {
+			return v, err
+		}
+		if v.ShadowCapacity, err = lim.CapacityUsageUnder(r.Context(), tenant, *s); err != nil {
+			return v, err
+		}
+	}
+	return v, nil
 }
 
 func (a *overrideAPI) fail(w http.ResponseWriter, r *http.Request, err error) {
@@ -141,15 +174,18 @@ func (a *overrideAPI) get(w http.ResponseWriter, r *http.Request, l *live) {
 		return
 	}
 	rec, err := l.Store.Get(r.Context(), tenant)
-	if errors.Is(err, override.ErrNotFound) {
-		writeJSON(w, http.StatusOK, a.view(l, tenant, nil))
-		return
+	var v OverrideView
+	switch {
+	case errors.Is(err, override.ErrNotFound):
+		v, err = a.view(r, l, tenant, nil)
+	case err == nil:
+		v, err = a.view(r, l, tenant, &rec)
 	}
 	if err != nil {
 		a.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, a.view(l, tenant, &rec))
+	writeJSON(w, http.StatusOK, v)
 }
 
 // OverrideList is the body of GET /v1/overrides.
@@ -190,10 +226,11 @@ func cmpOr(s, def string) string {
 	return s
 }
 
-// record turns a write's body into the record to store, checked.
-func (a *overrideAPI) record(r *http.Request, tenant string, body OverrideWrite, now time.Time) (override.Record, error) {
-	rec := override.Record{Tenant: tenant, Rules: body.Rules, Shadow: body.Shadow, Weight: body.Weight, Floor: body.Floor,
-		Reason: body.Reason, By: TokenName(r.Context())}
+// record turns a write's body into the record to store, checked (its
+// share against the capacity and the rules in force on this replica).
+func (a *overrideAPI) record(r *http.Request, l *live, tenant string, body OverrideWrite, now time.Time) (override.Record, error) {
+	rec := override.Record{Tenant: tenant, Rules: body.Rules, KeepRules: body.KeepRules, Shadow: body.Shadow,
+		Weight: body.Weight, Floors: body.Floors, Reason: body.Reason, By: TokenName(r.Context())}
 	if rec.Rules == nil {
 		rec.Rules = []string{}
 	}
@@ -217,6 +254,16 @@ func (a *overrideAPI) record(r *http.Request, tenant string, body OverrideWrite,
 	if _, err := rec.Check(now, a.kind); err != nil {
 		return rec, err
 	}
+	if rec.HasShare() {
+		var c limit.Capacity
+		if lim := a.limiter(); lim != nil {
+			c = lim.Capacity()
+		}
+		_, inForce := l.Layers.Current()
+		if err := rec.CheckCapacity(c, inForce); err != nil {
+			return rec, err
+		}
+	}
 	return rec, nil
 }
 
@@ -233,7 +280,7 @@ func (a *overrideAPI) put(w http.ResponseWriter, r *http.Request, l *live) {
 		writeJSON(w, http.StatusBadRequest, errorResponse{Error: "body: " + OneLine(err.Error())})
 		return
 	}
-	rec, err := a.record(r, tenant, body, time.Now())
+	rec, err := a.record(r, l, tenant, body, time.Now())
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, errorResponse{Error: err.Error()})
 		return
@@ -248,12 +295,14 @@ func (a *overrideAPI) put(w http.ResponseWriter, r *http.Request, l *live) {
 		return
 	}
 	a.log.Info("override set", slog.String("tenant", tenant), slog.Int64("version", out.Version), slog.String("by", out.By),
-		slog.String("rules", strings.Join(out.Rules, ",")), slog.Bool("shadow", out.Shadow), slog.String("reason", out.Reason))
+		slog.String("rules", strings.Join(out.Rules, ",")), slog.Bool("keep_rules", out.KeepRules), slog.Int64("weight", out.Weight),
+		slog.String("floors", strings.Join(out.Floors, ",")), slog.Bool("shadow", out.Shadow), slog.String("reason", out.Reason))
 	writeJSON(w, http.StatusOK, out)
 }
 
 // dryRun answers with the tenant's usage now under the rules in force and
-// under rec's rules; nothing is written.
+// under rec's rules, and its share of the capacity under its share in
+// force and under rec's; nothing is written.
 func (a *overrideAPI) dryRun(w http.ResponseWriter, r *http.Request, l *live, rec override.Record) {
 	lim := a.limiter()
 	if lim == nil {
@@ -265,9 +314,27 @@ func (a *overrideAPI) dryRun(w http.ResponseWriter, r *http.Request, l *live, re
 		writeJSON(w, http.StatusBadRequest, errorResponse{Error: err.Error()})
 		return
 	}
+	if rec.KeepRules {
+		rules = lim.Rules().Base().For(rec.Tenant)
+	}
+	share := lim.Rules().Share(rec.Tenant)
+	if rec.HasShare() {
+		s, err := rec.Share()
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, errorResponse{Error: err.Error()})
+			return
+		}
+		share = *s
+	}
 	out := DryRun{DryRun: true, Tenant: rec.Tenant, Record: rec}
 	if out.Before, err = lim.Usage(r.Context(), rec.Tenant); err == nil {
 		out.After, err = lim.UsageUnder(r.Context(), rec.Tenant, rules)
+	}
+	if err == nil {
+		out.CapacityBefore, err = lim.CapacityUsage(r.Context(), rec.Tenant)
+	}
+	if err == nil {
+		out.CapacityAfter, err = lim.CapacityUsageUnder(r.Context(), rec.Tenant, share)
 	}
 	if err != nil {
 		a.fail(w, r, err)
@@ -378,7 +445,7 @@ func (a *overrideAPI) top(w http.ResponseWriter, r *http.Request, l *live) {
 			}
 			tr := TopRow{Row: row, Rules: limit.RuleStrings(rules.For(row.Tenant))}
 			if snap != nil {
-				if rec, ok := snap.Records[row.Tenant]; ok {
+				if rec, ok := snap.Records[row.Tenant]; ok && !rec.Expired(time.Now()) {
 					tr.Override = &rec
 				}
 			}
