@@ -271,7 +271,8 @@ func prefill(t *testing.T, rdb *redis.Client, l *Limiter, tenants []string, coun
 // tenant's search reads 900 windows; with one, a call reads at most
 // MaxScan, and the events it could not place are deferred unreserved to
 // where the search stopped, never past the first window with room. Calls
-// repeated with the same events make progress until all are reserved.
+// repeated with the events deferred unreserved (those that come back) make
+// progress until all are reserved.
 func TestBoundedFitsFarAhead(t *testing.T) {
 	for _, tc := range []struct {
 		name, spec string
@@ -315,6 +316,8 @@ func TestBoundedFitsFarAhead(t *testing.T) {
 				m.check(fmt.Sprintf("call %d", calls+1), 1, int64(l.opts.MaxScan+tenants))
 				unreserved = 0
 				latest := map[string]time.Time{} // the latest unreserved due of each tenant
+				var back []string                // the events deferred unreserved: the next call's
+				var backCosts []Cost
 				for i, d := range ds {
 					cost := costs[i].Bytes
 					if tc.cost == 0 {
@@ -325,6 +328,7 @@ func TestBoundedFitsFarAhead(t *testing.T) {
 						counted += cost
 					case d.Kind == Defer && d.Until.Equal(d.Due):
 						unreserved++
+						back, backCosts = append(back, batch[i]), append(backCosts, costs[i])
 						if d.Due.After(latest[batch[i]]) {
 							latest[batch[i]] = d.Due
 						}
@@ -344,6 +348,7 @@ func TestBoundedFitsFarAhead(t *testing.T) {
 						t.Fatalf("call %d: %s deferred unreserved to %v, past a window with room at %v", calls+1, tn, due, w)
 					}
 				}
+				batch, costs = back, backCosts
 			}
 			t.Logf("%d calls until every event was reserved", calls)
 			sum, highest := windowSums(t, rdb, l)
