@@ -121,7 +121,7 @@ local function chains_hold(p, k, nrules)
 end
 
 -- fast_many is the fast path of a tenant with several rules (ti, record at
--- recs[p], keys at KEYS[k], n events, costs as in cost_lists): when the
+-- recs[p], keys at KEYS[k], n events, costs: cost_total): when the
 -- current window of every rule is known without reading Redis (aligned;
 -- ttl with a cached chain that covers it) and the events' cost fits each
 -- rule's whole limit, it counts them there optimistically, one HINCRBY per
@@ -134,8 +134,9 @@ end
 -- then, as when a cached chain is gone, it takes the counts back, leaves
 -- the counts as they were in counts (admit_all then reads no window again)
 -- and returns false alone.
-local function fast_many(p, k, nrules, n, costs, o)
+local function fast_many(ti, p, k, nrules, n, o)
   local recs, descs, keys = recs, descs, KEYS
+  local costs = cost_at[ti] -- the tenant has costs
   local ttl = false -- a rule has ttl windows
   for ri = 1, nrules do
     local q = p - 1 + 3 * ri
@@ -154,9 +155,8 @@ local function fast_many(p, k, nrules, n, costs, o)
       ttl = true
     end
     local by = n
-    local c = costs and costs[ri]
-    if c then
-      by = total(c, n, d.limit)
+    if costs then
+      by = cost_total(ti, ri, n, d.limit)
     end
     if by > d.limit then
       return false
@@ -228,7 +228,7 @@ local function run(first)
     local mark, o = jn, #out
     out_at[ti] = o + 1
     local c, done = nil, false
-    local costs = cost_lists[ti]
+    local costs = cost_at[ti] -- the tenant has costs (costs_of: its lists)
     if n == 0 then
       -- Every event of the tenant was replayed: nothing to decide.
       done = idle(ti, o)
@@ -246,7 +246,7 @@ local function run(first)
       end
       local by = n -- what the events cost the rule
       if costs then
-        by = total(costs[1], n, d.limit)
+        by = cost_total(ti, 1, n, d.limit)
       end
       if cs and (not chain_end or ce <= chain_end) and by <= d.limit then
         local key = keys[k + 1] .. ":" .. num(cs) -- wkey, inline
@@ -280,12 +280,12 @@ local function run(first)
       -- Several rules: the fast path's counts are journaled.
       slow[ti] = true
       at[1], at[2], at[3] = ti, mark, o
-      done, c = fast_many(p, k, nrules, n, costs, o)
+      done, c = fast_many(ti, p, k, nrules, n, o)
     end
     if not done then
       slow[ti] = true
       at[1], at[2], at[3] = ti, mark, o
-      decide(ti, n, c, costs)
+      decide(ti, n, c, costs and costs_of(ti))
     end
   end
 end
@@ -308,8 +308,8 @@ local function undo_call()
       end
       local key = wkey(KEYS[key_at[ti] + 1], cs)
       local by = n
-      if cost_lists[ti] then
-        by = total(cost_lists[ti][1], n, d.limit)
+      if cost_at[ti] then
+        by = cost_total(ti, 1, n, d.limit)
       end
       if redis.call("HINCRBY", key, "count", -by) <= 0 then
         redis.call("DEL", key)
