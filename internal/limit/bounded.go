@@ -20,13 +20,13 @@ import "fmt"
 // DefaultMaxScan is the default of Options.MaxScan: window reads per script
 // call, all tenants together. A read and the search's work around it cost
 // Redis 6 to 16 µs of CPU (measured on a loaded machine by
-// TestBoundedFitsFarAhead), so the searches of a call stay near 2 to 4 ms
-// of Redis CPU, and its wall time under the 20 ms target even when other
-// processes keep Redis waiting for a core (at 1,024 reads a call took 7 to
-// 17 ms of CPU and 20 to 33 ms in SLOWLOG on the same machine). Normal
-// traffic reads a window or two per rule of each deferred tenant (about 24
-// a call in make bench), far below it; past it, a tenant's events wait
-// unreserved until the window where its search stopped (see above).
+// TestBoundedFitsFarAhead), so a call that spends the budget costs Redis
+// about 4 ms of CPU (at most 10 ms measured; 1,024 reads took 6 to 17 ms).
+// Its wall time in SLOWLOG is that on an idle machine; on a loaded one it is
+// mostly waiting for a core. Normal traffic reads a window or two per rule
+// of each deferred tenant (about 24 window and anchor reads a call in make
+// bench), far below it; past it, a tenant's events wait unreserved until
+// the window where its search stopped (see above).
 const DefaultMaxScan = 512
 
 // never returns the reason why rules never admit an event of their tenant
