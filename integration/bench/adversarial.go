@@ -80,8 +80,11 @@ func adversarialCases(n int) []advCase {
 		return out
 	}
 	// far fills the next 15 minutes of 20 tenants (one per second, no
-	// frontier left: it expired), then sends events that fit only past them.
+	// frontier left: it expired), then sends events that fit only past them,
+	// and after each batch the events it deferred unreserved (its budget
+	// spent), as they would come back, until none is left.
 	far := func(name, rules string, fill, cost int64) advCase {
+		var sent []string
 		const tenants, ahead = 20, 15 * 60 // windows of 1s
 		perWindow := int64(1)
 		if cost > 0 {
@@ -99,10 +102,21 @@ func adversarialCases(n int) []advCase {
 				return err
 			},
 			batch: func(i int, last []limit.Decision) ([]string, []limit.Cost) {
-				if i > 0 && unreserved(last) == 0 || i == 100 {
+				if i == 0 {
+					sent = spread(tenants, n, "far")
+					return sent, costs(n, cost)
+				}
+				var back []string
+				for j, d := range last {
+					if d.Kind == limit.Defer && d.Until.Equal(d.Due) {
+						back = append(back, sent[j])
+					}
+				}
+				if len(back) == 0 || i == 100 {
 					return nil, nil
 				}
-				return spread(tenants, n, "far"), costs(n, cost)
+				sent = back
+				return sent, costs(len(sent), cost)
 			},
 		}
 	}
@@ -130,18 +144,6 @@ func adversarialCases(n int) []advCase {
 		far("events fit only 15 min ahead, 20 tenants", "*=1/1s", 1, 0),
 		far("bytes fit only 15 min ahead, 20 tenants", "*=1000B/1s", 500, 600),
 	}
-}
-
-// unreserved counts the deferrals without a reservation (the call's budget
-// was spent).
-func unreserved(ds []limit.Decision) int {
-	n := 0
-	for _, d := range ds {
-		if d.Kind == limit.Defer && d.Until.Equal(d.Due) {
-			n++
-		}
-	}
-	return n
 }
 
 // adversarialScenario runs every adversarial case when the mode is asked for.

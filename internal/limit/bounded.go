@@ -19,9 +19,15 @@ import "fmt"
 
 // DefaultMaxScan is the default of Options.MaxScan: window reads per script
 // call, all tenants together. A read and the search's work around it cost
-// Redis 7 to 12 µs of CPU (measured on a loaded machine by
-// TestBoundedFitsFarAhead), so the searches of a call stay near 10 ms.
-const DefaultMaxScan = 1024
+// Redis 6 to 16 µs of CPU (measured on a loaded machine by
+// TestBoundedFitsFarAhead), so a call that spends the budget costs Redis
+// about 4 ms of CPU (at most 10 ms measured; 1,024 reads took 6 to 17 ms).
+// Its wall time in SLOWLOG is that on an idle machine; on a loaded one it is
+// mostly waiting for a core. Normal traffic reads a window or two per rule
+// of each deferred tenant (about 24 window and anchor reads a call in make
+// bench), far below it; past it, a tenant's events wait unreserved until
+// the window where its search stopped (see above).
+const DefaultMaxScan = 512
 
 // never returns the reason why rules never admit an event of their tenant
 // (an event rule of limit 0), or "".

@@ -1,36 +1,62 @@
 -- costs: what each event costs each rule, and how many events fit a room.
 --
--- Contract. cost_lists[ti] holds, for a tenant with costs (see Costs in the
--- header), per rule its cost list (the j-th event costs list[j]; rules that
--- count by one list share it) or false for an event rule; it is nil for a
--- tenant of event rules alone, whose every event costs each rule 1. total
--- sums a prefix of a list without passing 2^53; fit places events in the
--- rooms of a tenant's rules, in order, all rules or none for each event;
--- blocked tells how far a search must move on for the next event to fit.
+-- Contract. cost_at[ti] is where a tenant with costs (see Costs in the
+-- header) has them in recs, nil for a tenant of event rules alone, whose
+-- every event costs each rule 1. costs_of(ti) returns, for a tenant with
+-- costs, per rule its cost list (the j-th event costs list[j]; rules that
+-- count by one list share it) or false for an event rule, made on first use
+-- and kept in cost_lists[ti] (the fast paths need only cost_total, and make
+-- no table); nil for a tenant without costs. total sums a prefix of a list
+-- without passing 2^53, cost_total the cost of a tenant's first n events to
+-- one rule; fit places events in the rooms of a tenant's rules, in order,
+-- all rules or none for each event; blocked tells how far a search must
+-- move on for the next event to fit.
 
 local cost_lists = {}
+-- cost_at[ti]: where tenant ti's costs begin in recs (its number in the
+-- call); cost_n[ti]: its n events then (before any replay).
+local cost_at, cost_n = {}, {}
 if (recs[#recs] or 0) < 0 then
   local p = -recs[#recs] -- the first costs
   for ti = 1, ntenants do
     if recs[p] == ti then
       local q = rec_at[ti]
       local nrules, n = recs[q], recs[q + 1]
-      local lists_of, lists = {}, {}
+      cost_at[ti], cost_n[ti] = p, n
+      local nlists = 0 -- the lists are numbered 1, 2, ... in the rules' order of use
       for ri = 1, nrules do
-        local l = recs[p + ri]
-        if l > 0 and not lists[l] then
-          local list, at = {}, p + nrules + (l - 1) * n
-          for j = 1, n do
-            list[j] = recs[at + j]
-          end
-          lists[l] = list
+        if recs[p + ri] > nlists then
+          nlists = recs[p + ri]
         end
-        lists_of[ri] = l > 0 and lists[l]
       end
-      cost_lists[ti] = lists_of
-      p = p + 1 + nrules + #lists * n
+      p = p + 1 + nrules + nlists * n
     end
   end
+end
+
+-- costs_of returns tenant ti's cost lists (see above), made once.
+local function costs_of(ti)
+  local lists_of = cost_lists[ti]
+  local p = cost_at[ti]
+  if lists_of or not p then
+    return lists_of
+  end
+  local n, nrules = cost_n[ti], recs[rec_at[ti]]
+  local lists = {}
+  lists_of = {}
+  for ri = 1, nrules do
+    local l = recs[p + ri]
+    if l > 0 and not lists[l] then
+      local list, at = {}, p + nrules + (l - 1) * n
+      for j = 1, n do
+        list[j] = recs[at + j]
+      end
+      lists[l] = list
+    end
+    lists_of[ri] = l > 0 and lists[l]
+  end
+  cost_lists[ti] = lists_of
+  return lists_of
 end
 
 -- total returns the cost of the first n events of cost list c, or more
@@ -40,6 +66,31 @@ local function total(c, n, most)
   local s = 0
   for j = 1, n do
     s = s + c[j]
+    if s > most then
+      return s
+    end
+  end
+  return s
+end
+
+-- cost_total returns what the first n events of tenant ti (a tenant with
+-- costs) cost its ri-th rule (n for an event rule), or more than most when
+-- that passes most, from its lists once they are made, else from recs.
+local function cost_total(ti, ri, n, most)
+  local lists_of = cost_lists[ti]
+  if lists_of then
+    local c = lists_of[ri]
+    return c and total(c, n, most) or n
+  end
+  local p = cost_at[ti]
+  local nrules = recs[rec_at[ti]]
+  local l = recs[p + ri]
+  if l == 0 then
+    return n
+  end
+  local at, s = p + nrules + (l - 1) * cost_n[ti], 0
+  for j = 1, n do
+    s = s + recs[at + j]
     if s > most then
       return s
     end

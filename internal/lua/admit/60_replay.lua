@@ -170,8 +170,8 @@ local function replays(rec, chunks)
     end
     fresh[ti] = keep
     recs[rec_at[ti] + 1] = #keep
-    if cost_lists[ti] and #keep < #l then
-      cost_lists[ti] = unreplayed(cost_lists[ti], l, found, clo)
+    if cost_at[ti] and #keep < #l then
+      cost_lists[ti] = unreplayed(costs_of(ti), l, found, clo)
     end
   end
   return rep, fresh

@@ -48,30 +48,34 @@ local function admit_one(r, n, c)
   return admitted
 end
 
+-- What fast_many (90_run.lua) counted for the tenant it last ran for, per
+-- rule: the window's key, what it counted there (by), the window's end
+-- when it opened there (else false), the rule's descriptor, and the count
+-- made. Arrays kept for the whole call, so that the fast path of a tenant
+-- with several rules makes no table.
+local made_key, made_by, made_end, made_d, made_c = {}, {}, {}, {}, {}
+
 -- admit_made admits, for a tenant with several rules, the first of n
 -- events that fit in the current window of every rule, from the counts the
--- fast path made (made[ri]: key, by, the window's end when it opened
--- there, descriptor, count; fast_many in 90_run.lua): each count is
--- brought from its count made to what the events admitted take, one
--- HINCRBY a rule at most. A window the fast path opened and nothing
--- admitted takes is deleted. (A window opened in a cached ttl chain never
--- comes here: fast_many takes its counts back.)
-local function admit_made(rules, n, made)
+-- fast path made (made_*, above): each count is brought from its count
+-- made to what the events admitted take, one HINCRBY a rule at most. A
+-- window the fast path opened and nothing admitted takes is deleted. (A
+-- window opened in a cached ttl chain never comes here: fast_many takes
+-- its counts back.)
+local function admit_made(rules, n)
   for ri, r in ipairs(rules) do
-    local m = made[ri]
-    r.room = r.limit - (m[5] - m[2])
+    r.room = r.limit - (made_c[ri] - made_by[ri])
   end
   local admitted = fit(rules, 1, n)
   for ri, r in ipairs(rules) do
-    local m = made[ri]
-    local key, by, c, take = m[1], m[2], m[5], r.take
+    local key, by, c, take = made_key[ri], made_by[ri], made_c[ri], r.take
     if take ~= by then
       incr(key, take - by)
     end
     counts[key] = c - by + take
-    if m[3] then
+    if made_end[ri] then
       if take > 0 then
-        opened(key, m[3], r.retention)
+        opened(key, made_end[ri], r.retention)
       else
         redis.call("DEL", key)
       end

@@ -34,7 +34,8 @@ end
 
 -- decide decides the n events of tenant ti, whose costs are costs (nil:
 -- none; c: what the fast path counted, if anything: a count for one rule,
--- what fast_many made for several), and appends its reply to out.
+-- true for several when fast_many counted (made_*, 70_admit.lua)), and
+-- appends its reply to out.
 local function decide(ti, n, c, costs)
   local fkey = KEYS[key_at[ti]]
   local rules = rules_of(ti, costs)
@@ -50,7 +51,7 @@ local function decide(ti, n, c, costs)
   if #rules == 1 and not costs then
     admitted = admit_one(rules[1], n, c)
   elseif c then
-    admitted = admit_made(rules, n, c)
+    admitted = admit_made(rules, n)
   else
     admitted = admit_all(rules, n)
   end
@@ -103,14 +104,15 @@ local function idle(ti, o)
 end
 
 -- chains_hold reports whether the anchors of the ttl rules whose windows
--- the fast path opened (made: see fast_many) still hold the cached chains.
-local function chains_hold(made)
-  for _, m in ipairs(made) do
-    if m[4].kind == "t" and m[5] == m[2] then
-      cur = m[6] .. ":anchor" -- anchor_key
+-- fast_many opened for the tenant whose record is at recs[p] and keys at
+-- KEYS[k] (made_*: see 70_admit.lua) still hold the cached chains.
+local function chains_hold(p, k, nrules)
+  for ri = 1, nrules do
+    if made_d[ri].kind == "t" and made_c[ri] == made_by[ri] then
+      cur = KEYS[k + ri] .. ":anchor" -- anchor_key
       local v = redis.call("HMGET", cur, "start", "until")
       local un = tonumber(v[2])
-      if tonumber(v[1]) ~= m[7] or not un or un <= now then
+      if tonumber(v[1]) ~= recs[p + 3 * ri] or not un or un <= now then
         return false
       end
     end
@@ -119,25 +121,29 @@ local function chains_hold(made)
 end
 
 -- fast_many is the fast path of a tenant with several rules (ti, record at
--- recs[p], keys at KEYS[k], n events, costs as in cost_lists): when the
+-- recs[p], keys at KEYS[k], n events, costs: cost_total): when the
 -- current window of every rule is known without reading Redis (aligned;
 -- ttl with a cached chain that covers it) and the events' cost fits each
 -- rule's whole limit, it counts them there optimistically, one HINCRBY per
--- rule, journaled. When everything fits (a window opened in a cached chain
--- only once its anchor is read and still holds the chain), it writes the
--- tenant's reply at out[o + 1] and returns true. When a rule has no room
--- for them all, it returns false and what it counted (made, for
--- admit_made), unless a window opened in a cached chain: then, as when a
--- cached chain is gone, it takes the counts back, leaves the counts as
--- they were in counts (admit_all then reads no window again) and returns
--- false alone.
-local function fast_many(p, k, nrules, n, costs, o)
-  local wins = {} -- per rule: key, by, opened window's end or false
+-- rule, journaled, and keeps what it counted in made_* (70_admit.lua: no
+-- table is made per tenant). When everything fits (a window opened in a
+-- cached chain only once its anchor is read and still holds the chain), it
+-- writes the tenant's reply at out[o + 1] and returns true. When a rule
+-- has no room for them all, it returns false and true (what it counted is
+-- in made_*, for admit_made), unless a window opened in a cached chain:
+-- then, as when a cached chain is gone, it takes the counts back, leaves
+-- the counts as they were in counts (admit_all then reads no window again)
+-- and returns false alone.
+local function fast_many(ti, p, k, nrules, n, o)
+  local recs, descs, keys = recs, descs, KEYS
+  local costs = cost_at[ti] -- the tenant has costs
+  local ttl = false -- a rule has ttl windows
   for ri = 1, nrules do
-    local q = p + 2 + 3 * (ri - 1)
-    local d, chain_start, chain_end = descs[recs[q]], recs[q + 1], recs[q + 2]
+    local q = p - 1 + 3 * ri
+    local d = descs[recs[q]]
     local cs, ce = d.cur_start, d.cur_end
     if d.kind == "t" then
+      local chain_start, chain_end = recs[q + 1], recs[q + 2]
       if chain_end <= now then
         return false
       end
@@ -146,52 +152,50 @@ local function fast_many(p, k, nrules, n, costs, o)
       if ce > chain_end then
         return false
       end
+      ttl = true
     end
     local by = n
-    if costs and costs[ri] then
-      by = total(costs[ri], n, d.limit)
+    if costs then
+      by = cost_total(ti, ri, n, d.limit)
     end
     if by > d.limit then
       return false
     end
-    -- key, by, the window's end (false once it proves not new), the
-    -- descriptor, the count made, the rule key, the cached chain start
-    wins[ri] = {KEYS[k + ri] .. ":" .. num(cs), by, ce, d, 0, KEYS[k + ri], chain_start}
+    made_key[ri], made_by[ri], made_end[ri], made_d[ri] = keys[k + ri] .. ":" .. num(cs), by, ce, d
   end
   local mark, over, opened_cached = jn, false, false
   for ri = 1, nrules do
-    local w = wins[ri]
-    local key, by, d = w[1], w[2], w[4]
+    local key, by = made_key[ri], made_by[ri]
     cur = key
     local c = redis.call("HINCRBY", key, "count", by)
     if c == by then
-      note(1, key, false)
-      if d.kind == "t" then
+      journal[jn + 1], journal[jn + 2], journal[jn + 3] = 1, key, false -- note, inline
+      if ttl and made_d[ri].kind == "t" then
         opened_cached = true
       end
     else
-      note(2, key, -by)
-      w[3] = false
+      journal[jn + 1], journal[jn + 2], journal[jn + 3] = 2, key, -by
+      made_end[ri] = false
     end
-    if c > d.limit then
+    jn = jn + 3
+    if c > made_d[ri].limit then
       over = true
     end
-    w[5] = c
+    made_c[ri] = c
   end
-  if opened_cached and (over or not chains_hold(wins)) then
+  if opened_cached and (over or not chains_hold(p, k, nrules)) then
     undo(mark)
     for ri = 1, nrules do
-      local w = wins[ri]
-      counts[w[1]] = w[5] - w[2]
+      counts[made_key[ri]] = made_c[ri] - made_by[ri]
     end
     return false
   elseif over then
-    return false, wins
+    return false, true
   end
   for ri = 1, nrules do
-    local w = wins[ri]
-    if w[3] then
-      opened(w[1], w[3], w[4].retention)
+    local e = made_end[ri]
+    if e then
+      opened(made_key[ri], e, made_d[ri].retention)
     end
   end
   out[o + 1], out[o + 2], out[o + 3], out[o + 4] = n, 0, 0, 0
@@ -224,7 +228,7 @@ local function run(first)
     local mark, o = jn, #out
     out_at[ti] = o + 1
     local c, done = nil, false
-    local costs = cost_lists[ti]
+    local costs = cost_at[ti] -- the tenant has costs (costs_of: its lists)
     if n == 0 then
       -- Every event of the tenant was replayed: nothing to decide.
       done = idle(ti, o)
@@ -242,7 +246,7 @@ local function run(first)
       end
       local by = n -- what the events cost the rule
       if costs then
-        by = total(costs[1], n, d.limit)
+        by = cost_total(ti, 1, n, d.limit)
       end
       if cs and (not chain_end or ce <= chain_end) and by <= d.limit then
         local key = keys[k + 1] .. ":" .. num(cs) -- wkey, inline
@@ -276,12 +280,12 @@ local function run(first)
       -- Several rules: the fast path's counts are journaled.
       slow[ti] = true
       at[1], at[2], at[3] = ti, mark, o
-      done, c = fast_many(p, k, nrules, n, costs, o)
+      done, c = fast_many(ti, p, k, nrules, n, o)
     end
     if not done then
       slow[ti] = true
       at[1], at[2], at[3] = ti, mark, o
-      decide(ti, n, c, costs)
+      decide(ti, n, c, costs and costs_of(ti))
     end
   end
 end
@@ -304,8 +308,8 @@ local function undo_call()
       end
       local key = wkey(KEYS[key_at[ti] + 1], cs)
       local by = n
-      if cost_lists[ti] then
-        by = total(cost_lists[ti][1], n, d.limit)
+      if cost_at[ti] then
+        by = cost_total(ti, 1, n, d.limit)
       end
       if redis.call("HINCRBY", key, "count", -by) <= 0 then
         redis.call("DEL", key)
