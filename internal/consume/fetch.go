@@ -48,8 +48,13 @@ type committedFetcher struct {
 
 	// offset and buf are written by the fetch goroutine while pending is
 	// set, and by the caller otherwise.
-	offset  int64           // the next offset to hand out; negative: kafka.FirstOffset or kafka.LastOffset
-	buf     []kafka.Message // decoded and not handed out yet, in offset order
+	offset int64           // the next offset to hand out; negative: kafka.FirstOffset or kafka.LastOffset
+	buf    []kafka.Message // decoded and not handed out yet, in offset order
+	// store is buf's backing array, reused by every fill: a response of
+	// thousands of records would otherwise grow a new slice each time
+	// (a third of the bytes the gating path allocated). FetchMessage
+	// zeroes what it hands out, so store keeps no record alive.
+	store   []kafka.Message
 	pending chan error      // the result of the fetch in flight, nil when none
 	life    context.Context // ends at Close
 	close   context.CancelFunc
@@ -135,6 +140,8 @@ func (f *committedFetcher) fill(ctx context.Context) error {
 	}
 	fctx, cancel := context.WithTimeout(ctx, f.maxWait+f.timeout)
 	defer cancel()
+	f.buf = f.store[:0] // fill runs only once buf is all handed out
+	defer func() { f.store = f.buf[:0] }()
 	wait := f.brokerWait()
 	res, err := f.transport.RoundTrip(fctx, f.addr, &fetchAPI.Request{
 		ReplicaID:      -1,
