@@ -270,10 +270,9 @@ func (f *committedFetcher) readRecords(b protocol.RecordReader, skip bool, hwm i
 			closeBytes(r)
 			continue
 		}
-		key, kerr := protocol.ReadAll(r.Key)
-		value, verr := protocol.ReadAll(r.Value)
+		key, value, err := readKeyValue(r)
 		closeBytes(r)
-		if err := errors.Join(kerr, verr); err != nil {
+		if err != nil {
 			return next, err
 		}
 		var headers []kafka.Header
@@ -288,6 +287,33 @@ func (f *committedFetcher) readRecords(b protocol.RecordReader, skip bool, hwm i
 			Key: key, Value: value, Headers: headers, Time: r.Time,
 		})
 	}
+}
+
+// readKeyValue reads r's key and value into one allocation (one per event
+// rather than two), each capped so that appending to one never writes into
+// the other. An absent key or value stays nil, as protocol.ReadAll has it.
+func readKeyValue(r *protocol.Record) (key, value []byte, err error) {
+	kn, vn := 0, 0
+	if r.Key != nil {
+		kn = r.Key.Len()
+	}
+	if r.Value != nil {
+		vn = r.Value.Len()
+	}
+	buf := make([]byte, kn+vn)
+	if r.Key != nil {
+		key = buf[:kn:kn]
+		if _, err := io.ReadFull(r.Key, key); err != nil {
+			return nil, nil, fmt.Errorf("record %d key: %w", r.Offset, err)
+		}
+	}
+	if r.Value != nil {
+		value = buf[kn:]
+		if _, err := io.ReadFull(r.Value, value); err != nil {
+			return nil, nil, fmt.Errorf("record %d value: %w", r.Offset, err)
+		}
+	}
+	return key, value, nil
 }
 
 func closeBytes(r *protocol.Record) {

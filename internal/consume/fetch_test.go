@@ -69,3 +69,36 @@ func TestCommittedFetcherReusesItsBuffer(t *testing.T) {
 		}
 	}
 }
+
+func TestReadKeyValue(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		key, value []byte
+	}{
+		{"both", []byte("tenant"), []byte(`{"a":1}`)},
+		{"no key", nil, []byte("v")},
+		{"no value", []byte("k"), nil},
+		{"empty key", []byte{}, []byte("v")},
+		{"neither", nil, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &protocol.Record{Key: protocol.NewBytes(tt.key), Value: protocol.NewBytes(tt.value)}
+			key, value, err := readKeyValue(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (key == nil) != (tt.key == nil) || string(key) != string(tt.key) {
+				t.Errorf("key: got %q (nil %t), want %q (nil %t)", key, key == nil, tt.key, tt.key == nil)
+			}
+			if (value == nil) != (tt.value == nil) || string(value) != string(tt.value) {
+				t.Errorf("value: got %q (nil %t), want %q (nil %t)", value, value == nil, tt.value, tt.value == nil)
+			}
+			// The two share one allocation: appending to the key must not
+			// write into the value.
+			_ = append(key, "XXXXXXXX"...)
+			if string(value) != string(tt.value) {
+				t.Errorf("value after appending to the key: got %q, want %q", value, tt.value)
+			}
+		})
+	}
+}
