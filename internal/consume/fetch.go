@@ -275,12 +275,11 @@ func (f *committedFetcher) readRecords(b protocol.RecordReader, skip bool, hwm i
 		if err != nil {
 			return next, err
 		}
+		// kafka.Header is protocol.Header, and the decoder makes each
+		// record's header slice afresh: it is the message's own, not copied.
 		var headers []kafka.Header
-		if len(r.Headers) > 0 {
-			headers = make([]kafka.Header, len(r.Headers))
-			for i, h := range r.Headers {
-				headers[i] = kafka.Header{Key: h.Key, Value: h.Value}
-			}
+		if n := len(r.Headers); n > 0 {
+			headers = r.Headers[:n:n]
 		}
 		f.buf = append(f.buf, kafka.Message{
 			Topic: f.topic, Partition: f.partition, Offset: r.Offset, HighWaterMark: hwm,

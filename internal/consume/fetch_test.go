@@ -26,7 +26,8 @@ func (b pagedBroker) RoundTrip(_ context.Context, _ net.Addr, req protocol.Messa
 	recs := make([]protocol.Record, b.per)
 	for i := range recs {
 		o := from + int64(i)
-		recs[i] = protocol.Record{Offset: o, Time: time.UnixMilli(o), Value: protocol.NewBytes(fmt.Appendf(nil, "v%d", o))}
+		recs[i] = protocol.Record{Offset: o, Time: time.UnixMilli(o), Value: protocol.NewBytes(fmt.Appendf(nil, "v%d", o)),
+			Headers: []protocol.Header{{Key: "h", Value: fmt.Appendf(nil, "%d", o)}}}
 	}
 	return &fetchAPI.Response{Topics: []fetchAPI.ResponseTopic{{Topic: "t", Partitions: []fetchAPI.ResponsePartition{{
 		HighWatermark: 1 << 40,
@@ -64,8 +65,9 @@ func TestCommittedFetcherReusesItsBuffer(t *testing.T) {
 		}
 	}
 	for o, m := range kept {
-		if m.Offset != int64(o) || string(m.Value) != fmt.Sprint("v", o) {
-			t.Fatalf("kept message %d changed: offset %d value %q", o, m.Offset, m.Value)
+		if m.Offset != int64(o) || string(m.Value) != fmt.Sprint("v", o) ||
+			len(m.Headers) != 1 || m.Headers[0].Key != "h" || string(m.Headers[0].Value) != fmt.Sprint(o) {
+			t.Fatalf("kept message %d changed: offset %d value %q headers %v", o, m.Offset, m.Value, m.Headers)
 		}
 	}
 }
