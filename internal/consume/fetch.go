@@ -48,8 +48,13 @@ type committedFetcher struct {
 
 	// offset and buf are written by the fetch goroutine while pending is
 	// set, and by the caller otherwise.
-	offset  int64           // the next offset to hand out; negative: kafka.FirstOffset or kafka.LastOffset
-	buf     []kafka.Message // decoded and not handed out yet, in offset order
+	offset int64           // the next offset to hand out; negative: kafka.FirstOffset or kafka.LastOffset
+	buf    []kafka.Message // decoded and not handed out yet, in offset order
+	// store is buf's backing array, reused by every fill: a response of
+	// thousands of records would otherwise grow a new slice each time
+	// (a third of the bytes the gating path allocated). FetchMessage
+	// zeroes what it hands out, so store keeps no record alive.
+	store   []kafka.Message
 	pending chan error      // the result of the fetch in flight, nil when none
 	life    context.Context // ends at Close
 	close   context.CancelFunc
@@ -135,6 +140,8 @@ func (f *committedFetcher) fill(ctx context.Context) error {
 	}
 	fctx, cancel := context.WithTimeout(ctx, f.maxWait+f.timeout)
 	defer cancel()
+	f.buf = f.store[:0] // fill runs only once buf is all handed out
+	defer func() { f.store = f.buf[:0] }()
 	wait := f.brokerWait()
 	res, err := f.transport.RoundTrip(fctx, f.addr, &fetchAPI.Request{
 		ReplicaID:      -1,
@@ -263,24 +270,49 @@ func (f *committedFetcher) readRecords(b protocol.RecordReader, skip bool, hwm i
 			closeBytes(r)
 			continue
 		}
-		key, kerr := protocol.ReadAll(r.Key)
-		value, verr := protocol.ReadAll(r.Value)
+		key, value, err := readKeyValue(r)
 		closeBytes(r)
-		if err := errors.Join(kerr, verr); err != nil {
+		if err != nil {
 			return next, err
 		}
+		// kafka.Header is protocol.Header, and the decoder makes each
+		// record's header slice afresh: it is the message's own, not copied.
 		var headers []kafka.Header
-		if len(r.Headers) > 0 {
-			headers = make([]kafka.Header, len(r.Headers))
-			for i, h := range r.Headers {
-				headers[i] = kafka.Header{Key: h.Key, Value: h.Value}
-			}
+		if n := len(r.Headers); n > 0 {
+			headers = r.Headers[:n:n]
 		}
 		f.buf = append(f.buf, kafka.Message{
 			Topic: f.topic, Partition: f.partition, Offset: r.Offset, HighWaterMark: hwm,
 			Key: key, Value: value, Headers: headers, Time: r.Time,
 		})
 	}
+}
+
+// readKeyValue reads r's key and value into one allocation (one per event
+// rather than two), each capped so that appending to one never writes into
+// the other. An absent key or value stays nil, as protocol.ReadAll has it.
+func readKeyValue(r *protocol.Record) (key, value []byte, err error) {
+	kn, vn := 0, 0
+	if r.Key != nil {
+		kn = r.Key.Len()
+	}
+	if r.Value != nil {
+		vn = r.Value.Len()
+	}
+	buf := make([]byte, kn+vn)
+	if r.Key != nil {
+		key = buf[:kn:kn]
+		if _, err := io.ReadFull(r.Key, key); err != nil {
+			return nil, nil, fmt.Errorf("record %d key: %w", r.Offset, err)
+		}
+	}
+	if r.Value != nil {
+		value = buf[kn:]
+		if _, err := io.ReadFull(r.Value, value); err != nil {
+			return nil, nil, fmt.Errorf("record %d value: %w", r.Offset, err)
+		}
+	}
+	return key, value, nil
 }
 
 func closeBytes(r *protocol.Record) {

@@ -2,6 +2,7 @@ package top
 
 import (
 	"cmp"
+	"container/heap"
 	"slices"
 	"sync"
 	"time"
@@ -219,17 +220,28 @@ var rankings = []func(Row) int64{
 }
 
 // TopRows returns the union of the top k rows of each ranking (ties by
-// tenant name), sorted by deferred, rejected, admitted, then tenant.
+// tenant name; a row whose count in a ranking is 0 is not in its top),
+// sorted by deferred, rejected, admitted, then tenant. rows is left as it
+// is. It runs once a second over every tenant of a window (up to
+// MaxTenants), so each ranking's top k is selected with a heap of k rows
+// rather than by sorting all of them.
 func TopRows(rows []Row, k int) []Row {
 	keep := map[string]bool{}
+	h := &rankHeap{rows: rows, idx: make([]int, 0, max(k, 0))}
 	for _, rank := range rankings {
-		slices.SortFunc(rows, func(a, b Row) int {
-			return cmp.Or(cmp.Compare(rank(b), rank(a)), cmp.Compare(a.Tenant, b.Tenant))
-		})
-		for i := 0; i < len(rows) && i < k; i++ {
-			if rank(rows[i]) > 0 {
-				keep[rows[i].Tenant] = true
+		h.rank, h.idx = rank, h.idx[:0]
+		for i := range rows {
+			switch {
+			case k <= 0 || rank(rows[i]) <= 0:
+			case len(h.idx) < k:
+				heap.Push(h, i)
+			case h.ranksBefore(i, h.idx[0]):
+				h.idx[0] = i
+				heap.Fix(h, 0)
 			}
+		}
+		for _, i := range h.idx {
+			keep[rows[i].Tenant] = true
 		}
 	}
 	out := make([]Row, 0, len(keep))
@@ -240,6 +252,34 @@ func TopRows(rows []Row, k int) []Row {
 	}
 	SortRows(out, "deferred")
 	return out
+}
+
+// rankHeap holds indexes of rows, the one that ranks last by rank at the
+// root: the top k seen so far, whose root the next better row replaces.
+type rankHeap struct {
+	rows []Row
+	rank func(Row) int64
+	idx  []int
+}
+
+// ranksBefore reports whether rows[a] comes before rows[b] in the ranking:
+// a higher count, or the same count and a lower tenant name.
+func (h *rankHeap) ranksBefore(a, b int) bool {
+	ra, rb := h.rank(h.rows[a]), h.rank(h.rows[b])
+	if ra != rb {
+		return ra > rb
+	}
+	return h.rows[a].Tenant < h.rows[b].Tenant
+}
+
+func (h *rankHeap) Len() int           { return len(h.idx) }
+func (h *rankHeap) Less(i, j int) bool { return h.ranksBefore(h.idx[j], h.idx[i]) }
+func (h *rankHeap) Swap(i, j int)      { h.idx[i], h.idx[j] = h.idx[j], h.idx[i] }
+func (h *rankHeap) Push(x any)         { h.idx = append(h.idx, x.(int)) }
+func (h *rankHeap) Pop() any {
+	i := h.idx[len(h.idx)-1]
+	h.idx = h.idx[:len(h.idx)-1]
+	return i
 }
 
 // SortRows sorts rows by the ranking named by (deferred, rejected,

@@ -1,9 +1,15 @@
 package top
 
 import (
+	"cmp"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
+
+	gocmp "github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
@@ -74,5 +80,77 @@ func TestTopRowsKeepsEachRankingsTop(t *testing.T) {
 	}
 	if len(got) != 5 {
 		t.Errorf("got %d rows, want 5", len(got))
+	}
+}
+
+// sortedTopRows is TopRows as it was before the heaps: each ranking sorted
+// whole, its first k with a count kept.
+func sortedTopRows(rows []Row, k int) []Row {
+	rows = slices.Clone(rows)
+	keep := map[string]bool{}
+	for _, rank := range rankings {
+		slices.SortFunc(rows, func(a, b Row) int {
+			return cmp.Or(cmp.Compare(rank(b), rank(a)), cmp.Compare(a.Tenant, b.Tenant))
+		})
+		for i := 0; i < len(rows) && i < k; i++ {
+			if rank(rows[i]) > 0 {
+				keep[rows[i].Tenant] = true
+			}
+		}
+	}
+	var out []Row
+	for _, r := range rows {
+		if keep[r.Tenant] {
+			out = append(out, r)
+		}
+	}
+	SortRows(out, "deferred")
+	return out
+}
+
+// randomRows returns n rows with small counts, so that ties and zeros are
+// common.
+func randomRows(rng *rand.Rand, n int) []Row {
+	rows := make([]Row, n)
+	for i := range rows {
+		rows[i] = Row{Tenant: fmt.Sprintf("t%d", rng.IntN(10*n+1)*1000+i), Counts: Counts{
+			Admitted: rng.Int64N(5), Deferred: rng.Int64N(3), Rejected: rng.Int64N(2),
+			ShadowDeferred: rng.Int64N(2),
+		}, Waiting: rng.Int64N(3)}
+	}
+	return rows
+}
+
+func TestTopRowsSameAsSortingEveryRanking(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{0, 1, 3, 10, 50, 400} {
+		for _, k := range []int{0, 1, 2, 5, 50} {
+			rows := randomRows(rng, n)
+			before := slices.Clone(rows)
+			got := TopRows(rows, k)
+			if diff := gocmp.Diff(sortedTopRows(rows, k), got, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("n=%d k=%d: TopRows (-sorted +heaps):\n%s", n, k, diff)
+			}
+			if diff := gocmp.Diff(before, rows); diff != "" {
+				t.Errorf("n=%d k=%d: TopRows changed its input (-before +after):\n%s", n, k, diff)
+			}
+		}
+	}
+}
+
+// BenchmarkTop is the Publisher's once-a-second Top over a full window of
+// DefaultMaxTenants tenants.
+func BenchmarkTop(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	rows := randomRows(rng, DefaultMaxTenants)
+	for _, f := range []struct {
+		name string
+		top  func([]Row, int) []Row
+	}{{"heaps", TopRows}, {"sorted", sortedTopRows}} {
+		b.Run(f.name, func(b *testing.B) {
+			for b.Loop() {
+				f.top(rows, PublishK)
+			}
+		})
 	}
 }

@@ -240,3 +240,24 @@ func TestRetryGroupSessionTimeout(t *testing.T) {
 		}
 	}
 }
+
+// A source partition's fetch responses are at most 1 MiB, and at most
+// BATCH_BYTES when that is smaller: not BATCH_BYTES itself (4 MiB by
+// default), which held 24 MiB decoded at once over six partitions.
+func TestSourceFetchBytes(t *testing.T) {
+	m, err := newPipelineMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ batchBytes, want int }{
+		{4 << 20, 1 << 20},
+		{1 << 20, 1 << 20},
+		{64 << 10, 64 << 10},
+	} {
+		p := Pipeline{Config: &Config{TopicsConfig: TopicsConfig{SourceTopics: []string{"in"}}, BoundsConfig: BoundsConfig{BatchBytes: tt.batchBytes}}}
+		gc := p.sourceConfig(m)
+		if gc.MaxBytes != tt.want || !slices.Equal(gc.Topics, []string{"in"}) {
+			t.Errorf("BATCH_BYTES %d: fetch bytes %d, topics %v; want %d, [in]", tt.batchBytes, gc.MaxBytes, gc.Topics, tt.want)
+		}
+	}
+}

@@ -187,18 +187,25 @@ func (p Pipeline) gateGroup(m *pipelineMetrics, router *route.Router) (consumerG
 	if err != nil {
 		return nil, err // NewGate's errors already start with "gate: "
 	}
-	gc := p.groupConfig(m)
-	gc.Topics = cfg.SourceTopics
-	// A fetch response is held whole until handed out: at most one per
-	// partition, of at most BATCH_BYTES (or one record batch when a single
-	// batch is larger), so fetching adds at most one batch's bytes per
-	// partition to the batch being decided.
-	gc.MaxBytes = cfg.BatchBytes
-	src, err := consume.NewGroup(gc, gate)
+	src, err := consume.NewGroup(p.sourceConfig(m), gate)
 	if err != nil {
 		return nil, fmt.Errorf("source consumer: %w", err)
 	}
 	return src, nil
+}
+
+// sourceConfig is the configuration of the source topics' consumer group.
+func (p Pipeline) sourceConfig(m *pipelineMetrics) consume.Config {
+	gc := p.groupConfig(m)
+	gc.Topics = p.Config.SourceTopics
+	// A fetch response is held whole until handed out: at most one per
+	// partition, of at most BATCH_BYTES and at most 1 MiB (or one record
+	// batch when a single batch is larger), so fetching adds at most one
+	// batch's bytes per partition to the batch being decided. Responses of
+	// BATCH_BYTES (4 MiB) held six partitions' 24 MiB decoded at once for
+	// nothing: a 1 MiB response still holds several 500-event batches.
+	gc.MaxBytes = min(p.Config.BatchBytes, consume.DefaultMaxBytes)
+	return gc
 }
 
 // retrySessionTimeout caps the retry group's session timeout: Kafka's
