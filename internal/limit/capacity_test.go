@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // capWindow reads a capacity window's hash: the count, the active weight and
@@ -381,7 +383,7 @@ func TestCapacityLevelFromDemand(t *testing.T) {
 		for ten := range rate {
 			asked[ten] = booked[ten] + refused[ten]
 		}
-		want, level := waterFill(asked, 200)
+		want, level := testenv.WaterFill(asked, 200)
 		t.Logf("second %d: count %d, level %.1f, floods booked %d %d %d", sec, count, level, booked["f1"], booked["f2"], booked["f3"])
 		if count != 200 {
 			t.Errorf("second %d: count %d, want 200", sec, count)
@@ -408,24 +410,4 @@ func capRefused(t testing.TB, l *Limiter, r Rule, start time.Time) map[string]in
 		}
 	}
 	return out
-}
-
-// waterFill returns the max-min fair allocation of capacity c among demands
-// of equal weight, and the level.
-func waterFill(demand map[string]int64, c int64) (map[string]float64, float64) {
-	ds := slices.Sorted(maps.Values(demand))
-	left, n := float64(c), len(ds)
-	level := math.Inf(1)
-	for i, d := range ds {
-		if float64(d)*float64(n-i) > left {
-			level = left / float64(n-i)
-			break
-		}
-		left -= float64(d)
-	}
-	out := make(map[string]float64, len(demand))
-	for k, d := range demand {
-		out[k] = math.Min(float64(d), level)
-	}
-	return out, level
 }
