@@ -120,6 +120,7 @@ local function cap_parse(at)
       limit = tonumber(ARGV[at]), step = step, cs = cs, ce = cs + step,
       retention = tonumber(ARGV[at + 3]), ffloor = tonumber(ARGV[at + 4]),
       key = KEYS[first + ci - 1], lv = false, sf = 0, wc = 0, hlive = {},
+      dprefix = KEYS[first + ci - 1] .. "/demand",
     }
     at = at + 5
   end
@@ -182,7 +183,7 @@ end
 
 -- dkey is the key of the demand histogram of r's window starting at s.
 local function dkey(r, s)
-  return wkey(r.key .. "/demand", s)
+  return wkey(r.cap.dprefix, s)
 end
 
 -- bucket returns the histogram bucket of normalised demand x >= 0, and
@@ -201,44 +202,48 @@ local function bucket_lo(k)
   return HB * math.exp((k - HB) * HLOG)
 end
 
+-- hmove adds the packed delta by to bucket k of the demand histogram key,
+-- and journals it.
+local function hmove(key, k, by)
+  if by ~= 0 then
+    local f = num(k)
+    redis.call("HINCRBY", key, f, string.format("%d", by))
+    note(4, key, {f, string.format("%d", -by)})
+  end
+end
+
 -- cap_demand moves the entry of r's tenant in the demand histogram of its
--- window [s, e) from demand d0 to d1 (see Demand): at most three HINCRBY
--- (two for a tenant without a floor), one when its bucket stays.
+-- window [s, e) from demand d0 to d1 >= d0 (see Demand): one HINCRBY when
+-- its bucket stays, two when it changes (and, for a tenant with a floor,
+-- up to three more while its demand is under its floor).
 local function cap_demand(r, s, e, d0, d1)
   if d0 == d1 then
     return
   end
-  local key = dkey(r, s)
-  local moves, order, fm = {}, {}, 0
-  local function put(k, by)
-    if moves[k] == nil then
-      order[#order + 1] = k
-      moves[k] = 0
-    end
-    moves[k] = moves[k] + by
-  end
-  for _, side in ipairs({{d0, -1}, {d1, 1}}) do
-    local d, sign = side[1], side[2]
-    if d > 0 then
-      put(bucket(d / r.w), sign * (r.w * HP + d))
-      if r.f > 0 then
-        local m = math.min(d, r.f)
-        put(bucket(m / r.w), -sign * (r.w * HP + m))
-        fm = fm + sign * m
-      end
-    end
-  end
+  local key = wkey(r.cap.dprefix, s)
+  local w = r.w
   cur = key
-  for _, k in ipairs(order) do
-    local by = moves[k]
-    if by ~= 0 then
-      local f = num(k)
-      redis.call("HINCRBY", key, f, string.format("%d", by))
-      note(4, key, {f, string.format("%d", -by)})
+  local k1 = bucket(d1 / w)
+  if d0 > 0 then
+    local k0 = bucket(d0 / w)
+    if k0 == k1 then
+      hmove(key, k1, d1 - d0)
+    else
+      hmove(key, k0, -(w * HP + d0))
+      hmove(key, k1, w * HP + d1)
     end
+  else
+    hmove(key, k1, w * HP + d1)
   end
-  if fm ~= 0 then
-    cap_hincr(key, "fm", fm)
+  if r.f > 0 then
+    local m0, m1 = math.min(d0, r.f), math.min(d1, r.f)
+    if m0 ~= m1 then
+      if m0 > 0 then
+        hmove(key, bucket(m0 / w), w * HP + m0)
+      end
+      hmove(key, bucket(m1 / w), -(w * HP + m1))
+      cap_hincr(key, "fm", m1 - m0)
+    end
   end
   if not r.cap.hlive[key] then
     redis.call("PEXPIRE", key, num(e - now + r.retention))
