@@ -37,7 +37,12 @@ func TestFetchBatchBounds(t *testing.T) {
 				}
 				f.ch <- m
 			}
-			p := testPartition(f, nil, &commits{}, func(c *Config) { c.BatchSize, c.BatchBytes = tt.batchSize, tt.batchBytes })
+			// Every message is queued before the first fetch: the wait bound must end only
+			// a batch that has taken all there is, however slowly a loaded machine reads the
+			// channel (at 5 ms, "size bound" got [92 500 ...] under load).
+			p := testPartition(f, nil, &commits{}, func(c *Config) {
+				c.BatchSize, c.BatchBytes, c.BatchWait = tt.batchSize, tt.batchBytes, time.Second
+			})
 			var got []int
 			var next int64
 			for range tt.want {
@@ -96,7 +101,8 @@ type recordingHandler struct {
 	ok       [][]int64
 }
 
-func (h *recordingHandler) Handle(_ context.Context, msgs []kafka.Message) error {
+func (h *recordingHandler) Handle(_ context.Context, b Batch) error {
+	msgs := b.Messages
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.calls = append(h.calls, offsetsOf(msgs))
@@ -207,7 +213,7 @@ func TestRunBatchesDrainOnStop(t *testing.T) {
 			entered := make(chan struct{})
 			release := make(chan struct{})
 			calls := 0
-			h := HandlerFunc(func(ctx context.Context, _ []kafka.Message) error {
+			h := onMessages(func(ctx context.Context, _ []kafka.Message) error {
 				calls++
 				close(entered)
 				<-release
