@@ -9,12 +9,12 @@ import (
 // The capacity's part of an admit.lua call (see internal/lua/admit/35_capacity.lua).
 
 // The ramp of the current window's level, in per mille of the window: it
-// is paced until capacityRampLow, then the capped tenants share what is spare
+// holds until capacityRampLow, then the capped tenants share what is spare
 // (the capacity not booked less what the satisfied are still expected to
 // ask), and from capacityRampHigh on what is left is anyone's (README: the
 // model).
 const (
-	capacityRampLow  = 750
+	capacityRampLow  = 900
 	capacityRampHigh = 980
 )
 

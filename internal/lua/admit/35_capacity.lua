@@ -67,12 +67,8 @@
 -- the spare (C - G) shared by the active weight a of the window before;
 -- with no history (lv 0) it is the equal share C / a of the window's
 -- active weight so far.
--- In the current window, while some tenant is capped, the level is paced
--- until ramp_lo of the window has passed: at phase p of the window a
--- tenant may book (pace0 + p / ramp_lo) of its entitlement (all of it from
--- ramp_lo on), so that a burst of arrivals late in the window (a consumer
--- that lagged) still finds room, and what it leaves the capped share alike;
--- from ramp_lo on the capped tenants may share what is spare, the
+-- In the current window the level holds until ramp_lo of the window has
+-- passed; from then on the capped tenants may share what is spare, the
 -- capacity not booked less what the satisfied tenants are still expected
 -- to ask in the rest of the window ((1 - phase) * sf), split by weight
 -- (wc), each the same part (field x: what they took above the level, is
@@ -94,8 +90,7 @@ local ncap = 0
 local capd = {}   -- per capacity rule: limit, step, cs, ce, retention, ffloor, key, lv, sf, wc
 local capn = none -- per tenant: its name in fields
 local caps = none -- per tenant: weight, floor per rule (flat)
-local ramp_lo, ramp_hi = 0.75, 0.98
-local pace0 = 0.1 -- the part of the level allowed from the window's start
+local ramp_lo, ramp_hi = 0.9, 0.98
 local cap_ti = 0  -- the tenant being decided (run sets it)
 
 -- The histogram's packing (see Demand): W * HP + D.
@@ -410,11 +405,6 @@ local function cap_room(r, s)
       end
     elseif not protect then
       lv = C
-    elseif phi < ramp_lo and d.wc > 0 then
-      -- Paced: what the level allows so far, so that a burst of arrivals
-      -- late in the window still finds room, and the capped, held back
-      -- alike, share what it leaves (see Entitlement).
-      lv = lv * math.min(1, pace0 + phi / ramp_lo)
     end
     e = math.floor(r.w * lv + 1e-9)
   else
