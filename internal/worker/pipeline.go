@@ -39,7 +39,7 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 	if err != nil {
 		return err
 	}
-	writer := route.NewKafkaWriter(cfg.KafkaBrokers, route.WriterOptions{
+	writer := route.NewFencedWriter(cfg.KafkaBrokers, route.WriterOptions{
 		Transport:    p.Transport,
 		BatchBytes:   writerBatchBytes(cfg.MaxMessageBytes, topicMax),
 		WriteTimeout: cfg.KafkaTimeout,
