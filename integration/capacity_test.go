@@ -14,6 +14,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // capWin is one capacity window as Redis holds it: what each tenant booked
@@ -59,30 +61,6 @@ func readCapWindows(t testing.TB, rdb *redis.Client, prefix, counter string) []c
 	}
 	slices.SortFunc(out, func(a, b capWin) int { return int(a.start - b.start) })
 	return out
-}
-
-// waterFill returns the max-min fair allocation of capacity c among demands
-// of equal weight, and the level.
-func waterFill(demand map[string]int64, c int64) (map[string]float64, float64) {
-	ds := make([]int64, 0, len(demand))
-	for _, d := range demand {
-		ds = append(ds, d)
-	}
-	slices.Sort(ds)
-	left, n := float64(c), len(ds)
-	level := math.Inf(1)
-	for i, d := range ds {
-		if float64(d)*float64(n-i) > left {
-			level = left / float64(n-i)
-			break
-		}
-		left -= float64(d)
-	}
-	out := make(map[string]float64, len(demand))
-	for k, d := range demand {
-		out[k] = math.Min(float64(d), level)
-	}
-	return out, level
 }
 
 // jain is Jain's fairness index of xs.
@@ -321,7 +299,7 @@ func TestGateCapacityFair(t *testing.T) {
 		for _, d := range demand {
 			total += d
 		}
-		wf, level := waterFill(demand, capacity)
+		wf, level := testenv.WaterFill(demand, capacity)
 		var held []float64
 		for k, d := range demand {
 			got, want := float64(w.booked[k]), wf[k]
@@ -372,9 +350,12 @@ func TestGateCapacityFair(t *testing.T) {
 	}
 	// The targets are 99% of tenant-windows within 5% (or 1 event),
 	// Jain's index at least 0.99 in every window, 98% of the capacity used
-	// in every window and the light tenants' p99 within 1s. The level as
-	// built oscillates under this load (README: what is missing), so the
-	// test holds the figures it reaches with a margin, and prints them.
+	// in every window and the light tenants' p99 within 1s. The level is
+	// solved from the demand predicted for each window (what each tenant
+	// sent in the window before, and reserved there); a window whose
+	// arrivals come in a burst (a consumer that lagged) misses it (README:
+	// not yet), so the test holds the figures it reaches with a margin, and
+	// prints them.
 	if cells == 0 || float64(within)/float64(cells) < 0.90 {
 		t.Errorf("allocations within 5%% of water-filling: %d of %d, want at least 90%%", within, cells)
 	}

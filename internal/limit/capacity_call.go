@@ -9,11 +9,13 @@ import (
 // The capacity's part of an admit.lua call (see internal/lua/admit/35_capacity.lua).
 
 // The ramp of the current window's level, in per mille of the window: it
-// holds until capacityRampLow, then rises to three times itself at
-// capacityRampHigh, after which what is left is anyone's (README: the model).
+// holds until capacityRampLow, then the capped tenants share what is spare
+// (the capacity not booked less what the satisfied are still expected to
+// ask), and from capacityRampHigh on what is left is anyone's (README: the
+// model).
 const (
-	capacityRampLow  = 800
-	capacityRampHigh = 970
+	capacityRampLow  = 900
+	capacityRampHigh = 980
 )
 
 // ErrCapacityCluster is returned by New for a capacity on Redis Cluster:

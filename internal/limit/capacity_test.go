@@ -3,6 +3,9 @@ package limit
 import (
 	"context"
 	"fmt"
+	"maps"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -10,6 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // capWindow reads a capacity window's hash: the count, the active weight and
@@ -85,10 +90,9 @@ func TestParseCapacityAndShares(t *testing.T) {
 // TestCapacityWorkedExample runs the README's worked example for several
 // seconds of steady flooding: capacity 100/1s; a sends 10 a second, b 200,
 // c (weight 2, floor 30/1s) 100, each spread over the second. From the
-// eleventh second on the level has settled (each window takes a damped
-// Newton step towards the water level from the last, starting at the equal
-// share) and every second is the water-filling answer within 5%: a 10, b 30,
-// c 60.
+// second second on (the first with a history: each window's level is the
+// water level of the demand predicted for it) every second is the
+// water-filling answer within 5%: a 10, b 30, c 60.
 func TestCapacityWorkedExample(t *testing.T) {
 	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	c, _ := ParseCapacity("100/1s")
@@ -108,7 +112,7 @@ func TestCapacityWorkedExample(t *testing.T) {
 			}
 		}
 	}
-	checkBooked(t, l, c[0], start, 10, 14, map[string]int64{"a": 10, "b": 30, "c": 60})
+	checkBooked(t, l, c[0], start, 1, 14, map[string]int64{"a": 10, "b": 30, "c": 60})
 }
 
 // checkBooked checks that the capacity windows of seconds from to to
@@ -332,4 +336,85 @@ func gathered(t *testing.T, reg *prometheus.Registry, name, window string) float
 	}
 	t.Fatalf("no %s{window=%q}", name, window)
 	return 0
+}
+
+// TestCapacityLevelFromDemand: ten light tenants ask 2, 4, ..., 20 events
+// a second (110) and three flood (300 a second each) under a capacity of
+// 200/1s; the water level is 30. The level of each window is the exact
+// water level of what the tenants asked of the window before (its demand
+// histogram), so from the third second on every tenant books its
+// water-filling allocation of what it asked there (booked and refused),
+// within 5% or one event, and the window is full; the three floods book
+// the same. (A level stepped from the window before, damped, was still
+// settling then.)
+func TestCapacityLevelFromDemand(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("200/1s")
+	l := newTestLimiter(t, testRedis(t), "*=1000000/1m", Options{Clock: clk.Now, Capacity: c, Horizon: time.Hour})
+	ctx := context.Background()
+	start := clk.Now()
+	const steps = 50
+	rate := map[string]int{"f1": 300, "f2": 300, "f3": 300}
+	for i := 1; i <= 10; i++ {
+		rate[fmt.Sprintf("l%02d", i)] = 2 * i
+	}
+	credit := map[string]float64{} // half an event ahead: events mid-way, not at the window's end
+	for ten := range rate {
+		credit[ten] = 0.5
+	}
+	for sec := 0; sec < 8; sec++ {
+		for k := 0; k < steps; k++ {
+			clk.Set(start.Add(time.Duration(sec)*time.Second + time.Duration(k)*time.Second/steps))
+			var batch []string
+			for _, ten := range slices.Sorted(maps.Keys(rate)) {
+				credit[ten] += float64(rate[ten]) / steps
+				for ; credit[ten] >= 1; credit[ten]-- {
+					batch = append(batch, ten)
+				}
+			}
+			if _, err := l.Admit(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The demand histograms sit where keys.go says, and expire.
+	dk := l.keys.capacity(c[0]) + CapacityDemandSuffix + WindowSep + strconv.FormatInt(start.Add(3*time.Second).UnixMilli(), 10)
+	if ttl, err := l.rdb.PTTL(ctx, dk).Result(); err != nil || ttl <= 0 {
+		t.Errorf("demand histogram %s: ttl %v (%v), want a key that expires", dk, ttl, err)
+	}
+	for sec := 2; sec < 8; sec++ {
+		s := start.Add(time.Duration(sec) * time.Second)
+		count, _, booked := capWindow(t, l, c[0], s)
+		refused := capRefused(t, l, c[0], s)
+		asked := map[string]int64{}
+		for ten := range rate {
+			asked[ten] = booked[ten] + refused[ten]
+		}
+		want, level := testenv.WaterFill(asked, 200)
+		t.Logf("second %d: count %d, level %.1f, floods booked %d %d %d", sec, count, level, booked["f1"], booked["f2"], booked["f3"])
+		if count != 200 {
+			t.Errorf("second %d: count %d, want 200", sec, count)
+		}
+		for ten, w := range want {
+			if got := float64(booked[ten]); math.Abs(got-w) > math.Max(1, 0.05*w) {
+				t.Errorf("second %d: %s booked %v, want %.1f (asked %d)", sec, ten, got, w, asked[ten])
+			}
+		}
+	}
+}
+
+// capRefused reads what each tenant was refused in a capacity window.
+func capRefused(t testing.TB, l *Limiter, r Rule, start time.Time) map[string]int64 {
+	t.Helper()
+	h, err := l.rdb.HGetAll(context.Background(), l.keys.capacity(r)+WindowSep+strconv.FormatInt(start.UnixMilli(), 10)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for k, v := range h {
+		if strings.HasPrefix(k, "r:") {
+			out[k[2:]], _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return out
 }

@@ -31,7 +31,7 @@ type CapacityShare struct {
 	Weight int64 `json:"weight"`
 	Floor  int64 `json:"floor"`
 	// Level is the window's water level per unit of weight (0 before its
-	// first call), and Entitlement the tenant's max(floor, weight × level):
+	// first call; the equal share in a window without history), and Entitlement the tenant's max(floor, weight × level):
 	// what it may book before the end-of-window ramp.
 	Level       float64 `json:"level"`
 	Entitlement int64   `json:"entitlement"`
@@ -105,6 +105,10 @@ func (l *Limiter) CapacityUsageUnder(ctx context.Context, tenant string, share S
 			Booked: int64(num(3)), Refused: int64(num(4)), Weight: share.weight(), Floor: share.floor(r),
 			WaitingWindows: nwin[i], Reset: end,
 		}
+		if len(v) > 1 && v[1] != nil && cs.Level == 0 {
+			// No history: the level is the equal share (35_capacity.lua's cap_room).
+			cs.Level = float64(r.Limit) / float64(max(1, cs.ActiveWeight))
+		}
 		cs.Share = float64(cs.Booked) / float64(r.Limit)
 		cs.Entitlement = max(cs.Floor, int64(float64(cs.Weight)*cs.Level+1e-9))
 		for _, n := range reads[i].next {
@@ -132,7 +136,7 @@ func newCapacityCollector(l *Limiter) *capacityCollector {
 		used:   prometheus.NewDesc("gatekeeper_capacity_used", "Events booked (admitted or reserved) by all tenants in a capacity window: window=current (so far) or last (the window before, complete).", []string{"capacity", "window"}, nil),
 		level:  prometheus.NewDesc("gatekeeper_capacity_level", "The current capacity window's water level: the events a tenant of weight 1 is entitled to.", []string{"capacity"}, nil),
 		active: prometheus.NewDesc("gatekeeper_capacity_active_weight", "Summed weight of the tenants that sent events in the current capacity window.", []string{"capacity"}, nil),
-		capped: prometheus.NewDesc("gatekeeper_capacity_capped_weight", "Summed weight of the tenants held at the level in the last capacity window (they had more events than their share).", []string{"capacity"}, nil),
+		capped: prometheus.NewDesc("gatekeeper_capacity_capped_weight", "Summed weight of the tenants held at the level in the current capacity window (predicted to ask more than their share).", []string{"capacity"}, nil),
 	}
 }
 
@@ -157,8 +161,8 @@ func (cc *capacityCollector) Collect(ch chan<- prometheus.Metric) {
 		for i, r := range c {
 			s, _ := WindowBounds(r, now, l.opts.Location)
 			key := l.keys.capacity(r) + WindowSep
-			cur[i] = p.HMGet(ctx, key+strconv.FormatInt(s.UnixMilli(), 10), "count", "lv", "a")
-			last[i] = p.HMGet(ctx, key+strconv.FormatInt(s.Add(-r.Length()).UnixMilli(), 10), "count", "wc")
+			cur[i] = p.HMGet(ctx, key+strconv.FormatInt(s.UnixMilli(), 10), "count", "lv", "a", "wc")
+			last[i] = p.HMGet(ctx, key+strconv.FormatInt(s.Add(-r.Length()).UnixMilli(), 10), "count")
 		}
 		return nil
 	}); err != nil {
@@ -167,13 +171,13 @@ func (cc *capacityCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for i, r := range c {
 		name := r.String()
-		cv, lv := floats(cur[i].Val(), 3), floats(last[i].Val(), 2)
+		cv, lv := floats(cur[i].Val(), 4), floats(last[i].Val(), 1)
 		ch <- prometheus.MustNewConstMetric(cc.limit, prometheus.GaugeValue, float64(r.Limit), name)
 		ch <- prometheus.MustNewConstMetric(cc.used, prometheus.GaugeValue, cv[0], name, "current")
 		ch <- prometheus.MustNewConstMetric(cc.used, prometheus.GaugeValue, lv[0], name, "last")
 		ch <- prometheus.MustNewConstMetric(cc.level, prometheus.GaugeValue, cv[1], name)
 		ch <- prometheus.MustNewConstMetric(cc.active, prometheus.GaugeValue, cv[2], name)
-		ch <- prometheus.MustNewConstMetric(cc.capped, prometheus.GaugeValue, lv[1], name)
+		ch <- prometheus.MustNewConstMetric(cc.capped, prometheus.GaugeValue, cv[3], name)
 	}
 }
 

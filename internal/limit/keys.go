@@ -19,6 +19,7 @@ import (
 //	<prefix>:{<tenant>}:frontier:<rule set>   search frontier (keys.frontier)
 //	<prefix>:cap:<counter>                    capacity rule key (keys.capacity)
 //	<capacity key>:<window start ms>          a capacity window (admit/35_capacity.lua)
+//	<capacity key>/demand:<window start ms>   its demand histogram (CapacityDemandSuffix)
 //
 // <counter> is the rule's window as written ("1m" for the rule "1000/1m"), then
 // "/bytes" for a byte rule ("10MiB/1m") or "/units" for a unit rule ("500u/1m"),
@@ -43,6 +44,10 @@ const (
 	WindowSep = ":"
 	// AnchorSuffix ends the key of a rule's ttl chain: <rule key>:anchor.
 	AnchorSuffix = ":anchor"
+	// CapacityDemandSuffix turns a capacity rule key into the prefix of its
+	// windows' demand histograms: <capacity key>/demand:<start ms>
+	// (35_capacity.lua's dkey; outside the pattern <capacity key>:*).
+	CapacityDemandSuffix = "/demand"
 )
 
 // encodeTenant returns the tenant's form inside the hash tag.

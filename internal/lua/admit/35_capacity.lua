@@ -16,33 +16,65 @@
 --     a       the active weight: the summed weight of the tenants that booked
 --             there or sent events while it was the current window
 --     fb      what was booked under named tenants' floors
---     <tenant field>  what that tenant booked there
+--     x       what was booked above the level, in the ramp (see Entitlement)
+--     lv, sf, wc  the window's level, what the satisfied ask and the capped
+--             weight (see Entitlement)
+--     t:<tenant>, r:<tenant>  what that tenant booked and was refused there
+--     q:<tenant>  what it is predicted to ask there (see Demand)
 -- ARGV, after the replay arguments, only when a capacity is set (the last
 --   ARGV is then "cap:<the index of the first of them>"):
 --   number of capacity rules, the index in KEYS of the first capacity key,
---   the end of the ramp (per mille of the window), the tenants' fields (a
+--   the start and the end of the ramp (per mille of the window), the tenants' fields (a
 --   JSON array of strings, in call order), the tenants' shares (a JSON
 --   array: per tenant its weight, then its floor for each capacity rule),
 --   then per capacity rule: limit, step ms, the current window's start ms,
 --   retention ms, the sum of the named tenants' floors.
 -- Reply: nothing of its own (the capacity is one more rule of each tenant).
 --
+-- Demand: what a tenant asks of a window is predicted, before the window
+--   starts, as what it reserved there plus what it sent (admitted or
+--   refused) while the window before was current: field q:<tenant> of the
+--   window's hash. (The events a tenant sends in a window are what it sent
+--   in the one before, for a steady sender; and its reserved events are
+--   already there.) Per window a second hash, <capacity key>/demand:<start
+--   ms> (limit.CapacityDemandSuffix), keeps the histogram of these demands
+--   by normalised demand x = q / weight: field <k> (the bucket of x: whole
+--   numbers below 1024, then 1% wide) holds, packed in one integer,
+--   W * 2^32 + D, with D the summed demand and W the summed weight of the
+--   tenants in that bucket (one HINCRBY moves a tenant in or out of a
+--   bucket); a tenant with a floor f also adds -(w * 2^32 + min(q, f)) at
+--   the bucket of min(q, f) / w, and min(q, f) to field fm, so that
+--     G(lv) = fm + sum over buckets below lv of D + lv * sum above of W
+--   is sum_i min(q_i, max(f_i, w_i * lv)), what the tenants would book at
+--   level lv. Bounds: |D| < 2^31 and |W| < 2^21 per bucket. The hash has at
+--   most about 2,400 fields, whatever the number of tenants, and lives as
+--   long as its window. A tenant's call adds its events to q there (and
+--   moves its entry: one to three HINCRBY); a reservation in a future
+--   window adds to q there.
+--
 -- Entitlement: tenant i may book in window s at most
 --   e_i(s) = max(floor_i, weight_i * level)
 -- where level is the water level of the current window (per unit of
--- weight), fixed when the window gets its first call (field lv) from the
--- window before it: each tenant active there is either satisfied (what it
--- booked and was refused there, d, fitted under max(floor, weight * lv)),
--- held at its floor, or capped (field sf sums the d of the satisfied and the
--- floors of the held, field wc the weights of the capped), so
---   lv = (C - sf) / wc      (C / a when no tenant was capped)
--- is a Newton step towards the water level, exact once the sets of
--- satisfied and capped tenants stop changing; the level taken is the mean
--- of it and the level before (damped), and never under the equal share
--- C / a. In the current window the level holds until ramp_lo of the window
--- has passed, then rises linearly to three times itself at ramp_hi: what
--- the others left goes to the tenants with events, all at one level
--- (work-conserving); from ramp_hi on anyone may take what is left. In a future
+-- weight), fixed when the window gets its first call (field lv): the
+-- weighted water level of the window's predicted demand, G(lv) = C,
+-- solved exactly (up to the 1% buckets above 1024) by one walk of its
+-- histogram (O(buckets), not O(tenants)); sf and wc keep what the
+-- satisfied ask and the capped weight. When the window before had capped
+-- tenants too, the level taken is the mean of that and its level (damped:
+-- a consumer that lags decides late, in one window, what it stalled on in
+-- the window before, and an undamped level follows each such burst).
+-- When nobody is capped, the level is the largest normalised demand plus
+-- the spare (C - G) shared by the active weight a of the window before;
+-- with no history (lv 0) it is the equal share C / a of the window's
+-- active weight so far.
+-- In the current window the level holds until ramp_lo of the window has
+-- passed; from then on the capped tenants may share what is spare, the
+-- capacity not booked less what the satisfied tenants are still expected
+-- to ask in the rest of the window ((1 - phase) * sf), split by weight
+-- (wc), each the same part (field x: what they took above the level, is
+-- counted as spare): work-conserving without taking the room of light
+-- tenants' late events. From ramp_hi on, floors are no longer kept apart,
+-- and when nobody is capped anyone may take what is left. In a future
 -- window a tenant may reserve at most half its share at the current level
 -- (at least one event), so that a tenant arriving later finds room from
 -- the next window on. Bookings above a tenant's floor leave room for the
@@ -55,11 +87,16 @@
 -- decided then that did not go there); a sums the weights of those tenants.
 
 local ncap = 0
-local capd = {}   -- per capacity rule: limit, step, cs, ce, retention, ffloor, key, lv
+local capd = {}   -- per capacity rule: limit, step, cs, ce, retention, ffloor, key, lv, sf, wc
 local capn = none -- per tenant: its name in fields
 local caps = none -- per tenant: weight, floor per rule (flat)
-local ramp_lo, ramp_hi = 0.8, 0.97
+local ramp_lo, ramp_hi = 0.9, 0.98
 local cap_ti = 0  -- the tenant being decided (run sets it)
+
+-- The histogram's packing (see Demand): W * HP + D.
+local HP = 4294967296
+local HB = 1024 -- buckets are whole numbers below HB, then 1% wide
+local HLOG = math.log(1.01)
 
 -- cap_parse reads the capacity arguments from ARGV[at] on, when present.
 local function cap_parse(at)
@@ -77,7 +114,8 @@ local function cap_parse(at)
     capd[ci] = {
       limit = tonumber(ARGV[at]), step = step, cs = cs, ce = cs + step,
       retention = tonumber(ARGV[at + 3]), ffloor = tonumber(ARGV[at + 4]),
-      key = KEYS[first + ci - 1], lv = false,
+      key = KEYS[first + ci - 1], lv = false, sf = 0, wc = 0, hlive = {},
+      dprefix = KEYS[first + ci - 1] .. "/demand",
     }
     at = at + 5
   end
@@ -96,11 +134,11 @@ local function cap_state(key)
   local st = counts[key]
   if st == nil then
     cur = key
-    local v = redis.call("HMGET", key, "count", "expire", "a", "fb", "lv", "sf", "wc")
+    local v = redis.call("HMGET", key, "count", "expire", "a", "fb", "lv", "sf", "wc", "x")
     st = {
       c = tonumber(v[1]) or 0, live = v[2] ~= false, a = tonumber(v[3]) or 0,
       fb = tonumber(v[4]) or 0, lv = tonumber(v[5]), sf = tonumber(v[6]) or 0,
-      wc = tonumber(v[7]) or 0,
+      wc = tonumber(v[7]) or 0, x = tonumber(v[8]) or 0,
     }
     counts[key] = st
   end
@@ -138,6 +176,120 @@ local function cap_hincr(key, field, by)
   note(4, key, {field, -by})
 end
 
+-- dkey is the key of the demand histogram of r's window starting at s.
+local function dkey(r, s)
+  return wkey(r.cap.dprefix, s)
+end
+
+-- bucket returns the histogram bucket of normalised demand x >= 0, and
+-- bucket_lo the least x in bucket k.
+local function bucket(x)
+  if x < HB then
+    return math.floor(x)
+  end
+  return HB + math.floor(math.log(x / HB) / HLOG + 1e-9)
+end
+
+local function bucket_lo(k)
+  if k < HB then
+    return k
+  end
+  return HB * math.exp((k - HB) * HLOG)
+end
+
+-- hmove adds the packed delta by to bucket k of the demand histogram key,
+-- and journals it.
+local function hmove(key, k, by)
+  if by ~= 0 then
+    local f = num(k)
+    redis.call("HINCRBY", key, f, string.format("%d", by))
+    note(4, key, {f, string.format("%d", -by)})
+  end
+end
+
+-- cap_demand moves the entry of r's tenant in the demand histogram of its
+-- window [s, e) from demand d0 to d1 >= d0 (see Demand): one HINCRBY when
+-- its bucket stays, two when it changes (and, for a tenant with a floor,
+-- up to three more while its demand is under its floor).
+local function cap_demand(r, s, e, d0, d1)
+  if d0 == d1 then
+    return
+  end
+  local key = wkey(r.cap.dprefix, s)
+  local w = r.w
+  cur = key
+  local k1 = bucket(d1 / w)
+  if d0 > 0 then
+    local k0 = bucket(d0 / w)
+    if k0 == k1 then
+      hmove(key, k1, d1 - d0)
+    else
+      hmove(key, k0, -(w * HP + d0))
+      hmove(key, k1, w * HP + d1)
+    end
+  else
+    hmove(key, k1, w * HP + d1)
+  end
+  if r.f > 0 then
+    local m0, m1 = math.min(d0, r.f), math.min(d1, r.f)
+    if m0 ~= m1 then
+      if m0 > 0 then
+        hmove(key, bucket(m0 / w), w * HP + m0)
+      end
+      hmove(key, bucket(m1 / w), -(w * HP + m1))
+      cap_hincr(key, "fm", m1 - m0)
+    end
+  end
+  if not r.cap.hlive[key] then
+    redis.call("PEXPIRE", key, num(e - now + r.retention))
+    r.cap.hlive[key] = true
+  end
+end
+
+-- cap_solve returns the water level of the demand histogram of window key
+-- for capacity C (G(lv) = C, see Demand), what the satisfied asked and the
+-- capped weight there; nil when the histogram is empty; when nobody was
+-- capped, the largest normalised demand plus the spare per unit of the
+-- active weight a.
+local function cap_solve(key, C, a)
+  local v = redis.call("HGETALL", key)
+  local ks, ds, ws, fm = {}, {}, {}, 0
+  for i = 1, #v, 2 do
+    local val = tonumber(v[i + 1])
+    if v[i] == "fm" then
+      fm = val
+    elseif val ~= 0 then
+      local k = tonumber(v[i])
+      local w = math.floor((val + HP / 2) / HP)
+      ks[#ks + 1] = k
+      ds[k], ws[k] = val - w * HP, w
+    end
+  end
+  if #ks == 0 and fm == 0 then
+    return nil
+  end
+  table.sort(ks)
+  local above = 0
+  for _, k in ipairs(ks) do
+    above = above + ws[k]
+  end
+  local below = fm
+  for _, k in ipairs(ks) do
+    if above > 0 and below + bucket_lo(k) * above >= C then
+      return (C - below) / above, below, above
+    end
+    below, above = below + ds[k], above - ws[k]
+  end
+  if above > 0 then
+    return (C - below) / above, below, above
+  end
+  local top = 1
+  if #ks > 0 then
+    top = bucket_lo(ks[#ks] + 1)
+  end
+  return top + math.max(0, C - below) / math.max(1, a), below, 0
+end
+
 -- cap_level returns the level of r's current window, fixing it at the
 -- window's first call (see Entitlement).
 local function cap_level(r)
@@ -150,39 +302,22 @@ local function cap_level(r)
   local lv = st.lv
   if not lv then
     local p = cap_state(wkey(r.key, d.cs - d.step))
-    local equal = d.limit / math.max(1, p.a, st.a)
-    if p.wc > 0 then
-      -- A Newton step on sum(min(d, w * lv)) = C, damped (the mean with
-      -- the level before: the demand a window sees depends on its level,
-      -- and undamped steps oscillate), and never under the equal share,
-      -- which the answer is never under (sum(min(d, w * lv)) <= a * lv).
-      lv = (d.limit - p.sf) / p.wc
-      if p.lv then
-        lv = (lv + p.lv) / 2
-      end
-      lv = math.max(lv, equal)
-    else
-      lv = equal
+    local sf, wc
+    lv, sf, wc = cap_solve(dkey(r, d.cs), d.limit, p.a)
+    if not lv then
+      lv, sf, wc = 0, 0, 0 -- no history: the equal share (cap_room)
+    elseif wc > 0 and p.lv and p.lv > 0 and p.wc > 0 then
+      -- Damped: the mean with the level before, against bursts of
+      -- arrivals (a consumer that lags sends a window late what it
+      -- stalled on), when both windows had capped tenants.
+      lv = (lv + p.lv) / 2
     end
     cap_touch(r, key, d.ce, st)
-    redis.call("HSET", key, "lv", string.format("%.6f", lv))
-    st.lv = lv
+    redis.call("HSET", key, "lv", string.format("%.6f", lv), "sf", num(math.floor(sf + 0.5)), "wc", num(wc))
+    st.lv, st.sf, st.wc = lv, math.floor(sf + 0.5), wc
   end
-  d.lv = lv
+  d.lv, d.sf, d.wc = lv, st.sf, st.wc
   return lv
-end
-
--- cap_class returns what a tenant with booked b and refused rr adds to a
--- window of level lv: to sf (satisfied: its demand; held: its floor) and
--- to wc (capped: its weight).
-local function cap_class(r, lv, b, rr)
-  local wl = r.w * lv
-  if b + rr <= math.max(r.f, wl) then
-    return b + rr, 0
-  elseif r.f >= wl then
-    return r.f, 0
-  end
-  return 0, r.w
 end
 
 -- cap_rules appends to rules the capacity rules of the ti-th tenant, reads
@@ -217,31 +352,29 @@ local function cap_rules(rules, ti)
   end
 end
 
+-- cap_ask adds by to what r's tenant asks of its window [s, e) (field
+-- q:<tenant>, see Demand) and moves its entry in that window's demand
+-- histogram.
+local function cap_ask(r, s, e, by)
+  local key = wkey(r.key, s)
+  cap_touch(r, key, e, cap_state(key))
+  cur = key
+  local q = redis.call("HINCRBY", key, "q:" .. r.field, by)
+  note(4, key, {"q:" .. r.field, -by})
+  cap_demand(r, s, e, q - by, q)
+end
+
 -- cap_done records, after a tenant's decision of n events of which admitted
--- went to the current windows, what it was refused there and its class.
+-- went to the current windows, what it was refused there, and adds the n
+-- events it sent now to what it asks of the next window.
 local function cap_done(rules, n, admitted)
   for _, r in ipairs(rules) do
     if r.cap then
       local key = wkey(r.key, r.cur_start)
-      local lv = r.cap.lv
-      local b1, r1 = r.b[key] or 0, (r.r0 or 0) + n - admitted
       if n > admitted then
         cap_hincr(key, "r:" .. r.field, n - admitted)
       end
-      local f0, w0 = 0, 0
-      if r.r0 then
-        f0, w0 = cap_class(r, lv, r.b0, r.r0)
-      end
-      local f1, w1 = cap_class(r, lv, b1, r1)
-      local st = cap_state(key)
-      if f1 ~= f0 then
-        cap_hincr(key, "sf", f1 - f0)
-        st.sf = st.sf + f1 - f0
-      end
-      if w1 ~= w0 then
-        cap_hincr(key, "wc", w1 - w0)
-        st.wc = st.wc + w1 - w0
-      end
+      cap_ask(r, r.cur_end, r.cur_end + r.step, n)
     end
   end
 end
@@ -255,17 +388,25 @@ local function cap_room(r, s)
   local b = cap_booked(r, key) or 0
   local d = r.cap
   local C, lv = r.limit, d.lv
+  if lv == 0 then
+    lv = C / math.max(1, cap_state(wkey(r.key, d.cs)).a)
+  end
   local e, protect = 0, true
   if s == d.cs then
     local phi = (now - s) / r.step
-    if phi >= ramp_hi then
-      e, protect = C, false
-    else
-      if phi > ramp_lo then
-        lv = lv * (1 + 2 * (phi - ramp_lo) / (ramp_hi - ramp_lo))
+    protect = phi < ramp_hi
+    if phi > ramp_lo and d.wc > 0 then
+      -- What is spare, shared by the capped (see Entitlement): counted
+      -- as if none had taken its part yet (x: what they took above the
+      -- level), so that each gets the same part.
+      local spare = C - (st.c - st.x) - (1 - phi) * d.sf
+      if spare > 0 then
+        lv = lv + spare / d.wc
       end
-      e = math.floor(r.w * lv + 1e-9)
+    elseif not protect then
+      lv = C
     end
+    e = math.floor(r.w * lv + 1e-9)
   else
     e = math.max(1, math.floor(r.w * lv / 2 + 1e-9))
   end
@@ -293,7 +434,9 @@ local function room_of(r, s)
   return r.limit - count_of(wkey(r.key, s))
 end
 
--- cap_add books `by` events of r's tenant in capacity window [s, e).
+-- cap_add books `by` events of r's tenant in capacity window [s, e); in a
+-- future window it moves the tenant's demand there (in the current window
+-- cap_done does, with what it was refused).
 local function cap_add(r, s, e, by)
   local key = wkey(r.key, s)
   local st = cap_state(key)
@@ -310,6 +453,17 @@ local function cap_add(r, s, e, by)
     note(4, key, {"t:" .. r.field, -by})
   end
   r.b[key] = b + by
+  if s ~= r.cur_start then
+    cap_ask(r, s, e, by)
+  elseif r.cap.lv > 0 then
+    -- What it took above its entitlement at the level (the ramp's part).
+    local base = math.max(r.f, math.floor(r.w * r.cap.lv + 1e-9))
+    local over = math.max(0, b + by - base) - math.max(0, b - base)
+    if over > 0 then
+      cap_hincr(key, "x", over)
+      st.x = st.x + over
+    end
+  end
   if r.f > 0 then
     local under = math.min(b + by, r.f) - math.min(b, r.f)
     if under > 0 then
