@@ -96,11 +96,11 @@ local function cap_state(key)
   local st = counts[key]
   if st == nil then
     cur = key
-    local v = redis.call("HMGET", key, "count", "expire", "a", "fb", "lv", "sf", "wc")
+    local v = redis.call("HMGET", key, "count", "expire", "a", "fb", "lv", "sf", "wc", "cl")
     st = {
       c = tonumber(v[1]) or 0, live = v[2] ~= false, a = tonumber(v[3]) or 0,
       fb = tonumber(v[4]) or 0, lv = tonumber(v[5]), sf = tonumber(v[6]) or 0,
-      wc = tonumber(v[7]) or 0,
+      wc = tonumber(v[7]) or 0, cl = tonumber(v[8]),
     }
     counts[key] = st
   end
@@ -138,6 +138,24 @@ local function cap_hincr(key, field, by)
   note(4, key, {field, -by})
 end
 
+-- cap_fix returns the capacity in force in r's current window (field cl),
+-- fixing it at the window's first call while current: the limit of this
+-- call (a paced or capped capacity, limit's Pacer, is passed like a fixed
+-- one), or what the window already holds if more (reservations made before
+-- a cut are kept). Every replica then uses the same capacity for the whole
+-- window; a future window's bookings are bounded by the limit of their call.
+local function cap_fix(r, key, st)
+  if st.cl then
+    return st.cl
+  end
+  local cl = math.max(st.c, r.cap.limit)
+  cap_touch(r, key, r.cap.ce, st)
+  cur = key
+  redis.call("HSET", key, "cl", cl)
+  st.cl = cl
+  return cl
+end
+
 -- cap_level returns the level of r's current window, fixing it at the
 -- window's first call (see Entitlement).
 local function cap_level(r)
@@ -148,15 +166,16 @@ local function cap_level(r)
   local key = wkey(r.key, d.cs)
   local st = cap_state(key)
   local lv = st.lv
+  d.cl = cap_fix(r, key, st)
   if not lv then
     local p = cap_state(wkey(r.key, d.cs - d.step))
-    local equal = d.limit / math.max(1, p.a, st.a)
+    local equal = d.cl / math.max(1, p.a, st.a)
     if p.wc > 0 then
       -- A Newton step on sum(min(d, w * lv)) = C, damped (the mean with
       -- the level before: the demand a window sees depends on its level,
       -- and undamped steps oscillate), and never under the equal share,
       -- which the answer is never under (sum(min(d, w * lv)) <= a * lv).
-      lv = (d.limit - p.sf) / p.wc
+      lv = (d.cl - p.sf) / p.wc
       if p.lv then
         lv = (lv + p.lv) / 2
       end
@@ -255,6 +274,9 @@ local function cap_room(r, s)
   local b = cap_booked(r, key) or 0
   local d = r.cap
   local C, lv = r.limit, d.lv
+  if s == d.cs then
+    C = d.cl -- cap_fix
+  end
   local e, protect = 0, true
   if s == d.cs then
     local phi = (now - s) / r.step
