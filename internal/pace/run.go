@@ -34,6 +34,7 @@ type Runner struct {
 	Clock func() time.Time
 
 	mu     sync.Mutex
+	inited bool
 	status Status
 	m      *metrics
 }
@@ -107,8 +108,11 @@ func (r *Runner) Register(reg prometheus.Registerer) error {
 	return r.m.register(reg)
 }
 
-// Run computes (with the lease) and applies the rate until ctx is done.
-func (r *Runner) Run(ctx context.Context) error {
+// Init applies what is in force now, before any event is decided: the
+// fleet's rate and the cap when they can be read, else the floor when paced
+// and enforced, the ceiling otherwise. Run calls it; call it before the
+// pipeline starts.
+func (r *Runner) Init(ctx context.Context) {
 	if r.Log == nil {
 		r.Log = slog.New(slog.DiscardHandler)
 	}
@@ -116,12 +120,21 @@ func (r *Runner) Run(ctx context.Context) error {
 		r.m = newMetrics()
 	}
 	r.mu.Lock()
-	r.status = Status{Paced: r.Downstream != nil, Shadow: r.Shadow, Ceiling: r.Ceiling, Floor: r.Params.Floor, InForce: r.Ceiling}
-	if r.Downstream != nil && !r.Shadow {
-		r.status.InForce = r.Params.Floor // until the fleet's rate is read
+	if !r.inited {
+		r.inited = true
+		r.status = Status{Paced: r.Downstream != nil, Shadow: r.Shadow, Ceiling: r.Ceiling, Floor: r.Params.Floor, InForce: r.Ceiling}
+		if r.Downstream != nil && !r.Shadow {
+			r.status.InForce = r.Params.Floor // until the fleet's rate is read
+		}
+		r.Apply(r.status.InForce)
 	}
 	r.mu.Unlock()
 	r.apply(ctx)
+}
+
+// Run computes (with the lease) and applies the rate until ctx is done.
+func (r *Runner) Run(ctx context.Context) error {
+	r.Init(ctx)
 	var wg sync.WaitGroup
 	if r.Downstream != nil {
 		wg.Add(1)
