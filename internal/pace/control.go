@@ -1,6 +1,7 @@
 package pace
 
 import (
+	"fmt"
 	"math"
 	"time"
 )
@@ -104,6 +105,9 @@ func (c *Controller) Observe(s Sample) Estimate {
 	dt := s.At.Sub(old.At).Seconds()
 	e := Estimate{Lag: max(0, s.End-s.Committed), State: StateOK}
 	if len(c.samples) < 2 || dt < c.p.Interval.Seconds()/2 || s.Committed < old.Committed || s.End < old.End {
+		if len(c.samples) >= 2 && (s.Committed < old.Committed || s.End < old.End) {
+			e.Reason = fmt.Sprintf("offsets went back (committed %d to %d, end %d to %d): samples restarted", old.Committed, s.Committed, old.End, s.End)
+		}
 		c.samples = c.samples[len(c.samples)-1:]
 		e.State, e.Rate = StateWarming, c.rate
 		c.last = e

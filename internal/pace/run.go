@@ -234,6 +234,9 @@ func (r *Runner) control(ctx context.Context) {
 		} else {
 			e = c.Observe(s)
 		}
+		if e.State == StateWarming && e.Reason != "" {
+			r.Log.Warn("capacity pacing: "+e.Reason, slog.Float64("rate", e.Rate))
+		}
 		if e.State == StateHeld || e.State == StateFloor {
 			r.Log.Warn("capacity pacing: signal lost", slog.String("state", e.State), slog.String("reason", e.Reason), slog.Time("since", e.LostSince))
 		}
