@@ -68,10 +68,16 @@ type Estimate struct {
 // Not safe for concurrent use.
 type Controller struct {
 	p       Params
-	samples []Sample
+	samples []Sample // over the last span, one per SampleEvery
+	decided time.Time // when the rate was last computed
 	last    Estimate
 	rate    float64 // the last rate set (0: none yet)
 }
+
+// SampleEvery is how often the downstream is read: a few times per
+// interval, so that the lag of the law is a mean, not one point of a
+// window's saw-tooth.
+func SampleEvery(interval time.Duration) time.Duration { return max(interval/4, 25*time.Millisecond) }
 
 // span is the time over which the drain rate is estimated.
 func (c *Controller) span() time.Duration { return max(2*c.p.Interval, 2*time.Second) }
@@ -90,7 +96,8 @@ const lead = 1.0
 
 func clamp(x, lo, hi float64) float64 { return math.Max(lo, math.Min(hi, x)) }
 
-// Observe takes a sample and returns the new estimate.
+// Observe takes a sample (one per SampleEvery) and returns the estimate;
+// the rate changes at most once per interval.
 func (c *Controller) Observe(s Sample) Estimate {
 	if s.Members == 0 {
 		return c.Lost(s.At, "the downstream group has no members")
@@ -107,8 +114,8 @@ func (c *Controller) Observe(s Sample) Estimate {
 	if len(c.samples) < 2 || dt < c.p.Interval.Seconds()/2 || s.Committed < old.Committed || s.End < old.End {
 		if len(c.samples) >= 2 && (s.Committed < old.Committed || s.End < old.End) {
 			e.Reason = fmt.Sprintf("offsets went back (committed %d to %d, end %d to %d): samples restarted", old.Committed, s.Committed, old.End, s.End)
+			c.samples = c.samples[len(c.samples)-1:]
 		}
-		c.samples = c.samples[len(c.samples)-1:]
 		e.State, e.Rate = StateWarming, c.rate
 		c.last = e
 		return e
@@ -121,11 +128,28 @@ func (c *Controller) Observe(s Sample) Estimate {
 	} else if e.Lag > 0 {
 		e.Wait = time.Duration(math.MaxInt64)
 	}
+	if !c.decided.IsZero() && s.At.Sub(c.decided) < c.p.Interval*9/10 {
+		e.Rate = c.rate // between two decisions: a sample of the lag
+		c.last = e
+		return e
+	}
+	c.decided = s.At
+	// The lag of the law is its mean over the last interval: within a
+	// window it falls from what the window's first calls wrote, and one
+	// sample would see a different point of that each time.
+	var sum, k float64
+	for _, x := range c.samples {
+		if s.At.Sub(x.At) < c.p.Interval {
+			sum += float64(max(0, x.End-x.Committed))
+			k++
+		}
+	}
+	lag := sum / k
 	// The rate set last takes effect from the next window on: the lag then
 	// is predicted from it, so that one correction is not made twice.
-	ahead := float64(e.Lag) + (c.rate-e.Drain)*lead*c.p.Interval.Seconds()
+	ahead := lag + (c.rate-e.Drain)*lead*c.p.Interval.Seconds()
 	rate := e.Drain + (e.Drain*target-ahead)/target
-	if e.Input < 0.8*c.rate && rate < c.rate && float64(e.Lag) <= e.Drain*target {
+	if e.Input < 0.8*c.rate && rate < c.rate && lag <= e.Drain*target {
 		rate = c.rate // demand-bound, and events do not wait: keep the rate
 	}
 	c.rate = clamp(rate, c.p.Floor, c.p.Ceiling)

@@ -33,7 +33,7 @@ func simulate(p Params, seconds int, commitEvery time.Duration, drain func(sec f
 		if at-lastCommit >= commitEvery {
 			committed, lastCommit = math.Floor(done), at
 		}
-		if at-lastSample >= p.Interval {
+		if at-lastSample >= SampleEvery(p.Interval) {
 			e := c.Observe(Sample{At: t0.Add(at), Committed: int64(committed), End: int64(end), Members: 1})
 			rate, lastSample = e.Rate, at
 		}

@@ -199,7 +199,7 @@ func (r *Runner) apply(ctx context.Context) {
 // control computes the fleet's rate once per interval while this replica
 // holds the lease.
 func (r *Runner) control(ctx context.Context) {
-	t := time.NewTicker(r.Params.Interval)
+	t := time.NewTicker(SampleEvery(r.Params.Interval))
 	defer t.Stop()
 	var c *Controller
 	for {
