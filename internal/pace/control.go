@@ -68,7 +68,7 @@ type Estimate struct {
 // Not safe for concurrent use.
 type Controller struct {
 	p       Params
-	samples []Sample // over the last span, one per SampleEvery
+	samples []Sample  // over the last span, one per SampleEvery
 	decided time.Time // when the rate was last computed
 	last    Estimate
 	rate    float64 // the last rate set (0: none yet)
