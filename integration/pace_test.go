@@ -96,7 +96,7 @@ type paceOut struct {
 	secs                        int
 	bounds                      []int // the phases' starts
 	admitted, drained, capacity []float64
-	booked                      []float64 // per capacity window: what the gate admitted or reserved there
+	booked                      []float64   // per capacity window: what the gate admitted or reserved there
 	paced                       []float64   // gk1's paced rate, sampled once a second
 	waits                       [][]float64 // per phase: seconds events waited downstream
 	cpu                         float64     // the gatekeepers' CPU seconds during the traffic
