@@ -28,14 +28,21 @@ func runMain(t *testing.T, args ...string) (int, string, string) {
 }
 
 // setEnv makes the GATEKEEPER_* configuration exactly vars (names without
-// the prefix): every other configuration variable is unset for the test.
+// the prefix): every other configuration variable is unset for the test,
+// and so is every other GATEKEEPER_ variable that check-config would warn
+// about (GATEKEEPER_LOCAL_DIR of the local servers, say), so that what the
+// shell running the tests exports does not change their output.
 func setEnv(t *testing.T, vars map[string]string) {
 	t.Helper()
 	keys, err := worker.ConfigKeys()
 	if err != nil {
 		t.Fatal(err)
 	}
-	testenv.SetEnv(t, worker.EnvPrefix, keys, vars)
+	unknown, err := worker.UnknownVars(os.Environ())
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.SetEnv(t, worker.EnvPrefix, append(keys, unknown...), vars)
 }
 
 // minimal is the least configuration that validates; with adds to a copy.

@@ -203,7 +203,8 @@ func (p *childParts) handler(ctx context.Context, c childConfig, goRun func(func
 // recycled, as the Gate recycles its own.
 func passthrough(router *route.Router) consume.Handler {
 	var pool sync.Pool
-	return consume.HandlerFunc(func(ctx context.Context, msgs []kafka.Message) error {
+	return consume.HandlerFunc(func(ctx context.Context, b consume.Batch) error {
+		msgs := b.Messages
 		p, _ := pool.Get().(*[]route.Item)
 		if p == nil {
 			p = new([]route.Item)
@@ -232,7 +233,11 @@ func (p *childParts) gate(a route.Admitter) (consume.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &route.Gate{Extractor: extractor, Admission: p.admission(a)}, nil
+	gate, err := route.NewGate(route.Gate{Extractor: extractor, Admission: p.admission(a)})
+	if err != nil {
+		return nil, err
+	}
+	return gate, nil
 }
 
 // gatekeeperLib is Gatekeeper's own parts wired as
@@ -259,7 +264,11 @@ func (p *childParts) gatekeeperLib(ctx context.Context, c childConfig, goRun fun
 	for _, t := range p.topics.Tiers() {
 		dc.Topics = append(dc.Topics, t.Topic)
 	}
-	retry, err := consume.NewDelayed(dc, &route.Retrier{Admission: p.admission(lim)})
+	retrier, err := route.NewRetrier(route.Retrier{Admission: p.admission(lim)})
+	if err != nil {
+		return nil, err
+	}
+	retry, err := consume.NewDelayed(dc, retrier)
 	if err != nil {
 		return nil, err
 	}
@@ -293,8 +302,8 @@ type seedAdmitter struct {
 
 // AdmitFrom is Admit: the seed's script keeps no replay record, and it counts every event
 // as 1, whatever its cost.
-func (a *seedAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, tenants []string, _ []limit.Cost) ([]limit.Decision, error) {
-	return a.Admit(ctx, tenants)
+func (a *seedAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, events []limit.Event) ([]limit.Decision, error) {
+	return a.Admit(ctx, limit.Tenants(events))
 }
 
 func (a *seedAdmitter) Admit(ctx context.Context, tenants []string) ([]limit.Decision, error) {
@@ -331,8 +340,8 @@ type rateAdmitter struct {
 
 // AdmitFrom is Admit: redis_rate keeps no replay record, and it counts every event
 // as 1, whatever its cost.
-func (a *rateAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, tenants []string, _ []limit.Cost) ([]limit.Decision, error) {
-	return a.Admit(ctx, tenants)
+func (a *rateAdmitter) AdmitFrom(ctx context.Context, _ limit.Source, events []limit.Event) ([]limit.Decision, error) {
+	return a.Admit(ctx, limit.Tenants(events))
 }
 
 func (a *rateAdmitter) Admit(ctx context.Context, tenants []string) ([]limit.Decision, error) {

@@ -58,7 +58,7 @@ func startDelayed(t *testing.T, f fetcher, t0 time.Time, lookAhead int, failures
 func startDelayedWith(t *testing.T, f fetcher, t0 time.Time, mutate func(*DelayedConfig), failures int) *delayedHarness {
 	t.Helper()
 	h := &delayedHarness{clock: newFakeClock(t0), commits: &commits{}, done: make(chan struct{}), failures: failures}
-	handler := HandlerFunc(func(_ context.Context, ms []kafka.Message) error {
+	handler := onMessages(func(_ context.Context, ms []kafka.Message) error {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		h.attempts++
@@ -296,7 +296,7 @@ func TestDelayedLatenessIncludesHandling(t *testing.T) {
 		mu   sync.Mutex
 		late []time.Duration
 	)
-	handler := HandlerFunc(func(context.Context, []kafka.Message) error {
+	handler := onMessages(func(context.Context, []kafka.Message) error {
 		clock.Set(clock.Now().Add(250 * time.Millisecond)) // the write takes 250ms
 		return nil
 	})

@@ -111,7 +111,7 @@ func testTopicDeleted(t *testing.T, broker string, topics int) {
 	handled := map[string]bool{} // topic/partition/offset
 	cfg := testConfig(t, broker, group, sources[0])
 	cfg.Topics, cfg.Logger = sources, log
-	g, err := NewGroup(cfg, HandlerFunc(func(_ context.Context, msgs []kafka.Message) error {
+	g, err := NewGroup(cfg, onMessages(func(_ context.Context, msgs []kafka.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, m := range msgs {
@@ -126,7 +126,7 @@ func testTopicDeleted(t *testing.T, broker string, topics int) {
 	g.m.onGeneration = func(*kafka.Generation) { gens.Add(1) }
 	rcfg := DelayedConfig{Config: testConfig(t, broker, group+".retry", retryTopic), ReleaseAt: releaseAtHeader}
 	rcfg.Logger = log
-	d, err := NewDelayed(rcfg, HandlerFunc(func(context.Context, []kafka.Message) error { return nil }))
+	d, err := NewDelayed(rcfg, onMessages(func(context.Context, []kafka.Message) error { return nil }))
 	if err != nil {
 		t.Fatal(err)
 	}

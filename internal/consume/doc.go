@@ -42,9 +42,9 @@
 // for Delayed the batch being handled, since it commits after each). A
 // failing batch is retried, with capped exponential backoff, until it
 // succeeds or the partition is stopped. So that a Handler can recognise
-// what it is given again, each Handle call's context carries the
-// partition's committed offset as the consumer knows it ([CommittedOffset]):
-// nothing below it is ever handed over again.
+// what it is given again, each [Batch] carries the partition's committed
+// offset as the consumer knows it (Batch.Committed): nothing below it is ever
+// handed over again.
 //
 // # Missing topics
 //

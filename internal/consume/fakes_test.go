@@ -198,3 +198,9 @@ func msgs(from, to int64) []kafka.Message {
 	}
 	return out
 }
+
+// onMessages adapts a function of a batch's messages to the Handler
+// interface, for tests that need nothing else of the Batch.
+func onMessages(f func(ctx context.Context, msgs []kafka.Message) error) HandlerFunc {
+	return func(ctx context.Context, b Batch) error { return f(ctx, b.Messages) }
+}

@@ -96,7 +96,8 @@ type recordingHandler struct {
 	ok       [][]int64
 }
 
-func (h *recordingHandler) Handle(_ context.Context, msgs []kafka.Message) error {
+func (h *recordingHandler) Handle(_ context.Context, b Batch) error {
+	msgs := b.Messages
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.calls = append(h.calls, offsetsOf(msgs))
@@ -207,7 +208,7 @@ func TestRunBatchesDrainOnStop(t *testing.T) {
 			entered := make(chan struct{})
 			release := make(chan struct{})
 			calls := 0
-			h := HandlerFunc(func(ctx context.Context, _ []kafka.Message) error {
+			h := onMessages(func(ctx context.Context, _ []kafka.Message) error {
 				calls++
 				close(entered)
 				<-release

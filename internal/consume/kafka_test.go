@@ -336,7 +336,7 @@ func TestKafkaGroupHandlesAndCommitsEverything(t *testing.T) {
 		defer lagMu.Unlock()
 		lastLag[p] = lag
 	}
-	g, err := NewGroup(cfg, HandlerFunc(func(_ context.Context, msgs []kafka.Message) error {
+	g, err := NewGroup(cfg, onMessages(func(_ context.Context, msgs []kafka.Message) error {
 		s.add(msgs)
 		return nil
 	}))
@@ -369,7 +369,7 @@ func TestKafkaGroupHandlesAndCommitsEverything(t *testing.T) {
 	// it sees the new messages and none of the old ones.
 	produce(t, broker, topic, values(6, "second"))
 	s2 := newSeen(t)
-	g2, err := NewGroup(testConfig(t, broker, group, topic), HandlerFunc(func(_ context.Context, msgs []kafka.Message) error {
+	g2, err := NewGroup(testConfig(t, broker, group, topic), onMessages(func(_ context.Context, msgs []kafka.Message) error {
 		s2.add(msgs)
 		return nil
 	}))
@@ -405,7 +405,7 @@ func TestKafkaGroupsSplitPartitions(t *testing.T) {
 	per := []*seen{newSeen(t), newSeen(t)}
 	var stops []func() error
 	for i := range 2 {
-		g, err := NewGroup(testConfig(t, broker, group, topic), HandlerFunc(func(_ context.Context, msgs []kafka.Message) error {
+		g, err := NewGroup(testConfig(t, broker, group, topic), onMessages(func(_ context.Context, msgs []kafka.Message) error {
 			per[i].add(msgs)
 			all.add(msgs)
 			return nil
@@ -462,7 +462,7 @@ func TestKafkaHandlerFailuresLoseNothing(t *testing.T) {
 	failures := 2
 	failed := map[int]int64{} // partition -> first offset of a failed batch, until retried
 	s := newSeen(t)
-	g, err := NewGroup(testConfig(t, broker, group, topic), HandlerFunc(func(_ context.Context, msgs []kafka.Message) error {
+	g, err := NewGroup(testConfig(t, broker, group, topic), onMessages(func(_ context.Context, msgs []kafka.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		p := msgs[0].Partition
@@ -508,7 +508,7 @@ func TestKafkaGroupShutdownFinishesInFlightBatch(t *testing.T) {
 	var mu sync.Mutex
 	var inFlight []kafka.Message
 	var ctxErr error
-	g, err := NewGroup(testConfig(t, broker, group, topic), HandlerFunc(func(ctx context.Context, msgs []kafka.Message) error {
+	g, err := NewGroup(testConfig(t, broker, group, topic), onMessages(func(ctx context.Context, msgs []kafka.Message) error {
 		first := false
 		once.Do(func() { first = true })
 		if !first {
@@ -582,7 +582,7 @@ func TestKafkaDelayedReleasesOnTimeAndCommits(t *testing.T) {
 		defer lateMu.Unlock()
 		maxLate = max(maxLate, d)
 	}
-	d, err := NewDelayed(cfg, HandlerFunc(func(_ context.Context, msgs []kafka.Message) error {
+	d, err := NewDelayed(cfg, onMessages(func(_ context.Context, msgs []kafka.Message) error {
 		handled := time.Now()
 		for _, m := range msgs {
 			if at, ok := release[string(m.Value)]; ok && handled.Before(at) {
@@ -627,7 +627,7 @@ func TestKafkaRebalanceDuringBatchHandsOverExactly(t *testing.T) {
 	firstEntered := make(chan struct{})
 	var enteredOnce sync.Once
 	var ctxErrs []error
-	slow := HandlerFunc(func(ctx context.Context, msgs []kafka.Message) error {
+	slow := onMessages(func(ctx context.Context, msgs []kafka.Message) error {
 		p := msgs[0].Partition
 		mu.Lock()
 		first := !slowDone[p]
@@ -655,7 +655,7 @@ func TestKafkaRebalanceDuringBatchHandsOverExactly(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("first member handled nothing within 30s")
 	}
-	g2, err := NewGroup(testConfig(t, broker, group, topic), HandlerFunc(func(_ context.Context, msgs []kafka.Message) error {
+	g2, err := NewGroup(testConfig(t, broker, group, topic), onMessages(func(_ context.Context, msgs []kafka.Message) error {
 		all.add(msgs)
 		return nil
 	}))
@@ -721,7 +721,7 @@ func TestKafkaDelayedHandoverSkipsDone(t *testing.T) {
 				ReleaseAt: releaseAtHeader,
 				OnSkipped: func(_ string, k int) { skipped.Add(int64(k)) },
 			}
-			handler := HandlerFunc(func(_ context.Context, msgs []kafka.Message) error {
+			handler := onMessages(func(_ context.Context, msgs []kafka.Message) error {
 				s.add(msgs)
 				return nil
 			})

@@ -106,7 +106,7 @@ func TestKafkaLeaseMovesACrashedMembersPartitions(t *testing.T) {
 			cfg.Dialer = &kafka.Dialer{Timeout: time.Second, DialFunc: crash.dial}
 			cfg.Transport = &kafka.Transport{DialTimeout: time.Second, Dial: crash.dial}
 		}
-		g, err := NewGroup(cfg, HandlerFunc(func(context.Context, []kafka.Message) error { return nil }))
+		g, err := NewGroup(cfg, onMessages(func(context.Context, []kafka.Message) error { return nil }))
 		if err != nil {
 			t.Fatal(err)
 		}

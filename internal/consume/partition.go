@@ -35,11 +35,11 @@ type partition struct {
 // handle calls the Handler with msgs until it returns nil (true), or until
 // stop is done (false): then nothing of msgs may be committed. A failing
 // batch is retried as it is, after a capped exponential backoff. The
-// Handler's context carries the committed offset (CommittedOffset).
+// Batch carries the partition's committed offset.
 func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message) bool {
-	hctx = WithCommittedOffset(hctx, p.committed)
+	b := Batch{Topic: p.topic, Partition: p.id, Committed: max(p.committed, 0), Messages: msgs}
 	for attempt := 0; ; attempt++ {
-		err := p.handler.Handle(hctx, msgs)
+		err := p.handler.Handle(hctx, b)
 		if err == nil {
 			return true
 		}

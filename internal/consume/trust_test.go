@@ -94,7 +94,7 @@ func TestKafkaDelayedDistrustsForgedDoneSet(t *testing.T) {
 			cfg := DelayedConfig{Config: testConfig(t, broker, group, topic), ReleaseAt: releaseAtHeader,
 				MetadataKeys: tc.keys,
 				OnDistrusted: func(_ string, why string) { mu.Lock(); reasons[why]++; mu.Unlock() }}
-			d, err := NewDelayed(cfg, HandlerFunc(func(_ context.Context, msgs []kafka.Message) error {
+			d, err := NewDelayed(cfg, onMessages(func(_ context.Context, msgs []kafka.Message) error {
 				s.add(msgs)
 				return nil
 			}))

@@ -141,7 +141,7 @@ func TestKafkaReadCommitted(t *testing.T) {
 	produceTxn(t, plain, "after-open", 5)
 
 	v := &valueLog{seen: map[string]int{}}
-	g, err := NewGroup(testConfig(t, broker, group, topic), HandlerFunc(func(_ context.Context, msgs []kafka.Message) error {
+	g, err := NewGroup(testConfig(t, broker, group, topic), onMessages(func(_ context.Context, msgs []kafka.Message) error {
 		v.add(msgs)
 		return nil
 	}))

@@ -139,8 +139,8 @@ func BenchmarkAdmitFrom(b *testing.B) {
 	l := newTestLimiter(b, rdb, "*=1000/1m", Options{})
 	start := time.Now()
 	for i := 0; i < b.N; i++ {
-		s := src(max(0, int64(i-1)*benchBatch), int64(i)*benchBatch, benchBatch)
-		if _, err := l.AdmitFrom(ctx, s, batches[i%len(batches)], nil); err != nil {
+		s := src(max(0, int64(i-1)*benchBatch), int64(i)*benchBatch)
+		if _, err := l.AdmitFrom(ctx, s.Source, s.events(batches[i%len(batches)], nil)); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -6,7 +6,7 @@ import "fmt"
 // its batch, whatever the rules, the horizon or the windows' length:
 //
 //   - an event that a rule of its tenant can never admit is rejected here,
-//     without Redis: an event rule of limit 0 (never), and, in weigh, an
+//     without Redis: an event rule of limit 0 (never), and, in takeCosts, an
 //     event whose cost is over the whole limit of a byte or unit rule;
 //   - the deferral searches of one call read at most Options.MaxScan windows
 //     all together (see "Budget" in internal/lua/admit/10_call.lua): when the budget is spent, a
@@ -38,7 +38,7 @@ func never(rules []Rule) string {
 // admits one, unless one of them may have been decided by Redis before
 // (src, see sentOffsets): that one gets its recorded decision back from
 // Redis. It reports whether g was decided. l.mu must be held.
-func (l *Limiter) rejectNever(g *group, src Source, out []Decision) bool {
+func (l *Limiter) rejectNever(g *group, src positions, out []Decision) bool {
 	why := never(g.rules)
 	if why == "" || l.sent.mayReplay(src, g.idx) {
 		return false

@@ -205,7 +205,7 @@ func TestBoundedZeroLimitReplayed(t *testing.T) {
 	m := newWorkMeter(t, rdb)
 	l := newTestLimiter(t, rdb, "*=1/1s", Options{Clock: func() time.Time { return t0 }})
 	tenants := madeUp(boundedBatch, "t")
-	if got := kinds(admitFrom(t, l, src(0, 0, boundedBatch), tenants)); got != strings.Repeat("a", boundedBatch) {
+	if got := kinds(admitFrom(t, l, src(0, 0), tenants)); got != strings.Repeat("a", boundedBatch) {
 		t.Fatalf("first batch: got %s", got)
 	}
 	if err := l.SetRules(mustRules(t, "*=0/1s")); err != nil {
@@ -213,7 +213,7 @@ func TestBoundedZeroLimitReplayed(t *testing.T) {
 	}
 	m.reset()
 	// The 500 decided events again, then one new event of each tenant.
-	ds := admitFrom(t, l, src(0, 0, 2*boundedBatch), append(tenants, tenants...))
+	ds := admitFrom(t, l, src(0, 0), append(tenants, tenants...))
 	if got := kinds(ds); got != strings.Repeat("a", boundedBatch)+strings.Repeat("r", boundedBatch) {
 		t.Errorf("replayed then new: got %s", got)
 	}

@@ -132,7 +132,7 @@ func TestFailedCallCountsNothing(t *testing.T) {
 				g.chains = g.st.chains
 			}
 			l.mu.Unlock()
-			ks, av := l.script(groups, now, now.Add(l.opts.Horizon), Source{}, l.scanBudget(1))
+			ks, av := l.script(groups, now, now.Add(l.opts.Horizon), positions{}, l.scanBudget(1))
 			// The tenants' records come last but for the replay argument (none).
 			var recs []int64
 			if err := json.Unmarshal(av[len(av)-2].([]byte), &recs); err != nil {

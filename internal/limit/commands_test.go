@@ -58,11 +58,11 @@ func TestReplayRecordCommands(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, batch := range batches {
-			s := Source{}
+			s := testSource{}
 			if withSource {
-				s = src(max(0, int64(i-1)*benchBatch), int64(i)*benchBatch, benchBatch)
+				s = src(max(0, int64(i-1)*benchBatch), int64(i)*benchBatch)
 			}
-			if _, err := l.AdmitFrom(ctx, s, batch, nil); err != nil {
+			if _, err := l.AdmitFrom(ctx, s.Source, s.events(batch, nil)); err != nil {
 				t.Fatal(err)
 			}
 		}

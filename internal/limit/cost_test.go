@@ -30,12 +30,14 @@ func testCostReplayed(t *testing.T, rdb redis.UniversalClient) {
 	clk := newFakeClock(t0.Add(10 * time.Second))
 	l := newTestLimiter(t, rdb, "acme=1000B/1m,10/1m", Options{Clock: clk.Now, Horizon: time.Hour})
 	ctx := context.Background()
-	ds, err := l.AdmitFrom(ctx, src(0, 10, 2), repeat("acme", 2), bytesOf(400, 500))
+	s := src(0, 10)
+	ds, err := l.AdmitFrom(ctx, s.Source, s.events(repeat("acme", 2), bytesOf(400, 500)))
 	if err != nil || kinds(ds) != "aa" {
 		t.Fatalf("first batch: got %v, %v, want aa", kinds(ds), err)
 	}
 	// Offset 11 again, then 12 (300: over the 100 left) and 13 (50: after it).
-	ds, err = l.AdmitFrom(ctx, src(0, 11, 3), repeat("acme", 3), bytesOf(500, 300, 50))
+	s = src(0, 11)
+	ds, err = l.AdmitFrom(ctx, s.Source, s.events(repeat("acme", 3), bytesOf(500, 300, 50)))
 	if err != nil || kinds(ds) != "add" {
 		t.Fatalf("replaying batch: got %v, %v, want add", kinds(ds), err)
 	}

@@ -248,10 +248,10 @@ type group struct {
 	st     *tenantState
 	// chains is st.chains as read for this call (nil: unknown).
 	chains []chain
-	// weighted: the rules count bytes or units (see Weighted); costs are
+	// byCost: the rules count bytes or units (see CountsCosts); costs are
 	// then the costs of the events idx (else nil).
-	weighted bool
-	costs    []Cost
+	byCost bool
+	costs  []Cost
 	// override is the version of the live override whose rules these are
 	// (0: none); every decision of the group carries it.
 	override int64
@@ -262,40 +262,43 @@ type group struct {
 // tenant with a byte or unit rule is then an error), and a replay of it is
 // counted again.
 func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, error) {
-	return l.AdmitFrom(ctx, Source{}, tenants, nil)
+	return l.admitFrom(ctx, positions{}, tenants, nil, false)
 }
 
 // AdmitCosts decides a batch that names no source: it is AdmitFrom with a
 // zero Source.
 func (l *Limiter) AdmitCosts(ctx context.Context, tenants []string, costs []Cost) ([]Decision, error) {
-	return l.AdmitFrom(ctx, Source{}, tenants, costs)
+	return l.admitFrom(ctx, positions{}, tenants, costs, false)
 }
 
-// AdmitFrom decides a batch. The result is index-aligned with tenants; one
-// tenant's events are decided in slice order: the first that fit are admitted,
-// the next get the earliest reserved slots, the rest are rejected. An event
-// fits when every rule of its tenant has room for its cost: 1 for a rule
-// that counts events, its Cost (index-aligned with tenants) for a rule that
-// counts bytes or units. An event whose cost is over a rule's whole limit is
+// AdmitFrom decides a batch of events. The result is index-aligned with
+// events; one tenant's events are decided in slice order: the first that fit
+// are admitted, the next get the earliest reserved slots, the rest are
+// rejected. An event fits when every rule of its tenant has room for its
+// cost: 1 for a rule that counts events, its Cost for a rule that counts
+// bytes or units. An event whose cost is over a rule's whole limit is
 // rejected with its own reason (it would never fit) and the events after it
 // are decided as if it were not there. The whole
 // batch costs one Redis round trip (one per node on Redis Cluster), none for
 // tenants without rules or known to be full up to the horizon. The events
 // of a tenant whose counter keys are broken get Fail decisions, and the
 // other tenants are decided as usual. A non-nil error means Redis trouble
-// and nothing was decided (nor counted): the batch may be retried. costs
-// may be nil when no tenant of the batch has a byte or unit rule.
+// and nothing was decided (nor counted): the batch may be retried.
 //
-// With a Source, an event whose position was decided by Redis before (from
-// the source's Low offset on, see Source) gets that decision back and
-// counts nothing; the others are decided as above, in order.
-func (l *Limiter) AdmitFrom(ctx context.Context, src Source, tenants []string, costs []Cost) ([]Decision, error) {
-	return l.admitFrom(ctx, src, tenants, costs, false)
+// With a Source, an event whose position (its Offset in the source's
+// partition) was decided by Redis before (from the source's Low offset on,
+// see Source) gets that decision back and counts nothing; the others are
+// decided as above, in order.
+func (l *Limiter) AdmitFrom(ctx context.Context, src Source, events []Event) ([]Decision, error) {
+	tenants, costs, at := split(src, events)
+	return l.admitFrom(ctx, at, tenants, costs, false)
 }
 
-// admitFrom is AdmitFrom, or AdmitNow when nowOnly.
-func (l *Limiter) admitFrom(ctx context.Context, src Source, tenants []string, costs []Cost, nowOnly bool) ([]Decision, error) {
-	if err := checkSource(src, tenants); err != nil {
+// admitFrom is AdmitFrom, or AdmitNow when nowOnly, over the events'
+// tenants and costs (nil: every event costs its count only, and a tenant
+// with a byte or unit rule is an error) and positions.
+func (l *Limiter) admitFrom(ctx context.Context, src positions, tenants []string, costs []Cost, nowOnly bool) ([]Decision, error) {
+	if err := checkSource(src); err != nil {
 		return nil, err
 	}
 	if costs != nil && len(costs) != len(tenants) {
@@ -308,7 +311,7 @@ func (l *Limiter) admitFrom(ctx context.Context, src Source, tenants []string, c
 		return nil, err
 	}
 	if costs != nil {
-		weigh(order, costs, out)
+		takeCosts(order, costs, out)
 	}
 	var calls []*group
 	l.mu.Lock()
@@ -404,8 +407,8 @@ func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 				}
 				g.set = set
 			}
-			g.weighted = Weighted(g.rules)
-			if g.weighted && noCosts {
+			g.byCost = CountsCosts(g.rules)
+			if g.byCost && noCosts {
 				return nil, fmt.Errorf("admit: tenant %q has a rule counting bytes or units, and the events have no costs", t)
 			}
 			order[n] = g

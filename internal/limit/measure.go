@@ -161,9 +161,9 @@ func (c Cost) Check() error {
 	return nil
 }
 
-// Weighted reports whether a rule list counts something other than events:
-// its tenant's events then need their costs.
-func Weighted(rules []Rule) bool {
+// CountsCosts reports whether a rule list counts something other than events
+// (bytes or units): its tenant's events then need their costs.
+func CountsCosts(rules []Rule) bool {
 	for _, r := range rules {
 		if r.Measure != Events {
 			return true
@@ -195,14 +195,14 @@ func overLimit(rules []Rule, c Cost) string {
 	return ""
 }
 
-// weigh keeps, for each group of a tenant whose rules count bytes or
+// takeCosts keeps, for each group of a tenant whose rules count bytes or
 // units, the costs of its events in g.costs (all in one array), and takes
 // out of g.idx, with their decision in out, the events whose cost is not
 // valid or is over the whole limit of one of the rules.
-func weigh(groups []*group, costs []Cost, out []Decision) {
+func takeCosts(groups []*group, costs []Cost, out []Decision) {
 	var buf []Cost
 	for _, g := range groups {
-		if !g.weighted {
+		if !g.byCost {
 			continue
 		}
 		if buf == nil {
@@ -251,8 +251,8 @@ func (st *tenantState) fullFor(costs []Cost) bool {
 	return true
 }
 
-// weighted reports whether one of groups has costs.
-func weighted(groups []*group) bool {
+// anyCosts reports whether one of groups has costs.
+func anyCosts(groups []*group) bool {
 	for _, g := range groups {
 		if g.costs != nil {
 			return true

@@ -96,15 +96,15 @@ func TestParseRulesMixed(t *testing.T) {
 	if diff := cmp.Diff(want, rs.For("acme")); diff != "" {
 		t.Errorf("acme (-want +got):\n%s", diff)
 	}
-	if !Weighted(rs.For("acme")) || !Weighted(rs.For("other")) {
-		t.Errorf("Weighted: got false, want true for tenants with byte or unit rules")
+	if !CountsCosts(rs.For("acme")) || !CountsCosts(rs.For("other")) {
+		t.Errorf("CountsCosts: got false, want true for tenants with byte or unit rules")
 	}
 	if !rs.Counts(Units) || !rs.Counts(Bytes) {
 		t.Errorf("Counts: got false, want true for bytes and units")
 	}
 	events := mustRules(t, "a=1/1m")
-	if Weighted(events.For("a")) || events.Counts(Bytes) || events.Counts(Units) {
-		t.Errorf("event rules: got weighted, want not")
+	if CountsCosts(events.For("a")) || events.Counts(Bytes) || events.Counts(Units) {
+		t.Errorf("event rules: got counting costs, want not")
 	}
 	for spec, quote := range map[string]string{
 		"a=1MiB/1m,2MiB/1m": `"a=1MiB/1m,2MiB/1m": two bytes rules for window 1m`,

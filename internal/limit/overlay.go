@@ -193,8 +193,9 @@ const NowReason = "no room in the current window"
 // counted nowhere. It is how an event deferred under lower rules is
 // checked early after its tenant's rules were raised: admitted now if the
 // rules in force have room now, else left to its reserved slot.
-func (l *Limiter) AdmitNow(ctx context.Context, src Source, tenants []string, costs []Cost) ([]Decision, error) {
-	return l.admitFrom(ctx, src, tenants, costs, true)
+func (l *Limiter) AdmitNow(ctx context.Context, src Source, events []Event) ([]Decision, error) {
+	tenants, costs, at := split(src, events)
+	return l.admitFrom(ctx, at, tenants, costs, true)
 }
 
 // markOverrides gives every decision of a tenant under an override the

@@ -79,7 +79,7 @@ func TestAdmitNowReservesNothing(t *testing.T) {
 	ctx := context.Background()
 	clock := newFakeClock(time.Date(2026, 3, 1, 12, 0, 10, 0, time.UTC))
 	l := newTestLimiter(t, testRedis(t), "*=3/1m", Options{Clock: clock.Now})
-	ds, err := l.AdmitNow(ctx, Source{}, repeat("a", 5), nil)
+	ds, err := l.AdmitNow(ctx, Source{}, testSource{}.events(repeat("a", 5), nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestAdmitNowReservesNothing(t *testing.T) {
 	if err := l.SetRules(l.Rules().WithOverlays(map[string]Overlay{"a": {Rules: raised, Version: 42}}, 42)); err != nil {
 		t.Fatal(err)
 	}
-	ds, err = l.AdmitNow(ctx, Source{}, repeat("a", 9), nil)
+	ds, err = l.AdmitNow(ctx, Source{}, testSource{}.events(repeat("a", 9), nil))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,8 +26,13 @@ type Source struct {
 	// replay reaches below it (the next owner starts at the last commit),
 	// so the record forgets the decisions of lower offsets.
 	Low int64
-	// Offsets holds each event's offset, index-aligned with the tenants.
-	Offsets []int64
+}
+
+// positions is a Source with the offsets of a call's events (Event.Offset),
+// index-aligned with them; without a Source, no offsets.
+type positions struct {
+	Source
+	offsets []int64
 }
 
 // ReplayRecordTTL is how long a partition's replay record lives after its
@@ -58,7 +63,7 @@ type replayed struct {
 // replayArgs appends the replay record's key and arguments of one script
 // call over groups to ks and av (see "Replay record" in admit.lua): with no
 // source, the one argument "".
-func (l *Limiter) replayArgs(ks []string, av []any, groups []*group, src Source) ([]string, []any) {
+func (l *Limiter) replayArgs(ks []string, av []any, groups []*group, src positions) ([]string, []any) {
 	if src.Topic == "" {
 		return ks, append(av, "")
 	}
@@ -72,7 +77,7 @@ func (l *Limiter) replayArgs(ks []string, av []any, groups []*group, src Source)
 	for _, g := range groups {
 		n += len(g.idx)
 		for _, i := range g.idx {
-			o := src.Offsets[i]
+			o := src.offsets[i]
 			if lo < 0 || o < lo {
 				lo = o
 			}
@@ -92,7 +97,7 @@ func (l *Limiter) replayArgs(ks []string, av []any, groups []*group, src Source)
 			if j > 0 {
 				offs = append(offs, ',')
 			}
-			offs = strconv.AppendInt(offs, src.Offsets[i]-lo, 10)
+			offs = strconv.AppendInt(offs, src.offsets[i]-lo, 10)
 		}
 		offs = append(offs, ']')
 	}
@@ -100,15 +105,12 @@ func (l *Limiter) replayArgs(ks []string, av []any, groups []*group, src Source)
 	return ks, append(av, src.Low, ReplayRecordTTL.Milliseconds(), lo, hi, offs)
 }
 
-// checkSource reports a source whose offsets do not match the tenants.
-func checkSource(src Source, tenants []string) error {
+// checkSource reports a source with a negative offset.
+func checkSource(src positions) error {
 	if src.Topic == "" {
 		return nil
 	}
-	if len(src.Offsets) != len(tenants) {
-		return fmt.Errorf("source %s/%d: %d offsets for %d events", src.Topic, src.Partition, len(src.Offsets), len(tenants))
-	}
-	for _, o := range src.Offsets {
+	for _, o := range src.offsets {
 		if o < 0 {
 			return fmt.Errorf("source %s/%d: offset %d is negative", src.Topic, src.Partition, o)
 		}
@@ -205,7 +207,7 @@ type sourceKey struct {
 
 // mayReplay reports whether one of the events idx of src may have been
 // decided by Redis before.
-func (s *sentOffsets) mayReplay(src Source, idx []int) bool {
+func (s *sentOffsets) mayReplay(src positions, idx []int) bool {
 	if src.Topic == "" {
 		return false
 	}
@@ -214,7 +216,7 @@ func (s *sentOffsets) mayReplay(src Source, idx []int) bool {
 		return false
 	}
 	for _, i := range idx {
-		if src.Offsets[i] <= hi {
+		if src.offsets[i] <= hi {
 			return true
 		}
 	}
@@ -228,7 +230,7 @@ const maxSentPartitions = 100000
 // mark notes the offsets of the events of calls, about to be sent to Redis
 // (a call may run there even when its reply is lost). Past
 // maxSentPartitions partitions it forgets them all.
-func (s *sentOffsets) mark(src Source, calls []*group) {
+func (s *sentOffsets) mark(src positions, calls []*group) {
 	if src.Topic == "" || len(calls) == 0 {
 		return
 	}
@@ -242,7 +244,7 @@ func (s *sentOffsets) mark(src Source, calls []*group) {
 	}
 	for _, g := range calls {
 		for _, i := range g.idx {
-			hi = max(hi, src.Offsets[i])
+			hi = max(hi, src.offsets[i])
 		}
 	}
 	s.hi[k] = hi

@@ -31,13 +31,13 @@ func testReplayOtherDeployment(t *testing.T, rdb redis.UniversalClient) {
 	prefix := testPrefix(t)
 	a := newTestLimiter(t, rdb, "*=1/1m", Options{Clock: clk.Now, Prefix: prefix, ReplayScope: "deploy-a"})
 	b := newTestLimiter(t, rdb, "*=1/1m", Options{Clock: clk.Now, Prefix: prefix, ReplayScope: "deploy-b"})
-	if got := kinds(admitFrom(t, a, src(0, 0, 3), []string{"x", "x", "x"})); got != "add" {
+	if got := kinds(admitFrom(t, a, src(0, 0), []string{"x", "x", "x"})); got != "add" {
 		t.Fatalf("deployment a: got %s, want add", got)
 	}
-	if got := kinds(admitFrom(t, b, src(0, 0, 3), []string{"p", "q", "r"})); got != "aaa" {
+	if got := kinds(admitFrom(t, b, src(0, 0), []string{"p", "q", "r"})); got != "aaa" {
 		t.Errorf("deployment b, same offsets, other tenants: got %s, want aaa (its own decisions, not a's)", got)
 	}
-	if got := kinds(admitFrom(t, a, src(0, 0, 3), []string{"x", "x", "x"})); got != "add" {
+	if got := kinds(admitFrom(t, a, src(0, 0), []string{"x", "x", "x"})); got != "add" {
 		t.Errorf("deployment a replayed: got %s, want its first decisions add", got)
 	}
 }
@@ -56,21 +56,36 @@ func TestReplayRedisCluster(t *testing.T) {
 	}
 }
 
-// src returns the source of events at offsets from, from+1, ... of
-// partition 3 of topic "in", with Low low.
-func src(low, from int64, n int) Source {
-	s := Source{Topic: "in", Partition: 3, Low: low, Offsets: make([]int64, n)}
-	for i := range s.Offsets {
-		s.Offsets[i] = from + int64(i)
-	}
-	return s
+// testSource is a Source whose events sit at offsets from, from+1, ...
+type testSource struct {
+	Source
+	from int64
 }
 
-func admitFrom(t *testing.T, l *Limiter, s Source, tenants []string) []Decision {
+// src returns the source of events at offsets from, from+1, ... of
+// partition 3 of topic "in", with Low low.
+func src(low, from int64) testSource {
+	return testSource{Source: Source{Topic: "in", Partition: 3, Low: low}, from: from}
+}
+
+// events returns the events of tenants at s's offsets, with costs
+// (index-aligned with tenants; nil: zero costs).
+func (s testSource) events(tenants []string, costs []Cost) []Event {
+	evs := make([]Event, len(tenants))
+	for i, t := range tenants {
+		evs[i] = Event{Tenant: t, Offset: s.from + int64(i)}
+		if costs != nil {
+			evs[i].Cost = costs[i]
+		}
+	}
+	return evs
+}
+
+func admitFrom(t *testing.T, l *Limiter, s testSource, tenants []string) []Decision {
 	t.Helper()
-	ds, err := l.AdmitFrom(context.Background(), s, tenants, nil)
+	ds, err := l.AdmitFrom(context.Background(), s.Source, s.events(tenants, nil))
 	if err != nil {
-		t.Fatalf("AdmitFrom(%s/%d from %d): %v", s.Topic, s.Partition, s.Offsets[0], err)
+		t.Fatalf("AdmitFrom(%s/%d from %d): %v", s.Topic, s.Partition, s.from, err)
 	}
 	return ds
 }
@@ -149,7 +164,7 @@ func testReplaySameBatch(t *testing.T, rdb redis.UniversalClient) {
 		t.Run(string(kind), func(t *testing.T) {
 			clk := newFakeClock(t0.Add(10 * time.Second))
 			l := newTestLimiter(t, rdb, "*=2/1m", Options{Clock: clk.Now, WindowKind: kind, Horizon: 2 * time.Minute})
-			s := src(0, 100, len(replayBatch))
+			s := src(0, 100)
 			first := admitFrom(t, l, s, replayBatch)
 			if got, want := kinds(first), "aaadaddadrrar"; got != want {
 				t.Fatalf("first decisions: got %s, want %s", got, want)
@@ -180,12 +195,12 @@ func testReplayOtherBoundaries(t *testing.T, rdb redis.UniversalClient) {
 	clk := newFakeClock(t0.Add(10 * time.Second))
 	l := newTestLimiter(t, rdb, "*=4/1m", Options{Clock: clk.Now, Horizon: 10 * time.Minute})
 	tenants := repeat("a", 12)
-	first := append(admitFrom(t, l, src(0, 0, 5), tenants[:5]), admitFrom(t, l, src(0, 5, 3), tenants[5:8])...)
+	first := append(admitFrom(t, l, src(0, 0), tenants[:5]), admitFrom(t, l, src(0, 5), tenants[5:8])...)
 	if got, want := kinds(first), "aaaadddd"; got != want {
 		t.Fatalf("first decisions: got %s, want %s", got, want)
 	}
 	// Offsets 3 to 11 in one batch: 3 to 7 replayed, 8 to 11 new.
-	again := admitFrom(t, l, src(0, 3, 9), tenants[3:12])
+	again := admitFrom(t, l, src(0, 3), tenants[3:12])
 	if diff := cmp.Diff(first[3:8], again[:5]); diff != "" {
 		t.Errorf("replayed decisions (-first +again):\n%s", diff)
 	}
@@ -206,13 +221,13 @@ func testReplayAfterLowMoved(t *testing.T, rdb redis.UniversalClient) {
 	clk := newFakeClock(t0.Add(10 * time.Second))
 	l := newTestLimiter(t, rdb, "*=100/1m", Options{Clock: clk.Now})
 	tenants := repeat("a", 5)
-	admitFrom(t, l, src(0, 0, 5), tenants)
-	admitFrom(t, l, src(5, 5, 5), tenants) // commits up to 5 known: 0 to 4 are dropped
-	admitFrom(t, l, src(5, 5, 5), tenants) // a replay of 5 to 9
+	admitFrom(t, l, src(0, 0), tenants)
+	admitFrom(t, l, src(5, 5), tenants) // commits up to 5 known: 0 to 4 are dropped
+	admitFrom(t, l, src(5, 5), tenants) // a replay of 5 to 9
 	if got, want := countsOf(t, rdb, l), int64(10); got != want {
 		t.Fatalf("counts before the stale replay: got %d, want %d", got, want)
 	}
-	admitFrom(t, l, src(5, 0, 5), tenants)
+	admitFrom(t, l, src(5, 0), tenants)
 	if got, want := countsOf(t, rdb, l), int64(15); got != want {
 		t.Errorf("counts after replaying offsets below Low: got %d, want %d (counted as new)", got, want)
 	}
@@ -264,9 +279,9 @@ func testReplayTimeoutThenRetry(t *testing.T, rdb redis.UniversalClient) {
 		t.Fatal(err)
 	}
 	c.AddHook(&lostReply{})
-	s := src(0, 40, 5)
+	s := src(0, 40)
 	tenants := repeat("a", 5)
-	if _, err := l.AdmitFrom(context.Background(), s, tenants, nil); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := l.AdmitFrom(context.Background(), s.Source, s.events(tenants, nil)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("first call: got %v, want the lost reply", err)
 	}
 	if got, want := countsOf(t, rdb, l), int64(5); got != want {
@@ -288,11 +303,11 @@ func testReplayedBeforeNew(t *testing.T, rdb redis.UniversalClient) {
 		t.Run(string(kind), func(t *testing.T) {
 			clk := newFakeClock(t0.Add(10 * time.Second))
 			l := newTestLimiter(t, rdb, "*=4/1m;b=2/1m,3/1h", Options{Clock: clk.Now, WindowKind: kind})
-			first := admitFrom(t, l, src(0, 0, 5), strings.Fields("a b a c a"))
+			first := admitFrom(t, l, src(0, 0), strings.Fields("a b a c a"))
 			if got, want := kinds(first), "aaaaa"; got != want {
 				t.Fatalf("first decisions: got %s, want %s", got, want)
 			}
-			ds := admitFrom(t, l, src(0, 0, 10), strings.Fields("a b a c a a b a b c"))
+			ds := admitFrom(t, l, src(0, 0), strings.Fields("a b a c a a b a b c"))
 			if got, want := kinds(ds), "aaaaaaadda"; got != want {
 				t.Errorf("decisions: got %s, want %s", got, want)
 			}
@@ -315,7 +330,7 @@ func testReplayedBeforeNew(t *testing.T, rdb redis.UniversalClient) {
 func testReplayRecordKey(t *testing.T, rdb redis.UniversalClient) {
 	clk := newFakeClock(t0.Add(10 * time.Second))
 	l := newTestLimiter(t, rdb, "*=3/1m", Options{Clock: clk.Now})
-	admitFrom(t, l, src(0, 0, 3), []string{"a", "b", "a"})
+	admitFrom(t, l, src(0, 0), []string{"a", "b", "a"})
 	want := []string{l.opts.Prefix + ":replay:in:3"}
 	if _, ok := rdb.(*redis.ClusterClient); ok {
 		want = []string{l.opts.Prefix + ":{a}:replay:in:3", l.opts.Prefix + ":{b}:replay:in:3"}
@@ -332,7 +347,7 @@ func testReplayRecordKey(t *testing.T, rdb redis.UniversalClient) {
 	if err := rdb.HSet(context.Background(), want[0], "x", "1").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if got := kinds(admitFrom(t, l, src(0, 3, 1), []string{"a"})); got != "a" {
+	if got := kinds(admitFrom(t, l, src(0, 3), []string{"a"})); got != "a" {
 		t.Errorf("with a hash at the record key: got %s, want a", got)
 	}
 	if typ := rdb.Type(context.Background(), want[0]).Val(); typ != "string" {
@@ -343,13 +358,12 @@ func testReplayRecordKey(t *testing.T, rdb redis.UniversalClient) {
 func TestAdmitFromBadSource(t *testing.T) {
 	rdb := testRedis(t)
 	l := newTestLimiter(t, rdb, "*=3/1m", Options{})
-	for name, s := range map[string]Source{
-		"short":    {Topic: "in", Offsets: []int64{1}},
-		"negative": {Topic: "in", Offsets: []int64{1, -1}},
+	for name, evs := range map[string][]Event{
+		"negative": {{Tenant: "a", Offset: 1}, {Tenant: "b", Offset: -1}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if _, err := l.AdmitFrom(context.Background(), s, []string{"a", "b"}, nil); err == nil {
-				t.Errorf("got no error, want one for %v", fmt.Sprint(s.Offsets))
+			if _, err := l.AdmitFrom(context.Background(), Source{Topic: "in"}, evs); err == nil {
+				t.Errorf("got no error, want one for %v", fmt.Sprint(evs))
 			}
 		})
 	}

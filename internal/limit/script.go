@@ -45,7 +45,7 @@ func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
 // script returns the KEYS and ARGV of one admit.lua call over groups. The
 // tenants' records go in one argument, a JSON array of numbers (see admit.lua),
 // followed by the costs of the tenants whose rules count bytes or units.
-func (l *Limiter) script(groups []*group, now, hend time.Time, src Source, budget int) ([]string, []any) {
+func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, budget int) ([]string, []any) {
 	d := descriptors{index: map[Rule]int{}}
 	ks := make([]string, 0, 2*len(groups))
 	recs := make([]byte, 0, 40*len(groups))
@@ -72,7 +72,7 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src Source, budge
 	}
 	capFirst := len(ks) + 1
 	ks = l.capacityKeys(ks)
-	if costsAt := nums + 1; weighted(groups) {
+	if costsAt := nums + 1; anyCosts(groups) {
 		for i, g := range groups {
 			if g.costs != nil {
 				appendCosts(num, i+1, g)
@@ -92,7 +92,7 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src Source, budge
 // call runs admit.lua: one call for the batch on a single node; on Redis
 // Cluster one call per tenant (each tenant's keys share a slot), pipelined so
 // that go-redis sends one round trip per node, the nodes in parallel.
-func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src Source, nowOnly bool) ([]reply, error) {
+func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src positions, nowOnly bool) ([]reply, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
 	start := time.Now()

@@ -74,31 +74,31 @@ type admitMetrics struct {
 }
 
 // AdmitFrom decides with the Limiter and reports (see Admitter).
-func (a *Admitter) AdmitFrom(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error) {
-	ds, err := a.Limiter.AdmitFrom(ctx, src, tenants, costs)
+func (a *Admitter) AdmitFrom(ctx context.Context, src limit.Source, events []limit.Event) ([]limit.Decision, error) {
+	ds, err := a.Limiter.AdmitFrom(ctx, src, events)
 	if err != nil {
 		return nil, err
 	}
-	a.report(tenants, ds)
-	a.shadow(ctx, tenants, costs)
+	a.report(events, ds)
+	a.shadow(ctx, events)
 	return ds, nil
 }
 
 // AdmitNow decides with the Limiter's AdmitNow and reports.
-func (a *Admitter) AdmitNow(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error) {
-	ds, err := a.Limiter.AdmitNow(ctx, src, tenants, costs)
+func (a *Admitter) AdmitNow(ctx context.Context, src limit.Source, events []limit.Event) ([]limit.Decision, error) {
+	ds, err := a.Limiter.AdmitNow(ctx, src, events)
 	if err != nil {
 		return nil, err
 	}
-	a.report(tenants, ds)
+	a.report(events, ds)
 	return ds, nil
 }
 
 // report counts the decisions under overrides, logs the first decision of
 // each tenant under each override version, and tallies.
-func (a *Admitter) report(tenants []string, ds []limit.Decision) {
+func (a *Admitter) report(events []limit.Event, ds []limit.Decision) {
 	if a.Tally != nil {
-		a.Tally.Record(tenants, ds)
+		a.Tally.Record(limit.Tenants(events), ds)
 	}
 	var n [5]int
 	any := false
@@ -110,7 +110,7 @@ func (a *Admitter) report(tenants []string, ds []limit.Decision) {
 		if int(d.Kind) < len(n) {
 			n[d.Kind]++
 		}
-		a.trace(tenants[i], d)
+		a.trace(events[i].Tenant, d)
 	}
 	if !any {
 		return
@@ -142,7 +142,7 @@ func (a *Admitter) trace(tenant string, d limit.Decision) {
 // shadow decides the events of the tenants with a shadow override with the
 // Shadow limiter, counts and tallies what it would have done. Its errors
 // are counted and logged, never the batch's.
-func (a *Admitter) shadow(ctx context.Context, tenants []string, costs []limit.Cost) {
+func (a *Admitter) shadow(ctx context.Context, events []limit.Event) {
 	if a.Shadow == nil {
 		return
 	}
@@ -150,20 +150,16 @@ func (a *Admitter) shadow(ctx context.Context, tenants []string, costs []limit.C
 	if rules.Overridden() == 0 {
 		return
 	}
-	var st []string
-	var sc []limit.Cost
-	for i, t := range tenants {
-		if rules.OverrideVersion(t) != 0 {
-			st = append(st, t)
-			if costs != nil {
-				sc = append(sc, costs[i])
-			}
+	var se []limit.Event
+	for _, e := range events {
+		if rules.OverrideVersion(e.Tenant) != 0 {
+			se = append(se, e)
 		}
 	}
-	if len(st) == 0 {
+	if len(se) == 0 {
 		return
 	}
-	ds, err := a.Shadow.AdmitCosts(ctx, st, sc)
+	ds, err := a.Shadow.AdmitFrom(ctx, limit.Source{}, se)
 	if err != nil {
 		a.m.shadow.WithLabelValues("error").Inc()
 		a.Log.Warn("shadow override check failed (nothing enforced depends on it)", slog.String("err", err.Error()))
@@ -181,6 +177,6 @@ func (a *Admitter) shadow(ctx context.Context, tenants []string, costs []limit.C
 		}
 	}
 	if a.Tally != nil {
-		a.Tally.RecordShadow(st, ds)
+		a.Tally.RecordShadow(limit.Tenants(se), ds)
 	}
 }

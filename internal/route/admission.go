@@ -14,11 +14,11 @@ import (
 )
 
 // Admitter decides a batch of events by tenant; *limit.Limiter implements it.
-// The result is index-aligned with tenants, one tenant's events decided in
-// slice order. costs, index-aligned with tenants, says what each event costs
-// the rules that count bytes or units (event rules count 1 an event); an
-// event over a rule's whole limit is rejected. src says where the events
-// were consumed from (their offsets, index-aligned with tenants): an event
+// The result is index-aligned with events, one tenant's events decided in
+// slice order. An event's Cost says what it costs the rules that count
+// bytes or units (event rules count 1 an event); an event over a rule's
+// whole limit is rejected. src says which partition the events were
+// consumed from (each event's Offset is its position there): an event
 // decided again after a replay gets its first decision back, uncounted (see
 // limit.Source); a zero src names no source. A non-nil error means Redis
 // trouble and nothing was decided:
@@ -27,7 +27,7 @@ import (
 // the dead-letter topic with the decision's reason.
 // Implementations must be safe for concurrent use.
 type Admitter interface {
-	AdmitFrom(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error)
+	AdmitFrom(ctx context.Context, src limit.Source, events []limit.Event) ([]limit.Decision, error)
 }
 
 // Values of OnRedisError (GATEKEEPER_ON_REDIS_ERROR).
@@ -90,24 +90,24 @@ func validPolicy(p string) error {
 	return fmt.Errorf("on redis error %q: want %s or %s", p, RedisPause, RedisForward)
 }
 
-// admit returns the decisions for tenants. Under RedisForward a failing Admit
+// admit returns the decisions for events. Under RedisForward a failing Admit
 // yields unchecked=true and no decisions. Under RedisPause it retries with
 // backoff until Admit works or ctx ends, calling SetReady(false) once it
-// fails and SetReady(true) once it works again. costs are the events'
-// costs, index-aligned with tenants. Every attempt names the same src, so
-// an attempt whose call ran in Redis although it failed here (a timeout) is
-// not counted again by the next. first locates the batch in logs.
-func (a *Admission) admit(ctx context.Context, tenants []string, costs []limit.Cost, src limit.Source, first kafka.Message) (ds []limit.Decision, unchecked bool, err error) {
-	if len(tenants) == 0 {
+// fails and SetReady(true) once it works again. Every attempt names the
+// same src, so an attempt whose call ran in Redis although it failed here
+// (a timeout) is not counted again by the next. first locates the batch in
+// logs.
+func (a *Admission) admit(ctx context.Context, src limit.Source, events []limit.Event, first kafka.Message) (ds []limit.Decision, unchecked bool, err error) {
+	if len(events) == 0 {
 		return nil, false, nil
 	}
 	log := a.logger()
 	failing := false
 	for attempt := 0; ; attempt++ {
-		ds, err := a.Admitter.AdmitFrom(ctx, src, tenants, costs)
+		ds, err := a.Admitter.AdmitFrom(ctx, src, events)
 		if err == nil {
-			if len(ds) != len(tenants) {
-				return nil, false, fmt.Errorf("admit: %d decisions for %d events", len(ds), len(tenants))
+			if len(ds) != len(events) {
+				return nil, false, fmt.Errorf("admit: %d decisions for %d events", len(ds), len(events))
 			}
 			if failing {
 				log.Info("admit works again, resuming",
@@ -121,7 +121,7 @@ func (a *Admission) admit(ctx context.Context, tenants []string, costs []limit.C
 		}
 		if a.OnRedisError == RedisForward {
 			log.Warn("admit failed, forwarding unchecked",
-				"topic", first.Topic, "partition", first.Partition, "offset", first.Offset, "events", len(tenants), "err", err)
+				"topic", first.Topic, "partition", first.Partition, "offset", first.Offset, "events", len(events), "err", err)
 			return nil, true, nil
 		}
 		if !failing {
@@ -140,22 +140,16 @@ func (a *Admission) admit(ctx context.Context, tenants []string, costs []limit.C
 	}
 }
 
-// source returns where the events msgs[i], i in idx, were consumed from,
-// for replay-safe counting: their partition (msgs holds one partition's
-// batch), their offsets, and as the low bound the committed offset that
-// the consumer put in ctx. Without one (a Handler not called by a consumer
-// of package consume) it names no source: nothing bounds what a record
-// would have to remember.
-func source(ctx context.Context, msgs []kafka.Message, idx []int) limit.Source {
-	low, ok := consume.CommittedOffset(ctx)
-	if !ok || len(idx) == 0 {
+// source returns where b's events were consumed from, for replay-safe
+// counting: b's partition and, as the low bound, b's committed offset (each
+// event's limit.Event.Offset is its position there). A batch that names no
+// topic (one not handed over by a consumer of package consume) names no
+// source: nothing bounds what a record would have to remember.
+func source(b consume.Batch) limit.Source {
+	if b.Topic == "" {
 		return limit.Source{}
 	}
-	src := limit.Source{Topic: msgs[idx[0]].Topic, Partition: msgs[idx[0]].Partition, Low: low, Offsets: make([]int64, len(idx))}
-	for j, i := range idx {
-		src.Offsets[j] = msgs[i].Offset
-	}
-	return src
+	return limit.Source{Topic: b.Topic, Partition: b.Partition, Low: b.Committed}
 }
 
 func (a *Admission) ready(ok bool) {

@@ -22,7 +22,7 @@ const brokenReason = "counter key gk:{broken}:1m:0 has the wrong type"
 func TestGateFailDeadLetters(t *testing.T) {
 	f := newGate(t, byTenant(map[string]limit.Decision{"broken": {Kind: limit.Fail, Reason: brokenReason}}))
 	batch := []kafka.Message{srcMsg(10, "ok"), srcMsg(11, "broken"), srcMsg(12, "ok"), srcMsg(13, "broken")}
-	if err := f.gate.Handle(context.Background(), batch); err != nil {
+	if err := f.gate.Handle(context.Background(), batchOf(batch)); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
 	if got := len(f.admitter.Calls()); got != 1 {
@@ -97,7 +97,7 @@ func TestGateBrokenCounterKeyRedis(t *testing.T) {
 			}
 			f := newGate(t, func(_ int, tenants []string) ([]limit.Decision, error) { return lim.Admit(ctx, tenants) })
 			batch := []kafka.Message{srcMsg(1, "a"), srcMsg(2, "b"), srcMsg(3, "a"), srcMsg(4, "b"), srcMsg(5, "a")}
-			if err := f.gate.Handle(ctx, batch); err != nil {
+			if err := f.gate.Handle(ctx, batchOf(batch)); err != nil {
 				t.Fatalf("Handle: %v", err)
 			}
 			if got := len(f.admitter.Calls()); got != 1 {

@@ -142,7 +142,7 @@ func TestGateCosts(t *testing.T) {
 	}
 	batch := []kafka.Message{withCost(srcMsg(10, "ok"), "5"), withCost(srcMsg(11, "ok"), "-1"),
 		srcMsg(12, "ok"), withCost(srcMsg(13, "ok"), "0")}
-	if err := f.gate.Handle(context.Background(), batch); err != nil {
+	if err := f.gate.Handle(context.Background(), batchOf(batch)); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
 	wantCosts := [][]limit.Cost{{{Bytes: EventBytes(batch[0]), Units: 5}, {Bytes: EventBytes(batch[3]), Units: 0}}}
@@ -174,7 +174,7 @@ func TestRetrierCosts(t *testing.T) {
 	good := retryMsg("down.retry", 1, late)
 	good.Headers = append(good.Headers, kafka.Header{Key: "cost", Value: []byte("9")})
 	bad := retryMsg("down.retry", 2, late)
-	if err := f.retrier.Handle(context.Background(), []kafka.Message{good, bad}); err != nil {
+	if err := f.retrier.Handle(context.Background(), batchOf([]kafka.Message{good, bad})); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
 	// k1 + v + trace=x + cost=9: 2 + 1 + 6 + 5.

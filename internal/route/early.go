@@ -16,16 +16,15 @@ const DecisionEarly = "admit_early"
 // NowAdmitter admits in the current window only, reserving nothing
 // (*limit.Limiter implements it: limit.Limiter.AdmitNow).
 type NowAdmitter interface {
-	AdmitNow(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error)
+	AdmitNow(ctx context.Context, src limit.Source, events []limit.Event) ([]limit.Decision, error)
 }
 
 // earlyCheck is an event released before its time after its tenant's
-// rules were raised: msgs[i], with its deferral.
+// rules were raised: msgs[i], with its deferral, as the limiter decides it.
 type earlyCheck struct {
-	i      int
-	d      Deferral
-	cost   limit.Cost
-	tenant string
+	i     int
+	d     Deferral
+	event limit.Event
 }
 
 // early takes m, released before its time, for an early check when the
@@ -46,7 +45,7 @@ func (r *Retrier) early(b *retryBatch, i int, m kafka.Message) bool {
 	if err != nil {
 		return false
 	}
-	b.early = append(b.early, earlyCheck{i: i, d: d, cost: cost, tenant: d.Tenant})
+	b.early = append(b.early, earlyCheck{i: i, d: d, event: limit.Event{Tenant: d.Tenant, Cost: cost}})
 	return true
 }
 
@@ -64,14 +63,13 @@ func (r *Retrier) checkEarly(ctx context.Context, b *retryBatch, msgs []kafka.Me
 	if len(b.early) == 0 {
 		return
 	}
-	tenants := make([]string, len(b.early))
-	costs := make([]limit.Cost, len(b.early))
+	events := make([]limit.Event, len(b.early))
 	for j, e := range b.early {
-		tenants[j], costs[j] = e.tenant, e.cost
+		events[j] = e.event
 	}
-	ds, err := r.Admitter.(NowAdmitter).AdmitNow(ctx, limit.Source{}, tenants, costs)
-	if err != nil || len(ds) != len(tenants) {
-		r.logger().Warn("early check of deferred events failed; they wait for their reserved slots", "events", len(tenants), "err", err)
+	ds, err := r.Admitter.(NowAdmitter).AdmitNow(ctx, limit.Source{}, events)
+	if err != nil || len(ds) != len(events) {
+		r.logger().Warn("early check of deferred events failed; they wait for their reserved slots", "events", len(events), "err", err)
 		ds = nil
 	}
 	for j, e := range b.early {

@@ -11,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
@@ -72,25 +73,40 @@ type fakeAdmitter struct {
 	mu      sync.Mutex
 	calls   [][]string
 	costs   [][]limit.Cost
-	sources []limit.Source
+	sources []sourceAt
 	decide  func(n int, tenants []string) ([]limit.Decision, error)
 	// from, if set, answers instead of decide, with the call's source.
-	from func(n int, src limit.Source, tenants []string) ([]limit.Decision, error)
+	from func(n int, src limit.Source, events []limit.Event) ([]limit.Decision, error)
 }
 
-func (a *fakeAdmitter) AdmitFrom(ctx context.Context, src limit.Source, tenants []string, costs []limit.Cost) ([]limit.Decision, error) {
+// sourceAt is the source a call named and, when it named one, the offsets
+// of its events.
+type sourceAt struct {
+	limit.Source
+	Offsets []int64
+}
+
+func (a *fakeAdmitter) AdmitFrom(ctx context.Context, src limit.Source, events []limit.Event) ([]limit.Decision, error) {
+	tenants := make([]string, len(events))
+	costs := make([]limit.Cost, len(events))
+	at := sourceAt{Source: src}
+	for i, e := range events {
+		tenants[i], costs[i] = e.Tenant, e.Cost
+		if src.Topic != "" {
+			at.Offsets = append(at.Offsets, e.Offset)
+		}
+	}
 	a.mu.Lock()
 	n := len(a.calls)
-	a.calls = append(a.calls, append([]string(nil), tenants...))
-	a.costs = append(a.costs, append([]limit.Cost(nil), costs...))
-	src.Offsets = append([]int64(nil), src.Offsets...)
-	a.sources = append(a.sources, src)
+	a.calls = append(a.calls, tenants)
+	a.costs = append(a.costs, costs)
+	a.sources = append(a.sources, at)
 	a.mu.Unlock()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if a.from != nil {
-		return a.from(n, src, tenants)
+		return a.from(n, src, events)
 	}
 	return a.decide(n, tenants)
 }
@@ -101,10 +117,10 @@ func (a *fakeAdmitter) Costs() [][]limit.Cost {
 	return append([][]limit.Cost(nil), a.costs...)
 }
 
-func (a *fakeAdmitter) Sources() []limit.Source {
+func (a *fakeAdmitter) Sources() []sourceAt {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return append([]limit.Source(nil), a.sources...)
+	return append([]sourceAt(nil), a.sources...)
 }
 
 func (a *fakeAdmitter) Calls() [][]string {
@@ -201,3 +217,35 @@ func ms(t time.Time) string {
 }
 
 func formatMillisString(n int64) string { return string(formatMillis(n)) }
+
+// batchOf is msgs as a batch that no consumer handed over: it names no
+// source, so nothing is recorded for a replay.
+func batchOf(msgs []kafka.Message) consume.Batch {
+	return consume.Batch{Messages: msgs}
+}
+
+// consumed is msgs as a consumer hands them over: their partition (that of
+// msgs[0]) with committed as its committed offset.
+func consumed(committed int64, msgs []kafka.Message) consume.Batch {
+	return consume.Batch{Topic: msgs[0].Topic, Partition: msgs[0].Partition, Committed: max(committed, 0), Messages: msgs}
+}
+
+// mustGate is NewGate(g), failing the test on error.
+func mustGate(t *testing.T, g Gate) *Gate {
+	t.Helper()
+	built, err := NewGate(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return built
+}
+
+// mustRetrier is NewRetrier(r), failing the test on error.
+func mustRetrier(t *testing.T, r Retrier) *Retrier {
+	t.Helper()
+	built, err := NewRetrier(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return built
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
@@ -20,9 +21,10 @@ const defaultReason = "over limit"
 
 // Gate handles batches from the source topics: it derives tenants, admits
 // the valid events in one Admitter call and routes every event. It
-// implements consume.Handler.
+// implements consume.Handler. Build it with NewGate, which checks its parts
+// once: Handle does not check them again.
 //
-// A Gate is safe for concurrent use once configured (partitions may call
+// A Gate is safe for concurrent use once built (partitions may call
 // Handle in parallel); do not change its fields while Handle may run.
 type Gate struct {
 	// Admission holds the Admitter, the Router and what else the Gate
@@ -32,6 +34,14 @@ type Gate struct {
 	// Shadow sends every event downstream, invalid ones included, while the
 	// decisions are still made and counted.
 	Shadow bool
+}
+
+// NewGate returns a Gate with g's parts once Validate accepts them.
+func NewGate(g Gate) (*Gate, error) {
+	if err := g.Validate(); err != nil {
+		return nil, err
+	}
+	return &g, nil
 }
 
 // Validate reports a missing part or a bad OnRedisError.
@@ -50,10 +60,8 @@ func (g *Gate) Validate() error {
 // the downstream topic if admitted, to a retry tier if deferred, to the
 // dead-letter topic if rejected or invalid. On error nothing may be taken
 // as done, and the caller retries the batch.
-func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
-	if err := g.Validate(); err != nil {
-		return err
-	}
+func (g *Gate) Handle(ctx context.Context, b consume.Batch) error {
+	msgs := b.Messages
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -66,15 +74,15 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 	defer itemPool.put(items)
 	counts := map[string]int{}
 	orig := newOrigins(msgs)
-	tenants, costs, valid := g.extract(msgs, items, orig, counts, log)
+	events, valid := g.extract(msgs, items, orig, counts, log)
 
-	ds, unchecked, err := g.admit(ctx, tenants, costs, source(ctx, msgs, valid), msgs[0])
+	ds, unchecked, err := g.admit(ctx, source(b), events, msgs[0])
 	if err != nil {
 		return fmt.Errorf("gate: %w", err)
 	}
 
 	for j, i := range valid {
-		m, tenant := msgs[i], tenants[j]
+		m, tenant := msgs[i], events[j].Tenant
 		if unchecked {
 			items[i] = Item{Msg: orig.with(m, ""), Outcome: Forward}
 			continue
@@ -106,12 +114,11 @@ func (g *Gate) Handle(ctx context.Context, msgs []kafka.Message) error {
 }
 
 // extract works out the tenant and the cost of each of msgs. It returns the
-// tenants found, the events' costs and the indexes in msgs of their events;
-// an event without a tenant or a cost gets its item (dead-lettered, or
-// forwarded in shadow mode) and is counted invalid.
-func (g *Gate) extract(msgs []kafka.Message, items []Item, orig *origins, counts map[string]int, log *slog.Logger) (tenants []string, costs []limit.Cost, valid []int) {
-	tenants = make([]string, 0, len(msgs))
-	costs = make([]limit.Cost, 0, len(msgs))
+// events found (tenant, cost, offset) and their indexes in msgs; an event
+// without a tenant or a cost gets its item (dead-lettered, or forwarded in
+// shadow mode) and is counted invalid.
+func (g *Gate) extract(msgs []kafka.Message, items []Item, orig *origins, counts map[string]int, log *slog.Logger) (events []limit.Event, valid []int) {
+	events = make([]limit.Event, 0, len(msgs))
 	valid = make([]int, 0, len(msgs)) // indexes of msgs with a tenant
 	for i, m := range msgs {
 		tenant, err := g.Extractor.Tenant(m)
@@ -129,11 +136,10 @@ func (g *Gate) extract(msgs []kafka.Message, items []Item, orig *origins, counts
 			}
 			continue
 		}
-		tenants = append(tenants, tenant)
-		costs = append(costs, cost)
+		events = append(events, limit.Event{Tenant: tenant, Cost: cost, Offset: m.Offset})
 		valid = append(valid, i)
 	}
-	return tenants, costs, valid
+	return events, valid
 }
 
 // decided returns the item of event m of tenant after decision d (Admit,

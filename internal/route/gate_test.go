@@ -91,7 +91,7 @@ func newGate(t *testing.T, decide func(int, []string) ([]limit.Decision, error))
 		metrics:  newTestMetrics(t),
 		ready:    &readyLog{},
 	}
-	f.gate = &Gate{Extractor: ex, Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready)}
+	f.gate = mustGate(t, Gate{Extractor: ex, Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready)})
 	return f
 }
 
@@ -129,7 +129,7 @@ func admitted(tenant string, off int64) []string {
 
 func TestGateHandle(t *testing.T) {
 	f := newGate(t, byTenant(gateDecisions))
-	if err := f.gate.Handle(context.Background(), mixedBatch()); err != nil {
+	if err := f.gate.Handle(context.Background(), batchOf(mixedBatch())); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
 
@@ -177,7 +177,7 @@ func TestGateAdmittedOriginNotForged(t *testing.T) {
 	m := srcMsg(10, "ok")
 	m.Headers = append(m.Headers, hdr("gk-origin-offset", "99")...)
 	m.Headers = append(m.Headers, hdr("gk-tenant", "victim")...)
-	if err := f.gate.Handle(context.Background(), []kafka.Message{m}); err != nil {
+	if err := f.gate.Handle(context.Background(), batchOf([]kafka.Message{m})); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
 	diffOut(t, []out{srcOut("down", 10, "ok", admitted("ok", 10)...)}, f.writer.last(t))
@@ -187,7 +187,7 @@ func TestGateShadow(t *testing.T) {
 	f := newGate(t, byTenant(gateDecisions))
 	f.gate.Shadow = true
 	batch := mixedBatch()
-	if err := f.gate.Handle(context.Background(), batch); err != nil {
+	if err := f.gate.Handle(context.Background(), batchOf(batch)); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
 	var want []out
@@ -217,7 +217,7 @@ func TestGateRedisPause(t *testing.T) {
 		return byTenant(gateDecisions)(n, tenants)
 	})
 	f.gate.OnRedisError = RedisPause
-	if err := f.gate.Handle(context.Background(), []kafka.Message{srcMsg(1, "ok"), srcMsg(2, "")}); err != nil {
+	if err := f.gate.Handle(context.Background(), batchOf([]kafka.Message{srcMsg(1, "ok"), srcMsg(2, "")})); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
 	if got := len(f.admitter.Calls()); got != 4 {
@@ -248,7 +248,7 @@ func TestGateRedisPauseUntilContextEnds(t *testing.T) {
 				return nil, errRedis
 			})
 			f.gate.OnRedisError = policy
-			err := f.gate.Handle(ctx, []kafka.Message{srcMsg(1, "ok"), srcMsg(2, "")})
+			err := f.gate.Handle(ctx, batchOf([]kafka.Message{srcMsg(1, "ok"), srcMsg(2, "")}))
 			if !errors.Is(err, context.Canceled) {
 				t.Fatalf("got error %v, want context.Canceled", err)
 			}
@@ -269,7 +269,7 @@ func TestGateRedisForward(t *testing.T) {
 	f := newGate(t, func(int, []string) ([]limit.Decision, error) { return nil, errRedis })
 	f.gate.OnRedisError = RedisForward
 	batch := []kafka.Message{srcMsg(1, "full"), srcMsg(2, ""), srcMsg(3, "later")}
-	if err := f.gate.Handle(context.Background(), batch); err != nil {
+	if err := f.gate.Handle(context.Background(), batchOf(batch)); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
 	// Unchecked events were counted against no tenant: origin only.
@@ -298,7 +298,7 @@ func TestGateWriteRetried(t *testing.T) {
 		}
 		return nil
 	}
-	if err := f.gate.Handle(context.Background(), mixedBatch()); err != nil {
+	if err := f.gate.Handle(context.Background(), batchOf(mixedBatch())); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
 	if got := len(f.writer.Calls()); got != 3 {
@@ -327,7 +327,7 @@ func TestGateErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newGate(t, tt.decide)
-			if err := f.gate.Handle(context.Background(), []kafka.Message{srcMsg(1, "a"), srcMsg(2, "b")}); err == nil {
+			if err := f.gate.Handle(context.Background(), batchOf([]kafka.Message{srcMsg(1, "a"), srcMsg(2, "b")})); err == nil {
 				t.Fatal("got no error, want one")
 			}
 			if got := len(f.writer.Calls()); got != 0 {
@@ -339,7 +339,7 @@ func TestGateErrors(t *testing.T) {
 
 func TestGateNoValidTenants(t *testing.T) {
 	f := newGate(t, byTenant(nil))
-	if err := f.gate.Handle(context.Background(), []kafka.Message{srcMsg(1, ""), srcMsg(2, "")}); err != nil {
+	if err := f.gate.Handle(context.Background(), batchOf([]kafka.Message{srcMsg(1, ""), srcMsg(2, "")})); err != nil {
 		t.Fatal(err)
 	}
 	if got := len(f.admitter.Calls()); got != 0 {
@@ -348,7 +348,7 @@ func TestGateNoValidTenants(t *testing.T) {
 	if got := len(f.writer.last(t)); got != 2 {
 		t.Errorf("got %d messages written, want 2", got)
 	}
-	if err := f.gate.Handle(context.Background(), nil); err != nil {
+	if err := f.gate.Handle(context.Background(), batchOf(nil)); err != nil {
 		t.Errorf("empty batch: got %v, want nil", err)
 	}
 }
@@ -370,7 +370,7 @@ func TestGateValidate(t *testing.T) {
 		{name: "no writer", gate: Gate{Extractor: ex, Admission: Admission{Admitter: a, Router: &Router{}}}},
 	}
 	for _, tt := range tests {
-		err := tt.gate.Validate()
+		_, err := NewGate(tt.gate)
 		if (err == nil) != tt.ok {
 			t.Errorf("%s: got error %v, want ok=%v", tt.name, err, tt.ok)
 		}
@@ -399,7 +399,7 @@ func TestGateConcurrent(t *testing.T) {
 					batch[i].Partition = p
 					batch[i].Offset += int64(b * 100)
 				}
-				if err := f.gate.Handle(context.Background(), batch); err != nil {
+				if err := f.gate.Handle(context.Background(), batchOf(batch)); err != nil {
 					t.Errorf("Handle: %v", err)
 				}
 			}

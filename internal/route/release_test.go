@@ -31,8 +31,8 @@ func TestRetrierGivesBackMissedSlotRedis(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			gate := &Gate{Extractor: ex, Admission: adm}
-			if err := gate.Handle(ctx, []kafka.Message{srcMsg(1, "acme"), srcMsg(2, "acme"), srcMsg(3, "acme")}); err != nil {
+			gate := mustGate(t, Gate{Extractor: ex, Admission: adm})
+			if err := gate.Handle(ctx, batchOf([]kafka.Message{srcMsg(1, "acme"), srcMsg(2, "acme"), srcMsg(3, "acme")})); err != nil {
 				t.Fatal(err)
 			}
 			var deferred []kafka.Message
@@ -53,9 +53,9 @@ func TestRetrierGivesBackMissedSlotRedis(t *testing.T) {
 			clk.Set(clk.Now().Add(3 * time.Minute))
 			back := deferred[0]
 			back.Topic, back.Partition, back.Offset = "down.retry", 0, 40
-			r := &Retrier{Admission: adm}
+			r := mustRetrier(t, Retrier{Admission: adm})
 			for range 2 { // the second time: the batch redelivered
-				if err := r.Handle(consume.WithCommittedOffset(ctx, 40), []kafka.Message{back}); err != nil {
+				if err := r.Handle(ctx, consumed(40, []kafka.Message{back})); err != nil {
 					t.Fatal(err)
 				}
 				if got := w.last(t)[0].Topic; got != "down" {

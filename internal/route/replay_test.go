@@ -15,23 +15,23 @@ import (
 
 // The Gate names the batch's source to the Admitter: the partition, the
 // offsets of the events with a tenant, and the committed offset the consumer
-// put in the context. Without one it names no source.
+// put in the batch. A batch that names no partition names no source.
 func TestGateSource(t *testing.T) {
 	batch := []kafka.Message{srcMsg(10, "ok"), srcMsg(11, ""), srcMsg(12, "later")}
 	for name, tc := range map[string]struct {
-		ctx  context.Context
-		want limit.Source
+		batch consume.Batch
+		want  sourceAt
 	}{
-		"from a consumer": {consume.WithCommittedOffset(context.Background(), 8),
-			limit.Source{Topic: "events", Partition: 1, Low: 8, Offsets: []int64{10, 12}}},
-		"no committed offset": {context.Background(), limit.Source{}},
+		"from a consumer": {consumed(8, batch),
+			sourceAt{limit.Source{Topic: "events", Partition: 1, Low: 8}, []int64{10, 12}}},
+		"no committed offset": {batchOf(batch), sourceAt{}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := newGate(t, byTenant(gateDecisions))
-			if err := f.gate.Handle(tc.ctx, batch); err != nil {
+			if err := f.gate.Handle(context.Background(), tc.batch); err != nil {
 				t.Fatalf("Handle: %v", err)
 			}
-			if diff := cmp.Diff([]limit.Source{tc.want}, f.admitter.Sources()); diff != "" {
+			if diff := cmp.Diff([]sourceAt{tc.want}, f.admitter.Sources()); diff != "" {
 				t.Errorf("sources (-want +got):\n%s", diff)
 			}
 		})
@@ -51,10 +51,10 @@ func TestRetrierSourceAndLate(t *testing.T) {
 		"ok":    {Kind: limit.Admit},
 		"again": {Kind: limit.Defer, Due: t0.Add(time.Minute), Until: t0.Add(2 * time.Minute)},
 	}))
-	if err := f.retrier.Handle(consume.WithCommittedOffset(context.Background(), 4), batch); err != nil {
+	if err := f.retrier.Handle(context.Background(), consumed(4, batch)); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
-	want := []limit.Source{{Topic: "down.retry", Partition: 0, Low: 4, Offsets: []int64{6, 9}}}
+	want := []sourceAt{{limit.Source{Topic: "down.retry", Partition: 0, Low: 4}, []int64{6, 9}}}
 	if diff := cmp.Diff(want, f.admitter.Sources()); diff != "" {
 		t.Errorf("sources (-want +got):\n%s", diff)
 	}
@@ -74,15 +74,15 @@ func TestAdmissionRetryAfterLostReplyRedis(t *testing.T) {
 			now := time.Date(2026, 11, 30, 10, 0, 10, 0, time.UTC)
 			lim, _ := redisLimiter(t, ctx, rdb, "*=2/1m", func() time.Time { return now })
 			f := newGate(t, nil)
-			f.admitter.from = func(n int, src limit.Source, tenants []string) ([]limit.Decision, error) {
-				ds, err := lim.AdmitFrom(ctx, src, tenants, nil)
+			f.admitter.from = func(n int, src limit.Source, events []limit.Event) ([]limit.Decision, error) {
+				ds, err := lim.AdmitFrom(ctx, src, events)
 				if n == 0 && err == nil {
 					return nil, context.DeadlineExceeded // it ran; the reply is lost
 				}
 				return ds, err
 			}
 			batch := []kafka.Message{srcMsg(1, "a"), srcMsg(2, "a"), srcMsg(3, "a"), srcMsg(4, "b")}
-			if err := f.gate.Handle(consume.WithCommittedOffset(ctx, 1), batch); err != nil {
+			if err := f.gate.Handle(ctx, consumed(1, batch)); err != nil {
 				t.Fatalf("Handle: %v", err)
 			}
 			if got := len(f.admitter.Calls()); got != 2 {
@@ -122,10 +122,10 @@ func TestRetrierOneCheckPerTrip(t *testing.T) {
 	f := newRetrier(t, byTenant(map[string]limit.Decision{
 		"again": {Kind: limit.Defer, Due: t0.Add(time.Minute), Until: t0.Add(2 * time.Minute)},
 	}))
-	if err := f.retrier.Handle(consume.WithCommittedOffset(context.Background(), 6), batch); err != nil {
+	if err := f.retrier.Handle(context.Background(), consumed(6, batch)); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
-	want := []limit.Source{{Topic: "down.retry", Partition: 0, Low: 6, Offsets: []int64{6, 8}}}
+	want := []sourceAt{{limit.Source{Topic: "down.retry", Partition: 0, Low: 6}, []int64{6, 8}}}
 	if diff := cmp.Diff(want, f.admitter.Sources()); diff != "" {
 		t.Errorf("sources (-want +got):\n%s", diff)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
@@ -45,8 +46,9 @@ var ErrEarly = errors.New("released before its time")
 // gatekeeper_retry_sig_failures_total. Every message written back to a tier
 // (moved or deferred again) is signed again with the current key.
 //
-// A Retrier is safe for concurrent use once configured; do not change its
-// fields while Handle may run.
+// Build a Retrier with NewRetrier, which checks its parts once: Handle does
+// not check them again. A Retrier is safe for concurrent use once built; do
+// not change its fields while Handle may run.
 type Retrier struct {
 	// Admission holds the Admitter, the Router and what else the Retrier
 	// shares with the Gate. Its Clock is also the one the caller releases
@@ -59,6 +61,14 @@ type Retrier struct {
 	// consume.Expediter); such a message is checked now (see early.go)
 	// instead of failing the batch with ErrEarly.
 	Expedited func(m kafka.Message) bool
+}
+
+// NewRetrier returns a Retrier with r's parts once Validate accepts them.
+func NewRetrier(r Retrier) (*Retrier, error) {
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	return &r, nil
 }
 
 // Validate reports a missing part or a bad setting.
@@ -77,10 +87,8 @@ func (r *Retrier) Validate() error {
 // message released before its time makes Handle return an error wrapping
 // ErrEarly before anything is written; a message from a topic that is not a
 // retry tier also fails the batch. On error the caller retries the batch.
-func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
-	if err := r.Validate(); err != nil {
-		return err
-	}
+func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
+	msgs := batch.Messages
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -94,7 +102,7 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 
 	// A re-check's identity is its position in the retry tier, unique per
 	// trip: deferred again and late again, it is a new decision.
-	ds, unchecked, err := r.admit(ctx, b.tenants, b.costs, source(ctx, msgs, b.checked), msgs[0])
+	ds, unchecked, err := r.admit(ctx, source(batch), b.events, msgs[0])
 	if err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
@@ -122,7 +130,7 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 	if unchecked {
 		r.Metrics.unchecked(len(b.readmit))
 	}
-	r.Metrics.late(len(b.tenants))
+	r.Metrics.late(len(b.events))
 	return nil
 }
 
@@ -130,11 +138,9 @@ func (r *Retrier) Handle(ctx context.Context, msgs []kafka.Message) error {
 type retryBatch struct {
 	items       []Item             // index-aligned with the batch
 	readmit     []pendingRetry     // events to admit again, in batch order
-	tenants     []string           // the tenants of the distinct trips among them, in order
-	costs       []limit.Cost       // their costs, index-aligned with tenants
-	checked     []int              // and the indexes in the batch of their first copies
+	events      []limit.Event      // the distinct trips among them, in order, at their first copies' offsets
 	missed      []limit.MissedSlot // the slots they missed, one per trip
-	trips       map[trip]int       // the index in tenants of each trip
+	trips       map[trip]int       // the index in events of each trip
 	counts      map[string]int     // gatekeeper_decisions_total by label
 	sigFailures map[string]int     // gatekeeper_retry_sig_failures_total by reason
 	early       []earlyCheck       // events released early after a raise
@@ -234,11 +240,9 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, now time.Time)
 		if b.trips == nil {
 			b.trips = map[trip]int{}
 		}
-		j = len(b.tenants)
+		j = len(b.events)
 		b.trips[k] = j
-		b.tenants = append(b.tenants, d.Tenant)
-		b.costs = append(b.costs, cost)
-		b.checked = append(b.checked, i)
+		b.events = append(b.events, limit.Event{Tenant: d.Tenant, Cost: cost, Offset: m.Offset})
 		b.missed = append(b.missed, missedSlot(d, cost))
 	}
 	b.readmit = append(b.readmit, pendingRetry{i: i, j: j, d: d})

@@ -51,7 +51,7 @@ func newRetrier(t *testing.T, decide func(int, []string) ([]limit.Decision, erro
 		metrics:  newTestMetrics(t),
 		ready:    &readyLog{},
 	}
-	f.retrier = &Retrier{Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready), MaxAttempts: 3}
+	f.retrier = mustRetrier(t, Retrier{Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready), MaxAttempts: 3})
 	return f
 }
 
@@ -81,7 +81,7 @@ func TestRetrierHandle(t *testing.T) {
 		admitted, deferred, maxed, rejected, noHeaders, failed}
 
 	f := newRetrier(t, byTenant(decisions))
-	if err := f.retrier.Handle(context.Background(), batch); err != nil {
+	if err := f.retrier.Handle(context.Background(), batchOf(batch)); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
 
@@ -127,7 +127,7 @@ func TestRetrierDefaultMaxAttempts(t *testing.T) {
 	f.retrier.MaxAttempts = 0
 	at4 := retryMsg("down.retry", 1, deferral("again", 4, past, past))
 	at5 := retryMsg("down.retry", 2, deferral("again", 5, past, past))
-	if err := f.retrier.Handle(context.Background(), []kafka.Message{at4, at5}); err != nil {
+	if err := f.retrier.Handle(context.Background(), batchOf([]kafka.Message{at4, at5})); err != nil {
 		t.Fatal(err)
 	}
 	got := f.writer.last(t)
@@ -151,7 +151,7 @@ func TestRetrierRefuses(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newRetrier(t, byTenant(nil))
-			err := f.retrier.Handle(context.Background(), []kafka.Message{ok, tt.msg})
+			err := f.retrier.Handle(context.Background(), batchOf([]kafka.Message{ok, tt.msg}))
 			if err == nil {
 				t.Fatal("got no error, want one")
 			}
@@ -177,7 +177,7 @@ func TestRetrierRedis(t *testing.T) {
 	t.Run("forward", func(t *testing.T) {
 		f := newRetrier(t, func(int, []string) ([]limit.Decision, error) { return nil, errRedis })
 		f.retrier.OnRedisError = RedisForward
-		if err := f.retrier.Handle(context.Background(), batch); err != nil {
+		if err := f.retrier.Handle(context.Background(), batchOf(batch)); err != nil {
 			t.Fatal(err)
 		}
 		diffOut(t, []out{outOf(batch[0], "down"), outOf(batch[1], "down")}, f.writer.last(t))
@@ -192,7 +192,7 @@ func TestRetrierRedis(t *testing.T) {
 			}
 			return byTenant(map[string]limit.Decision{"full": {Kind: limit.Reject}})(n, ts)
 		})
-		if err := f.retrier.Handle(context.Background(), batch); err != nil {
+		if err := f.retrier.Handle(context.Background(), batchOf(batch)); err != nil {
 			t.Fatal(err)
 		}
 		diffOut(t, []out{outOf(batch[0], "down.dlq", "gk-reason=over limit"), outOf(batch[1], "down")}, f.writer.last(t))
@@ -204,7 +204,7 @@ func TestRetrierRedis(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		defer cancel()
 		f := newRetrier(t, func(int, []string) ([]limit.Decision, error) { return nil, errRedis })
-		err := f.retrier.Handle(ctx, batch)
+		err := f.retrier.Handle(ctx, batchOf(batch))
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("got error %v, want context.DeadlineExceeded", err)
 		}
@@ -229,7 +229,7 @@ func TestRetrierValidate(t *testing.T) {
 		{name: "no router", retrier: Retrier{Admission: Admission{Admitter: a}}},
 	}
 	for _, tt := range tests {
-		err := tt.retrier.Validate()
+		_, err := NewRetrier(tt.retrier)
 		if (err == nil) != tt.ok {
 			t.Errorf("%s: got error %v, want ok=%v", tt.name, err, tt.ok)
 		}
@@ -278,7 +278,7 @@ func TestRetrierSigned(t *testing.T) {
 		farReserved, otherTenant, otherEvent, otherTier}
 	f := newRetrier(t, byTenant(decisions))
 	f.retrier.Router.Signer = s
-	if err := f.retrier.Handle(context.Background(), batch); err != nil {
+	if err := f.retrier.Handle(context.Background(), batchOf(batch)); err != nil {
 		t.Fatalf("Handle: %v", err)
 	}
 
@@ -337,7 +337,7 @@ func TestRetrierUnsigned(t *testing.T) {
 		retryMsg("down.retry", 1, deferral("ok", 1, past, t0.Add(time.Second))),
 		retryMsg("down.retry", 2, deferral("again", 1, past, past)),
 	}
-	if err := f.retrier.Handle(context.Background(), batch); err != nil {
+	if err := f.retrier.Handle(context.Background(), batchOf(batch)); err != nil {
 		t.Fatal(err)
 	}
 	for i, m := range f.writer.last(t) {

@@ -183,9 +183,9 @@ func (p Pipeline) gateGroup(m *pipelineMetrics, router *route.Router) (consumerG
 	if err != nil {
 		return nil, err
 	}
-	gate := &route.Gate{Admission: adm, Extractor: extractor, Shadow: cfg.Shadow}
-	if err := gate.Validate(); err != nil {
-		return nil, err // Validate's errors already start with "gate: "
+	gate, err := route.NewGate(route.Gate{Admission: adm, Extractor: extractor, Shadow: cfg.Shadow})
+	if err != nil {
+		return nil, err // NewGate's errors already start with "gate: "
 	}
 	gc := p.groupConfig(m)
 	gc.Topics = cfg.SourceTopics
@@ -229,12 +229,13 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 	if err != nil {
 		return nil, err
 	}
-	retrier := &route.Retrier{Admission: adm, MaxAttempts: cfg.MaxAttempts}
+	spec := route.Retrier{Admission: adm, MaxAttempts: cfg.MaxAttempts}
 	if p.Live != nil && p.Live.Expediter != nil {
-		retrier.Expedited = p.Live.Expediter.Expedited
+		spec.Expedited = p.Live.Expediter.Expedited
 	}
-	if err := retrier.Validate(); err != nil {
-		return nil, err // Validate's errors already start with "retrier: "
+	retrier, err := route.NewRetrier(spec)
+	if err != nil {
+		return nil, err // NewRetrier's errors already start with "retrier: "
 	}
 	retry, err := consume.NewDelayed(p.retryConfig(m, router), retrier)
 	if err != nil {

@@ -1,0 +1,42 @@
+package limit
+
+// Event is one event of a batch as the limiter decides it: its tenant, what
+// it costs, and its position in the batch's source partition. It is a value
+// type.
+type Event struct {
+	// Tenant is whose limits the event counts against.
+	Tenant string
+	// Cost is what the event costs the rules that count bytes or units; a
+	// rule that counts events counts 1 an event.
+	Cost Cost
+	// Offset is the event's offset in the Source's partition; it is read
+	// only when the batch names a Source.
+	Offset int64
+}
+
+// Tenants returns the tenants of events, index-aligned with them.
+func Tenants(events []Event) []string {
+	tenants := make([]string, len(events))
+	for i, e := range events {
+		tenants[i] = e.Tenant
+	}
+	return tenants
+}
+
+// split returns the tenants and costs of events, index-aligned with them,
+// and src with their offsets.
+func split(src Source, events []Event) (tenants []string, costs []Cost, at positions) {
+	tenants = make([]string, len(events))
+	costs = make([]Cost, len(events))
+	at = positions{Source: src}
+	if src.Topic != "" {
+		at.offsets = make([]int64, len(events))
+	}
+	for i, e := range events {
+		tenants[i], costs[i] = e.Tenant, e.Cost
+		if at.offsets != nil {
+			at.offsets[i] = e.Offset
+		}
+	}
+	return tenants, costs, at
+}
