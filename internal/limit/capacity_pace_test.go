@@ -54,6 +54,13 @@ func TestCapacityPacedFixedPerWindow(t *testing.T) {
 	if count, _, _ := capWindow(t, slow, c[0], start.Add(time.Second)); count != 100 || a <= 20 {
 		t.Errorf("second 1 (first call at 100): count %d, admitted %d+%d, want count 100 and a over the slow view's 20", count, a, b)
 	}
+	if us, err := slow.CapacityUsage(ctx, "a"); err != nil || len(us) != 1 || us[0].InForce != 100 || us[0].Capacity != "100/1s" {
+		t.Errorf("usage in second 1: %+v, %v; want the capacity in force 100", us, err)
+	}
+	clk.Set(start.Add(5 * time.Second)) // a window with no call yet: what calls pass now
+	if us, err := slow.CapacityUsage(ctx, "a"); err != nil || len(us) != 1 || us[0].InForce != 20 {
+		t.Errorf("usage before the window's first call: %+v, %v; want 20", us, err)
+	}
 	slow.SetCapacityRate(0)
 	if got := slow.CapacityInForce()[0].Limit; got != 100 {
 		t.Errorf("after reset: capacity in force %d, want the configured 100", got)

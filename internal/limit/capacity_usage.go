@@ -45,6 +45,10 @@ type CapacityShare struct {
 	WaitingWindows int   `json:"waiting_windows"`
 	// Reset is when the current window ends.
 	Reset time.Time `json:"reset"`
+	// InForce is the capacity in force in the current window (fixed at its
+	// first call: a paced or capped capacity may be under the rule's limit;
+	// capacity_pace.go), or what calls pass now before that call.
+	InForce int64 `json:"in_force"`
 }
 
 // CapacityUsage returns the tenant's share of each capacity rule (none
@@ -69,7 +73,7 @@ func (l *Limiter) CapacityUsage(ctx context.Context, tenant string) ([]CapacityS
 		for i, r := range c {
 			s, _ := WindowBounds(r, now, l.opts.Location)
 			key := l.keys.capacity(r)
-			reads[i].cur = p.HMGet(ctx, key+WindowSep+strconv.FormatInt(s.UnixMilli(), 10), "count", "lv", "a", "t:"+name, "r:"+name)
+			reads[i].cur = p.HMGet(ctx, key+WindowSep+strconv.FormatInt(s.UnixMilli(), 10), "count", "lv", "a", "t:"+name, "r:"+name, "cl")
 			nwin[i] = min(waitingWindows, int(l.opts.Horizon/r.Length()))
 			for k := 1; k <= nwin[i]; k++ {
 				ws := s.Add(time.Duration(k) * r.Length())
@@ -98,7 +102,11 @@ func (l *Limiter) CapacityUsage(ctx context.Context, tenant string) ([]CapacityS
 			Booked: int64(num(3)), Refused: int64(num(4)), Weight: share.weight(), Floor: share.floor(r),
 			WaitingWindows: nwin[i], Reset: end,
 		}
-		cs.Share = float64(cs.Booked) / float64(r.Limit)
+		cs.InForce = int64(num(5))
+		if cs.InForce == 0 {
+			cs.InForce = l.CapacityInForce()[i].Limit
+		}
+		cs.Share = float64(cs.Booked) / float64(cs.InForce)
 		cs.Entitlement = max(cs.Floor, int64(float64(cs.Weight)*cs.Level+1e-9))
 		for _, n := range reads[i].next {
 			w, _ := n.Int64()
