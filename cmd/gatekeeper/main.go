@@ -9,6 +9,7 @@
 //	gatekeeper usage TENANT   print a tenant's current usage as JSON
 //	gatekeeper override ...   set, get, list, delete live overrides; their audit
 //	gatekeeper top            the tenants most deferred, rejected and admitted
+//	gatekeeper capacity ...   the capacity in force; cap it until a time, lift the cap
 //	gatekeeper check-config   print the effective configuration (secrets masked)
 //	gatekeeper version        print the version
 //	gatekeeper help           print this help and the configuration variables
@@ -56,6 +57,8 @@ Usage:
   gatekeeper override ...   set, get, list, delete live overrides, read their audit
                             (gatekeeper override for its usage)
   gatekeeper top            the tenants most deferred, rejected and admitted
+  gatekeeper capacity ...   the capacity in force and its pacing; cap it until a time
+                            (gatekeeper capacity help for its usage)
   gatekeeper check-config   print the effective configuration, secrets masked;
                             exit 1 with one line naming a bad variable
   gatekeeper version        print the version
@@ -96,6 +99,8 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return checkConfigCmd(ctx, stdout, stderr)
 	case "override":
 		return opscli.Override(ctx, args, stdout, stderr)
+	case "capacity":
+		return opscli.Capacity(ctx, args, stdout, stderr)
 	case "top":
 		return opscli.Top(ctx, args, stdout, stderr, isTerminal(stdout))
 	case "version":

@@ -94,9 +94,10 @@ func (l *Limiter) capacityArgs(av []any, groups []*group, now time.Time, first i
 	at := len(av) + 1 // where the capacity's arguments start in ARGV
 	av = append(av, len(c), first, capacityRampLow, capacityRampHigh, names, shares)
 	sums := floorSums(rules, c)
+	inForce := l.CapacityInForce()
 	for i, r := range c {
 		s, _ := WindowBounds(r, now, l.opts.Location)
-		av = append(av, r.Limit, r.Length().Milliseconds(), s.UnixMilli(), retention(r, l.opts.Retention).Milliseconds(), sums[i])
+		av = append(av, inForce[i].Limit, r.Length().Milliseconds(), s.UnixMilli(), retention(r, l.opts.Retention).Milliseconds(), sums[i])
 	}
 	return append(av, "cap:"+strconv.Itoa(at))
 }

@@ -45,6 +45,10 @@ type CapacityShare struct {
 	WaitingWindows int   `json:"waiting_windows"`
 	// Reset is when the current window ends.
 	Reset time.Time `json:"reset"`
+	// InForce is the capacity in force in the current window (fixed at its
+	// first call: a paced or capped capacity may be under the rule's limit;
+	// capacity_pace.go), or what calls pass now before that call.
+	InForce int64 `json:"in_force"`
 }
 
 // CapacityUsage returns the tenant's share of each capacity rule (none
@@ -76,7 +80,7 @@ func (l *Limiter) CapacityUsageUnder(ctx context.Context, tenant string, share S
 		for i, r := range c {
 			s, _ := WindowBounds(r, now, l.opts.Location)
 			key := l.keys.capacity(r)
-			reads[i].cur = p.HMGet(ctx, key+WindowSep+strconv.FormatInt(s.UnixMilli(), 10), "count", "lv", "a", "t:"+name, "r:"+name)
+			reads[i].cur = p.HMGet(ctx, key+WindowSep+strconv.FormatInt(s.UnixMilli(), 10), "count", "lv", "a", "t:"+name, "r:"+name, "cl")
 			nwin[i] = min(waitingWindows, int(l.opts.Horizon/r.Length()))
 			for k := 1; k <= nwin[i]; k++ {
 				ws := s.Add(time.Duration(k) * r.Length())
@@ -105,11 +109,15 @@ func (l *Limiter) CapacityUsageUnder(ctx context.Context, tenant string, share S
 			Booked: int64(num(3)), Refused: int64(num(4)), Weight: share.weight(), Floor: share.floor(r),
 			WaitingWindows: nwin[i], Reset: end,
 		}
+		cs.InForce = int64(num(5))
+		if cs.InForce == 0 {
+			cs.InForce = l.CapacityInForce()[i].Limit
+		}
 		if len(v) > 1 && v[1] != nil && cs.Level == 0 {
 			// No history: the level is the equal share (35_capacity.lua's cap_room).
-			cs.Level = float64(r.Limit) / float64(max(1, cs.ActiveWeight))
+			cs.Level = float64(cs.InForce) / float64(max(1, cs.ActiveWeight))
 		}
-		cs.Share = float64(cs.Booked) / float64(r.Limit)
+		cs.Share = float64(cs.Booked) / float64(cs.InForce)
 		cs.Entitlement = max(cs.Floor, int64(float64(cs.Weight)*cs.Level+1e-9))
 		for _, n := range reads[i].next {
 			w, _ := n.Int64()

@@ -103,6 +103,7 @@ type Limiter struct {
 	opts    Options
 	keys    keys
 	rules   atomic.Pointer[Rules]
+	capNow  atomic.Pointer[Capacity] // the capacity in force when paced (capacity_pace.go)
 	admit   *redis.Script
 	get     *redis.Script
 	release *redis.Script

@@ -40,6 +40,11 @@ const maxDeferHorizon = 31 * 24 * time.Hour
 // such field has one.
 var settingRanges = []settingRange{
 	durations("DEFER_HORIZON", time.Second, maxDeferHorizon),
+	// The paced capacity (pace.go): a target wait under the interval
+	// cannot be seen; the hold may be short, never zero.
+	durations("CAPACITY_TARGET_WAIT", 100*time.Millisecond, time.Hour),
+	durations("CAPACITY_INTERVAL", 100*time.Millisecond, time.Minute),
+	durations("CAPACITY_HOLD", time.Second, 24*time.Hour),
 	// Every attempt is one more trip through the retry tiers.
 	counts("MAX_ATTEMPTS", 1, 1000),
 	counts("BATCH_SIZE", 1, 100000),

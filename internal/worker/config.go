@@ -31,6 +31,7 @@ type Config struct {
 	TopicsConfig
 	RedisConfig
 	LimitsConfig
+	PaceConfig
 	EventsConfig
 	RetryConfig
 	BoundsConfig

@@ -86,6 +86,7 @@ func (c *Config) routingChecks() []func() error {
 		},
 		c.checkLimits,
 		c.checkCapacity,
+		c.checkPace,
 		func() error {
 			// Not a check of LIMITS: `gatekeeper usage` reads unit rules
 			// without COST_FROM.

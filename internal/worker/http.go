@@ -49,6 +49,9 @@ type httpConfig struct {
 	Tokens []apiToken
 	// Overrides serves the override API; nil: not served.
 	Overrides *overrideAPI
+	// Capacities serves the capacity's pacing and cap API and its line in
+	// /readyz; nil: not served.
+	Capacities *capacityAPI
 	// Pprof serves net/http/pprof under /debug/pprof/, behind AdminToken.
 	Pprof bool
 	Log   *slog.Logger
@@ -95,6 +98,9 @@ func newHandler(c httpConfig) http.Handler {
 	if c.Overrides != nil {
 		c.Overrides.routes(mux, c.requireScope)
 	}
+	if c.Capacities != nil {
+		c.Capacities.routes(mux, c.requireScope)
+	}
 	if c.Pprof {
 		mux.Handle("GET /debug/pprof/", c.requireToken(http.HandlerFunc(pprof.Index)))
 		mux.Handle("GET /debug/pprof/profile", c.requireToken(http.HandlerFunc(pprof.Profile)))
@@ -123,6 +129,11 @@ func (c httpConfig) readyz(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(&b, "[-]%s failed: %s\n", ch.Name, OneLine(errs[i].Error()))
 		} else {
 			fmt.Fprintf(&b, "[+]%s ok\n", ch.Name)
+		}
+	}
+	if c.Capacities != nil {
+		if note := c.Capacities.note(); note != "" {
+			fmt.Fprintf(&b, "[i]capacity %s\n", OneLine(note))
 		}
 	}
 	if status == http.StatusOK {

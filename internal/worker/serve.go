@@ -23,6 +23,7 @@ import (
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+	"github.com/gatekeeper-dev/gatekeeper/internal/pace"
 	"github.com/gatekeeper-dev/gatekeeper/internal/route"
 )
 
@@ -58,6 +59,7 @@ type state struct {
 	joined   atomic.Pointer[[]func() bool]
 	router   atomic.Pointer[route.Router]
 	live     atomic.Pointer[live]
+	pace     atomic.Pointer[pace.Runner] // nil without a capacity (pace.go)
 }
 
 // worker is what Serve builds before anything runs: the configuration, the
@@ -276,8 +278,9 @@ func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, er
 			timeout: cfg.RedisTimeout,
 			log:     w.log,
 		},
-		Pprof: cfg.Pprof,
-		Log:   w.log,
+		Capacities: &capacityAPI{pace: w.st.pace.Load, clock: time.Now, log: w.log},
+		Pprof:      cfg.Pprof,
+		Log:        w.log,
 	})
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", cfg.HTTPAddr)
@@ -318,9 +321,19 @@ func (w *worker) run(ctx context.Context, watcher *Watcher, rules *limit.Rules, 
 		w.log.Warn(warn)
 	}
 
+	pr, err := newPaceRunner(w.cfg, rdb, lim, w.transport, w.log, w.reg)
+	if err != nil {
+		return err
+	}
+	if pr != nil {
+		pr.Init(ctx)
+	}
+	w.st.pace.Store(pr)
+
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pg, pctx := errgroup.WithContext(pctx)
+	pg.Go(func() error { return runPace(pctx, pr) })
 	if watcher != nil {
 		pg.Go(func() error { return watcher.Run(pctx) })
 	}

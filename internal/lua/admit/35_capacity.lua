@@ -17,6 +17,8 @@
 --             there or sent events while it was the current window
 --     fb      what was booked under named tenants' floors
 --     x       what was booked above the level, in the ramp (see Entitlement)
+--     cl      the capacity in force in the window, fixed at its first call
+--             while current (cap_fix: a paced or capped capacity)
 --     lv, sf, wc  the window's level, what the satisfied ask and the capped
 --             weight (see Entitlement)
 --     t:<tenant>, r:<tenant>  what that tenant booked and was refused there
@@ -134,11 +136,11 @@ local function cap_state(key)
   local st = counts[key]
   if st == nil then
     cur = key
-    local v = redis.call("HMGET", key, "count", "expire", "a", "fb", "lv", "sf", "wc", "x")
+    local v = redis.call("HMGET", key, "count", "expire", "a", "fb", "lv", "sf", "wc", "x", "cl")
     st = {
       c = tonumber(v[1]) or 0, live = v[2] ~= false, a = tonumber(v[3]) or 0,
       fb = tonumber(v[4]) or 0, lv = tonumber(v[5]), sf = tonumber(v[6]) or 0,
-      wc = tonumber(v[7]) or 0, x = tonumber(v[8]) or 0,
+      wc = tonumber(v[7]) or 0, x = tonumber(v[8]) or 0, cl = tonumber(v[9]),
     }
     counts[key] = st
   end
@@ -290,6 +292,24 @@ local function cap_solve(key, C, a)
   return top + math.max(0, C - below) / math.max(1, a), below, 0
 end
 
+-- cap_fix returns the capacity in force in r's current window (field cl),
+-- fixing it at the window's first call while current: the limit of this
+-- call (a paced or capped capacity, limit's Pacer, is passed like a fixed
+-- one), or what the window already holds if more (reservations made before
+-- a cut are kept). Every replica then uses the same capacity for the whole
+-- window; a future window's bookings are bounded by the limit of their call.
+local function cap_fix(r, key, st)
+  if st.cl then
+    return st.cl
+  end
+  local cl = math.max(st.c, r.cap.limit)
+  cap_touch(r, key, r.cap.ce, st)
+  cur = key
+  redis.call("HSET", key, "cl", cl)
+  st.cl = cl
+  return cl
+end
+
 -- cap_level returns the level of r's current window, fixing it at the
 -- window's first call (see Entitlement).
 local function cap_level(r)
@@ -300,10 +320,11 @@ local function cap_level(r)
   local key = wkey(r.key, d.cs)
   local st = cap_state(key)
   local lv = st.lv
+  d.cl = cap_fix(r, key, st)
   if not lv then
     local p = cap_state(wkey(r.key, d.cs - d.step))
     local sf, wc
-    lv, sf, wc = cap_solve(dkey(r, d.cs), d.limit, p.a)
+    lv, sf, wc = cap_solve(dkey(r, d.cs), d.cl, p.a)
     if not lv then
       lv, sf, wc = 0, 0, 0 -- no history: the equal share (cap_room)
     elseif wc > 0 and p.lv and p.lv > 0 and p.wc > 0 then
@@ -388,6 +409,9 @@ local function cap_room(r, s)
   local b = cap_booked(r, key) or 0
   local d = r.cap
   local C, lv = r.limit, d.lv
+  if s == d.cs then
+    C = d.cl -- cap_fix
+  end
   if lv == 0 then
     lv = C / math.max(1, cap_state(wkey(r.key, d.cs)).a)
   end

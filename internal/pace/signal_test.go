@@ -1,0 +1,80 @@
+package pace
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
+)
+
+// TestDownstreamRead reads a real group's position: 30 events on a topic of
+// two partitions, a group that committed 20 of them and left (no members),
+// then one that never committed; and a topic that does not exist.
+func TestDownstreamRead(t *testing.T) {
+	addr := testenv.Kafka(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	client := &kafka.Client{Addr: kafka.TCP(addr), Timeout: 10 * time.Second}
+	topic := fmt.Sprintf("pace-%d", time.Now().UnixNano())
+	res, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 2, ReplicationFactor: 1}}})
+	if err != nil || res.Errors[topic] != nil {
+		t.Fatalf("create topic: %v %v", err, res)
+	}
+	defer client.DeleteTopics(context.Background(), &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+	w := &kafka.Writer{Addr: kafka.TCP(addr), Topic: topic, Balancer: &kafka.RoundRobin{}, RequiredAcks: kafka.RequireAll, BatchTimeout: 5 * time.Millisecond}
+	var msgs []kafka.Message
+	for i := 0; i < 30; i++ {
+		msgs = append(msgs, kafka.Message{Value: []byte("x")})
+	}
+	for {
+		if err = w.WriteMessages(ctx, msgs...); err == nil || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond) // the topic's leader is not known yet
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	group := topic + "-down"
+	if err := testenv.WarmUpGroupCoordinator(ctx, addr, group); err != nil {
+		t.Fatal(err)
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: []string{addr}, GroupID: group, Topic: topic, StartOffset: kafka.FirstOffset})
+	for i := 0; i < 20; i++ {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.CommitMessages(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.Close()
+
+	d := &Downstream{Client: client, Group: group, Topic: topic, Timeout: 5 * time.Second}
+	s, err := d.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.End != 30 || s.Committed != 20 || s.Members != 0 {
+		t.Errorf("after the group left: %+v, want end 30, committed 20, no members", s)
+	}
+	c := NewController(Params{TargetWait: time.Second, Floor: 10, Ceiling: 100, Interval: time.Second, Hold: time.Minute}, 50)
+	if e := c.Observe(s); e.State != StateHeld || !strings.Contains(e.Reason, "no members") {
+		t.Errorf("no members: %+v, want held", e)
+	}
+	d.Group = group + "-new"
+	if s, err = d.Read(ctx); err != nil || s.Committed != 0 || s.End != 30 {
+		t.Errorf("a group that never committed: %+v, %v; want committed 0 (the first offsets), end 30", s, err)
+	}
+	d.Topic = topic + "-missing"
+	if _, err := d.Read(ctx); err == nil {
+		t.Error("a missing topic read without an error")
+	}
+}
