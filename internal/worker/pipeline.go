@@ -237,21 +237,22 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 	if err != nil {
 		return nil, err // NewRetrier's errors already start with "retrier: "
 	}
-	retry, err := consume.NewDelayed(p.retryConfig(m, router), retrier)
+	retry, err := consume.NewDelayed(p.retryConfig(m, retrier), retrier)
 	if err != nil {
 		return nil, fmt.Errorf("retry consumer: %w", err)
 	}
 	return retry, nil
 }
 
-// retryConfig is the configuration of the retry tiers' consumer group.
-func (p Pipeline) retryConfig(m *pipelineMetrics, router *route.Router) consume.DelayedConfig {
+// retryConfig is the configuration of the retry tiers' consumer group,
+// which releases messages by retrier's clock.
+func (p Pipeline) retryConfig(m *pipelineMetrics, retrier *route.Retrier) consume.DelayedConfig {
 	cfg := p.Config
 	dc := consume.DelayedConfig{
 		Config:         p.groupConfig(m),
 		LookAhead:      cfg.RetryLookahead,
 		LookAheadBytes: cfg.RetryLookaheadBytes,
-		ReleaseAt:      router.ReleaseAt,
+		ReleaseAt:      retrier.ReleaseAt,
 		OnWaiting:      func(topic string, delta int) { m.waiting.WithLabelValues(topic).Add(float64(delta)) },
 		OnLateness: func(topic string, late time.Duration) {
 			m.lateness.WithLabelValues(topic).Observe(late.Seconds())
@@ -288,7 +289,7 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, router *route.Router) consume.
 		dc.OnLeaseEnded = func() { m.leasesEnded.Inc() }
 		dc.HeartbeatInterval = retryLeaseHeartbeat
 	}
-	for _, t := range router.Topics.Tiers() {
+	for _, t := range retrier.Router.Topics.Tiers() {
 		dc.Topics = append(dc.Topics, t.Topic)
 	}
 	return dc
