@@ -37,7 +37,12 @@ func TestFetchBatchBounds(t *testing.T) {
 				}
 				f.ch <- m
 			}
-			p := testPartition(f, nil, &commits{}, func(c *Config) { c.BatchSize, c.BatchBytes = tt.batchSize, tt.batchBytes })
+			// Every message is queued before the first fetch: the wait bound must end only
+			// a batch that has taken all there is, however slowly a loaded machine reads the
+			// channel (at 5 ms, "size bound" got [92 500 ...] under load).
+			p := testPartition(f, nil, &commits{}, func(c *Config) {
+				c.BatchSize, c.BatchBytes, c.BatchWait = tt.batchSize, tt.batchBytes, time.Second
+			})
 			var got []int
 			var next int64
 			for range tt.want {
