@@ -240,7 +240,7 @@ func (r *run) finish(params dupParams) outcome {
 	marks, backs := r.marks, r.backs
 	r.mu.Unlock()
 	fig.Backs = backs
-	return outcome{sc: r.sc, flow: f, kafkaVersion: r.kafkaVersion, fig: fig, res: res, out: out,
+	return outcome{sc: r.sc, flow: f, kafkaVersion: r.kafkaVersion, fig: fig, res: res, out: out, retry: retry,
 		recs: recoveries(marks, res.End, samples, fig.Latency), marks: marks,
 		bound: dupBound(r.sc.name, params)}
 }

@@ -146,19 +146,25 @@ func TestCutRedis(t *testing.T) {
 // cutFor, longer than the session timeout, while the others run: its
 // groups move its partitions to the others, and when the network returns
 // it is a zombie that still holds batches it decided. Nothing is lost or
-// early, duplicates stay within the bound of a crash of that replica, and
-// the counts match the events.
+// early, duplicates stay within the bound of a crash of that replica, the
+// counts match the events, and every copy downstream is one a crash of that
+// replica may redeliver (G8; strayCopies): none of the zombie's writes lands.
 //
-// Not asserted: that no window passes its limit downstream. It does (94/50
-// on Kafka 4.4.0): the zombie's writes of in-slot retry events, queued in
-// kafka-go's writer while the network was cut, land when it returns, after
-// their slot; the new owner found the same events late, gave their slot
-// back and deferred them again, so they go downstream twice and the late
-// copies crowd the window they land in (Redis counted 50 there). Fencing
-// the zombie's writes (a writer per generation, or transactions) is left
-// to its own issue; max_window is reported.
+// That holds because the zombie's writes are fenced (consume's fence.go,
+// route.FencedWriter): before, its writes queued in kafka-go's writer while
+// the network was cut landed when it returned, after the new owner had
+// handled the same events again, and crowded the windows they landed in
+// (92/50 on Kafka 4.4.0 while Redis counted 50 there). And because a new
+// owner reads its retry partitions' done sets through a healing network
+// (member.fetchMetadata): before, it gave up after three failed fetches and
+// forwarded in-slot events a second time (100/50).
+//
+// max_window is reported, not asserted: as in TestCutRedis, the backlog of
+// the cut replica's source partitions is admitted at once by their new
+// owner, and an event decided at a window's end and appended in the next is
+// placed in the next by the tally (53/50 once, Redis counting 50 there).
 func TestCutKafka(t *testing.T) {
-	runScenario(t, scenario{name: "cut-kafka", replicas: 3, load: loadDuration,
+	runScenario(t, scenario{name: "cut-kafka", replicas: 3, load: loadDuration, noStrayCopies: true,
 		lastEnv: func() map[string]string {
 			return map[string]string{"GATEKEEPER_KAFKA_BROKERS": servers.kafkaCut.Addr()}
 		},
@@ -307,6 +313,9 @@ type scenario struct {
 	// duplicated <= dupBound (copies may then legitimately fill a window
 	// beyond the limit, so max_window is only reported).
 	exact bool
+	// noStrayCopies asserts that every downstream copy is one a crash may
+	// redeliver (strayCopies), where exact is not set.
+	noStrayCopies bool
 	// fault runs in the test goroutine while the load runs; it calls
 	// r.mark at the start of each fault and returns what dupBound needs.
 	fault func(r *run) dupParams

@@ -231,6 +231,61 @@ func tally(res loadResult, source, out []outEvent, downstream string, win time.D
 	return f
 }
 
+// strayCopies returns the downstream copies of events that a crash cannot
+// explain (G8), and the most downstream events of one tenant in one window
+// without them. A crash may redeliver what was acknowledged before it and
+// not yet committed: copies of events whose first copy was appended
+// downstream before since (just after the start of the first fault), and, for an event
+// that went through the retry path, as many extra copies as the first retry
+// tier (retry) holds extra records of that trip (a source batch acknowledged
+// before the fault and decided again by its partition's next owner: the
+// replay gives the same deferral, and each record is forwarded in its slot).
+// Any other copy is stray: a zombie's write landing late, or a handover that
+// forgets what the last owner finished.
+func strayCopies(out, retry []outEvent, downstream string, win time.Duration, since time.Time) (stray []outEvent, most int, where string) {
+	type trip struct {
+		id  int
+		due int64
+	}
+	records := map[trip]int{}
+	for _, e := range retry {
+		records[trip{e.id, e.due.UnixMilli()}]++
+	}
+	firstAt := map[int]time.Time{}
+	for _, e := range out {
+		if e.topic != downstream {
+			continue
+		}
+		if at, ok := firstAt[e.id]; !ok || e.at.Before(at) {
+			firstAt[e.id] = e.at
+		}
+	}
+	perWindow, firstTaken, extraUsed := map[string]int{}, map[int]bool{}, map[trip]int{}
+	for _, e := range out {
+		if e.topic != downstream {
+			continue
+		}
+		if e.at.Equal(firstAt[e.id]) && !firstTaken[e.id] {
+			firstTaken[e.id] = true
+		} else if firstAt[e.id].Before(since) {
+			continue // a redelivered copy of an event appended before the fault
+		} else if k := (trip{e.id, e.due.UnixMilli()}); !e.due.IsZero() && extraUsed[k] < records[k]-1 {
+			extraUsed[k]++
+			continue // the forward of a redelivered deferral's record
+		} else {
+			stray = append(stray, e)
+		}
+		w := windowOf(e, win)
+		k := e.tenant + "@" + strconv.FormatInt(w, 10)
+		perWindow[k]++
+		if perWindow[k] > most {
+			most = perWindow[k]
+			where = fmt.Sprintf("%s in the window from %s", e.tenant, time.UnixMilli(w*win.Milliseconds()).UTC().Format("15:04:05"))
+		}
+	}
+	return stray, most, where
+}
+
 // lateness returns the p99 and the maximum of ls, and how many are over
 // over.
 func lateness(ls []time.Duration, over time.Duration) (p99, worst time.Duration, n int) {

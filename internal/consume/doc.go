@@ -32,6 +32,13 @@
 // and trust.go for when a done set is not taken: unsigned or badly signed
 // with DelayedConfig.MetadataKeys, or reaching beyond the partition's end).
 //
+// Every Handle call's context carries the generation's WriteFence
+// ([FenceOf]): a member writes only while the group coordinator cannot yet
+// have given its partitions to another member, as its own heartbeats tell
+// (fence.go). A writer that honours it (route.FencedWriter) sends nothing
+// once it has ended, so a member cut off from Kafka lands none of its queued
+// writes after the partitions' next owner may have handled them.
+//
 // With Config.Leases, a member that crashed is removed from the group once
 // its lease ends, so that its partitions move within a lease rather than a
 // session timeout (lease.go).

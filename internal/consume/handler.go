@@ -39,6 +39,9 @@ type Batch struct {
 // The context given to Handle is not cancelled when shutdown begins: the
 // in-flight batch may finish its writes. It is cancelled Config.DrainTimeout
 // after shutdown or the end of the generation, and a Handler must then return.
+// It carries the generation's WriteFence (FenceOf): a Handler writes through a
+// writer that honours it (route.FencedWriter), so that nothing it writes lands
+// after the partition may have a new owner.
 type Handler interface {
 	Handle(ctx context.Context, b Batch) error
 }

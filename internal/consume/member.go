@@ -41,6 +41,8 @@ type member struct {
 
 	ready   atomic.Bool
 	running atomic.Bool
+	// lastGenStart is when the last generation started (unix ns; 0: none yet).
+	lastGenStart atomic.Int64
 
 	// onGeneration, if set, is called with each new generation (tests).
 	onGeneration func(gen *kafka.Generation)
@@ -112,6 +114,7 @@ func (m *member) consume(ctx context.Context, cg *kafka.ConsumerGroup) (missing 
 	var current *sync.WaitGroup
 	var lastGen time.Time // when the last generation started
 	short := 0            // generations in a row that lasted under minGeneration
+	lastMember := ""      // this member's ID in the last generation, until kafka-go drops it
 	for {
 		// A guard against any other cause of a rejoin loop: after a
 		// generation that lasted under minGeneration, the next one is taken
@@ -134,8 +137,17 @@ func (m *member) consume(ctx context.Context, cg *kafka.ConsumerGroup) (missing 
 			}
 			m.ready.Store(false)
 			m.log.Warn("join consumer group failed; retrying", "err", err)
+			if lastMember != "" {
+				// kafka-go rejoins under a new member ID after a failed
+				// join (it tried to leave under the old one, which fails
+				// while the broker is away): see leaveStale.
+				go m.leaveStale(ctx, m.client, lastMember, m.staleGone(time.Now()))
+				lastMember = ""
+			}
 			continue
 		}
+		lastMember = gen.MemberID
+		m.lastGenStart.Store(time.Now().UnixNano())
 		if !lastGen.IsZero() && time.Since(lastGen) < minGeneration {
 			short++
 		} else {
@@ -215,6 +227,8 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 	if m.handover {
 		metas = m.fetchMetadata(ctx, gen)
 	}
+	// The fence of the generation's writes (fence.go).
+	keeper := m.newFenceKeeper(ctx, gen)
 	for _, topic := range slices.Sorted(maps.Keys(gen.Assignments)) {
 		for _, pa := range gen.Assignments[topic] {
 			parts = append(parts, fmt.Sprintf("%s/%d", topic, pa.ID))
@@ -222,7 +236,7 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 			commit := func(c offsetCommit) error { return oc.commit(topic, pa.ID, c) }
 			meta := metas[tp{topic, pa.ID}]
 			gen.Start(func(gctx context.Context) {
-				m.runPartition(ctx, gctx, gen, topic, pa, meta, commit)
+				m.runPartition(ctx, gctx, gen, topic, pa, meta, commit, keeper.fence)
 				wg.Done()
 				// kafka-go ends the generation for every partition as soon as
 				// one function returns. After a shutdown drain, keep it alive
@@ -232,6 +246,12 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 			})
 		}
 	}
+	drained := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(drained)
+	}()
+	gen.Start(func(gctx context.Context) { keeper.run(gctx, drained, m.log) })
 	if m.cfg.Leases != nil {
 		gen.Start(func(gctx context.Context) { m.watchLeases(gctx, gen) })
 	}
@@ -245,16 +265,18 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 // runPartition consumes one partition until ctx is cancelled (shutdown) or
 // gctx is done (the generation ended).
 //
-// meta is the metadata of the partition's last commit. Commits made after
+// meta is the metadata of the partition's last commit; fence is the
+// generation's WriteFence, carried by every Handle call's context. Commits made after
 // gctx is done still go out: the coordinator refuses them if the group has
 // moved on without this member, and accepts them otherwise (see
 // newOffsetCommitter).
-func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, topic string, pa kafka.PartitionAssignment, meta string, commit func(c offsetCommit) error) {
+func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, topic string, pa kafka.PartitionAssignment, meta string, commit func(c offsetCommit) error, fence *WriteFence) {
 	stop, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(gctx, cancel)()
 	hctx, hcancel := drainContext(ctx, stop, m.cfg.DrainTimeout)
 	defer hcancel()
+	hctx = WithFence(hctx, fence)
 
 	log := m.log.With("topic", topic, "partition", pa.ID)
 	// pa.Offset is the committed offset, or kafka.FirstOffset when the group
@@ -287,10 +309,14 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 }
 
 // fetchMetadata reads the metadata of the last commit of every partition gen
-// assigns (one OffsetFetch). On failure it logs and returns what it has: a
-// partition without metadata is consumed from its committed offset, and
-// messages its previous owner finished beyond that offset are handled again
-// (at least once).
+// assigns (one OffsetFetch), trying again with backoff for up to a session
+// timeout: right after a network cut heals, the first requests fail on the
+// connections that lived through it, and a partition consumed without its
+// done set hands its previous owner's finished messages over again (in-slot
+// retry events then go downstream twice, over the window's limit). After
+// that it logs and returns what it has: a partition without metadata is
+// consumed from its committed offset, and messages its previous owner
+// finished beyond that offset are handled again (at least once).
 func (m *member) fetchMetadata(ctx context.Context, gen *kafka.Generation) map[tp]string {
 	req := &kafka.OffsetFetchRequest{Addr: m.client.Addr, GroupID: gen.GroupID, Topics: map[string][]int{}}
 	for topic, pas := range gen.Assignments {
@@ -303,7 +329,8 @@ func (m *member) fetchMetadata(ctx context.Context, gen *kafka.Generation) map[t
 	}
 	metas := map[tp]string{}
 	var err error
-	for attempt := range 3 {
+	until := time.Now().Add(m.cfg.sessionOrDefault())
+	for attempt := 0; ; attempt++ {
 		fctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
 		var res *kafka.OffsetFetchResponse
 		res, err = m.client.OffsetFetch(fctx, req)
@@ -321,7 +348,8 @@ func (m *member) fetchMetadata(ctx context.Context, gen *kafka.Generation) map[t
 			}
 			return metas
 		}
-		if ctx.Err() != nil || !sleep(ctx, m.cfg.backoff(attempt)) {
+		d := m.cfg.backoff(attempt)
+		if ctx.Err() != nil || time.Now().Add(d).After(until) || !sleep(ctx, d) {
 			break
 		}
 	}

@@ -35,10 +35,22 @@ type partition struct {
 // handle calls the Handler with msgs until it returns nil (true), or until
 // stop is done (false): then nothing of msgs may be committed. A failing
 // batch is retried as it is, after a capped exponential backoff. The
-// Batch carries the partition's committed offset.
+// Batch carries the partition's committed offset; the context, the
+// generation's write fence (FenceOf).
+//
+// Once that fence has ended, the batch is not handed over again: the
+// partition may already have a new owner, and a decision made now could come
+// after that owner's commit, where nothing recognises it as a replay (it
+// would be counted twice).
 func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message) bool {
 	b := Batch{Topic: p.topic, Partition: p.id, Committed: max(p.committed, 0), Messages: msgs}
+	fence, _ := FenceOf(hctx)
 	for attempt := 0; ; attempt++ {
+		if fence != nil && fence.Err() != nil {
+			p.log.Warn("batch not handled: the generation's write fence ended; it will be redelivered to the partition's next owner",
+				"offset", msgs[0].Offset, "count", len(msgs), "err", fence.Err())
+			return false
+		}
 		err := p.handler.Handle(hctx, b)
 		if err == nil {
 			return true

@@ -271,6 +271,11 @@ func (r *Router) write(ctx context.Context, msgs []kafka.Message) error {
 		if cerr := ctx.Err(); cerr != nil {
 			return fmt.Errorf("write %d messages: %w (last error: %v)", len(pending), cerr, err)
 		}
+		if errors.Is(err, consume.ErrFenced) {
+			// This member may no longer own the partition: retrying
+			// could only write after its next owner.
+			return fmt.Errorf("write %d messages: %w", len(pending), err)
+		}
 		var sizeOnly bool
 		pending, sizeOnly = r.refusals(pending, err, attempt == 0)
 		if len(pending) == 0 {

@@ -58,7 +58,7 @@ func (p Pipeline) Build(ctx context.Context) (_ *BuiltPipeline, err error) {
 	if err != nil {
 		return nil, err
 	}
-	writer := route.NewKafkaWriter(cfg.KafkaBrokers, route.WriterOptions{
+	writer := route.NewFencedWriter(cfg.KafkaBrokers, route.WriterOptions{
 		Transport:    p.Transport,
 		BatchBytes:   writerBatchBytes(cfg.MaxMessageBytes, topicMax),
 		WriteTimeout: cfg.KafkaTimeout,

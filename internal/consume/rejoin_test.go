@@ -1,0 +1,94 @@
+package consume
+
+import (
+	"context"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// fakeLeaver fails the first fails LeaveGroup calls as an unreachable broker
+// does, then answers with code; it records the member IDs asked to leave.
+type fakeLeaver struct {
+	mu    sync.Mutex
+	fails int
+	code  error
+	ids   []string
+}
+
+func (l *fakeLeaver) LeaveGroup(_ context.Context, req *kafka.LeaveGroupRequest) (*kafka.LeaveGroupResponse, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, mb := range req.Members {
+		l.ids = append(l.ids, mb.ID)
+	}
+	if len(l.ids) <= l.fails {
+		return nil, syscall.ECONNREFUSED
+	}
+	return &kafka.LeaveGroupResponse{Error: l.code}, nil
+}
+
+// After a failed join (the broker away, for as long as it takes), the
+// member's ID of the last generation is removed from the group as soon as
+// the coordinator answers,
+// so that the rejoin under kafka-go's new ID need not wait for the old one's
+// session to expire; a coordinator that no longer knows it ends the tries.
+func TestLeaveStale(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		fails     int
+		code      error
+		wantCalls int
+	}{
+		{"left once the broker answers, however long it was away", 8, nil, 9},
+		{"already gone", 0, kafka.UnknownMemberId, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := newMember(Config{Brokers: []string{"127.0.0.1:1"}, GroupID: "g", Topics: []string{"t"}, SessionTimeout: time.Second},
+				HandlerFunc(func(context.Context, Batch) error { return nil }), func(*partition, context.Context, context.Context) {})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := &fakeLeaver{fails: tc.fails, code: tc.code}
+			m.leaveStale(context.Background(), l, "old-member", func() bool { return false })
+			if len(l.ids) != tc.wantCalls {
+				t.Errorf("LeaveGroup calls: got %d, want %d", len(l.ids), tc.wantCalls)
+			}
+			for _, id := range l.ids {
+				if id != "old-member" {
+					t.Errorf("left under %q, want old-member", id)
+				}
+			}
+		})
+	}
+}
+
+// The tries end once a later generation has lasted a session: the
+// coordinator has dropped the old ID by then.
+func TestLeaveStaleEndsAfterANewGeneration(t *testing.T) {
+	m, err := newMember(Config{Brokers: []string{"127.0.0.1:1"}, GroupID: "g", Topics: []string{"t"}, SessionTimeout: 50 * time.Millisecond},
+		HandlerFunc(func(context.Context, Batch) error { return nil }), func(*partition, context.Context, context.Context) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := m.staleGone(time.Now())
+	if gone() {
+		t.Fatal("gone before any generation: got true, want false")
+	}
+	m.lastGenStart.Store(time.Now().UnixNano())
+	if gone() {
+		t.Fatal("gone as a generation starts: got true, want false (the old ID may still be in the group)")
+	}
+	time.Sleep(100 * time.Millisecond)
+	if !gone() {
+		t.Error("gone a session after a new generation started: got false, want true")
+	}
+	l := &fakeLeaver{fails: 1 << 30}
+	m.leaveStale(context.Background(), l, "old-member", gone)
+	if len(l.ids) != 0 {
+		t.Errorf("LeaveGroup calls once gone: got %d, want 0", len(l.ids))
+	}
+}
