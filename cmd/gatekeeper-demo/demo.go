@@ -12,7 +12,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -519,22 +518,24 @@ type demoPipeline struct {
 	done   chan error
 }
 
-// startDemoPipeline starts worker.StartPipeline, the same wiring as
+// startDemoPipeline builds and runs worker's pipeline, the same wiring as
 // gatekeeper run, on a context of its own.
 func startDemoPipeline(env *demoEnv, reg *prometheus.Registry, lim *limit.Limiter) *demoPipeline {
 	pctx, cancel := context.WithCancel(context.Background())
 	p := &demoPipeline{cancel: cancel, done: make(chan error, 1)}
-	var paused atomic.Bool
 	go func() {
-		p.done <- worker.StartPipeline(pctx, worker.Pipeline{
+		pl, err := worker.Pipeline{
 			Config:     env.cfg,
 			Log:        env.log,
 			Registerer: reg,
 			Limiter:    lim,
 			Dialer:     env.dialer,
 			Transport:  env.transport,
-			Paused:     &paused,
-		})
+		}.Build(pctx)
+		if err == nil && pl != nil { // nil: stopped while waiting for Kafka
+			err = pl.Run(pctx)
+		}
+		p.done <- err
 	}()
 	return p
 }

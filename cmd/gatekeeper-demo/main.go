@@ -1,5 +1,5 @@
 // Command gatekeeper-demo runs Gatekeeper's real gate and retry path
-// (worker.StartPipeline, the wiring of `gatekeeper run`) over synthetic
+// (worker.Pipeline, the wiring of `gatekeeper run`) over synthetic
 // traffic of a few tenants, on an embedded Kafka-protocol broker (franz-go's
 // kfake) and an embedded Redis (miniredis), or on the servers named by
 // GATEKEEPER_KAFKA_BROKERS and GATEKEEPER_REDIS_ADDRS when set. It shows a

@@ -83,6 +83,19 @@ func (r *Retrier) Validate() error {
 	return nil
 }
 
+// ReleaseAt is the Retrier's release clock (consume.DelayedConfig.ReleaseAt):
+// when a message read from a retry tier may be handed to Handle. It is
+// Topics.ReleaseAt, except that with a Signer a message whose gk-sig does
+// not verify is released at once (the zero time), so that Handle
+// dead-letters it rather than hold it, and the partition's commits, until a
+// gk-due that anyone could have written.
+func (r *Retrier) ReleaseAt(m kafka.Message) time.Time {
+	if r.Router.Signer != nil && r.Router.Signer.Verify(m) != nil {
+		return time.Time{}
+	}
+	return r.Router.Topics.ReleaseAt(m)
+}
+
 // Handle routes a batch of released messages of one retry tier partition and
 // returns nil only when every one has been written and acknowledged. A
 // message released before its time makes Handle return an error wrapping

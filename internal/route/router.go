@@ -104,7 +104,7 @@ type Router struct {
 
 	failing atomic.Int64 // batches whose write keeps failing
 	// Signer, if set, signs every event written to a retry tier (gk-sig),
-	// and the Retrier and ReleaseAt verify the events read back with it.
+	// and the Retrier (Handle and ReleaseAt) verifies the events read back with it.
 	Signer *Signer
 }
 

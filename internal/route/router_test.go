@@ -181,33 +181,6 @@ func TestRouterBuildSigned(t *testing.T) {
 	}
 }
 
-func TestRouterReleaseAtSigned(t *testing.T) {
-	s := newTestSigner(t, testSecret)
-	d := testDeferral()
-	d.Due = t0.Add(2 * time.Hour)
-	signed := s.Sign(WithDeferral(kafka.Message{Topic: "down.retry.long", Value: []byte("v")}, d))
-	signed.Topic = "down.retry.long"
-	forged := withHeader(signed, HeaderDue, ms(t0.Add(1000*time.Hour)))
-	unsigned := WithDeferral(kafka.Message{Topic: "down.retry.long"}, d)
-	tests := []struct {
-		name   string
-		signer *Signer
-		msg    kafka.Message
-		want   time.Time
-	}{
-		{name: "signed", signer: s, msg: signed, want: d.Due.Add(-time.Hour)},
-		{name: "forged due", signer: s, msg: forged, want: time.Time{}},
-		{name: "unsigned", signer: s, msg: unsigned, want: time.Time{}},
-		{name: "unsigned without signer", msg: unsigned, want: d.Due.Add(-time.Hour)},
-	}
-	for _, tt := range tests {
-		r := &Router{Topics: testTopics, Signer: tt.signer}
-		if got := r.ReleaseAt(tt.msg); !got.Equal(tt.want) {
-			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
-		}
-	}
-}
-
 func TestRouterRoute(t *testing.T) {
 	errBroker := errors.New("broker down")
 	msgs := []kafka.Message{

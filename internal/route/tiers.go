@@ -105,14 +105,3 @@ func (t Topics) ReleaseAt(m kafka.Message) time.Time {
 	}
 	return due.Add(-tr.LowerBound)
 }
-
-// ReleaseAt is Topics.ReleaseAt, except that with a Signer a message whose
-// gk-sig does not verify is released at once (the zero time), so that the
-// Retrier dead-letters it rather than hold it, and the partition's commits,
-// until a gk-due that anyone could have written.
-func (r *Router) ReleaseAt(m kafka.Message) time.Time {
-	if r.Signer != nil && r.Signer.Verify(m) != nil {
-		return time.Time{}
-	}
-	return r.Topics.ReleaseAt(m)
-}

@@ -212,13 +212,13 @@ func TestRetryGroupSessionTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	router := &route.Router{Topics: route.Topics{Downstream: "out", Retry: "out.retry", DLQ: "out.dlq"}}
+	retrier := &route.Retrier{Admission: route.Admission{Router: &route.Router{Topics: route.Topics{Downstream: "out", Retry: "out.retry", DLQ: "out.dlq"}}}}
 	for _, tt := range []struct{ session, wantRetry time.Duration }{
 		{30 * time.Second, 10 * time.Second},
 		{8 * time.Second, 8 * time.Second},
 	} {
 		p := Pipeline{Config: &Config{KafkaConfig: KafkaConfig{GroupID: "g", KafkaSessionTimeout: tt.session}}}
-		dc := p.retryConfig(m, router)
+		dc := p.retryConfig(m, retrier)
 		if dc.SessionTimeout != tt.wantRetry || dc.GroupID != "g.retry" {
 			t.Errorf("session %v: retry group %s session %v, want g.retry %v", tt.session, dc.GroupID, dc.SessionTimeout, tt.wantRetry)
 		}
@@ -235,7 +235,7 @@ func TestRetryGroupSessionTimeout(t *testing.T) {
 			t.Errorf("retry group: join backoff %v, backoff max %v, leases %v; want %v, %v, none", dc.JoinGroupBackoff, dc.BackoffMax, dc.Leases, retryJoinBackoff, recoverBackoff)
 		}
 		p.Leases = redisLeases{}
-		if dc := p.retryConfig(m, router); dc.Leases == nil || dc.HeartbeatInterval != retryLeaseHeartbeat {
+		if dc := p.retryConfig(m, retrier); dc.Leases == nil || dc.HeartbeatInterval != retryLeaseHeartbeat {
 			t.Errorf("retry group with leases: leases %v, heartbeat %v; want set, %v", dc.Leases, dc.HeartbeatInterval, retryLeaseHeartbeat)
 		}
 	}

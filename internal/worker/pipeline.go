@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,23 +22,41 @@ import (
 // end before it so that a draining member still rejoins in time.
 const rebalanceTimeout = 30 * time.Second
 
-// StartPipeline runs the consumer groups of ROLES (gate: SOURCE_TOPICS,
-// retry: the retry tier topics) until ctx is done, then drains: finishes the
-// writes in flight, commits and leaves the groups, within SHUTDOWN_GRACE.
-// It returns nil after a clean drain.
-func StartPipeline(ctx context.Context, p Pipeline) error {
+// BuiltPipeline is the pipeline of ROLES built and checked, ready to Run:
+// the consumer groups (gate: SOURCE_TOPICS, retry: the retry tier topics),
+// the router and its writer. Health reports its state to readiness. Safe
+// for concurrent use; Run it once.
+type BuiltPipeline struct {
+	log    *slog.Logger
+	cfg    *Config
+	signer *route.Signer
+	writer interface{ Close() error }
+	router *route.Router
+	groups []consumerGroup
+	paused atomic.Bool // consumption paused (Redis trouble, ON_REDIS_ERROR=pause)
+}
+
+// Build waits for the topics of ROLES to exist, checks their limits and
+// builds the writer, the router and every consumer group, so that a group
+// that fails to build leaves none running behind the returned error. It
+// returns nil and no error when ctx ends while Kafka cannot be reached.
+func (p Pipeline) Build(ctx context.Context) (_ *BuiltPipeline, err error) {
 	cfg := p.Config
 	m, err := newPipelineMetrics(p.Registerer)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	topics := route.Topics{Downstream: cfg.DownstreamTopic, Retry: cfg.RetryTopic, DLQ: cfg.DLQTopic}
 	if err := waitForTopics(ctx, p, pipelineTopics(cfg, topics)); err != nil || ctx.Err() != nil {
-		return err
+		return nil, err
 	}
 	topicMax, err := verifyTopicLimits(ctx, p, topics)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	signer, err := cfg.RetrySigner()
+	if err != nil {
+		return nil, err
 	}
 	writer := route.NewFencedWriter(cfg.KafkaBrokers, route.WriterOptions{
 		Transport:    p.Transport,
@@ -46,12 +65,13 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 		ReadTimeout:  cfg.KafkaTimeout,
 		Logger:       p.Log,
 	})
-	defer writer.Close()
-	signer, err := cfg.RetrySigner()
-	if err != nil {
-		return err
-	}
-	router := &route.Router{
+	defer func() {
+		if err != nil {
+			writer.Close()
+		}
+	}()
+	b := &BuiltPipeline{log: p.Log, cfg: cfg, signer: signer, writer: writer}
+	b.router = &route.Router{
 		// Writes retry at least every recoverBackoff, so that they go out
 		// soon after the broker returns.
 		Backoff: consume.Backoff{Max: recoverBackoff},
@@ -65,38 +85,67 @@ func StartPipeline(ctx context.Context, p Pipeline) error {
 		MaxMessageBytes: cfg.MaxMessageBytes,
 		TopicMaxBytes:   topicMax,
 	}
-	if p.Router != nil {
-		p.Router.Store(router)
-	}
 	m.zeroKnownSeries(cfg.SourceTopics, topics)
 
 	if cfg.HasRole(route.RoleRetry) {
 		p.metadataMax = readMetadataMax(ctx, p)
 	}
-	// Build every group before running any, so that a group that fails to
-	// build leaves none running behind the returned error.
-	var groups []consumerGroup
-	var joined []func() bool // one per consumer group: has it joined?
+	p.paused = &b.paused
 	for _, build := range []func(*pipelineMetrics, *route.Router) (consumerGroup, error){p.gateGroup, p.retryGroup} {
-		grp, err := build(m, router)
+		grp, err := build(m, b.router)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if grp != nil {
-			groups = append(groups, grp)
-			joined = append(joined, grp.Ready)
+			b.groups = append(b.groups, grp)
 		}
 	}
-	if p.Joined != nil {
-		p.Joined.Store(&joined)
-	}
+	return b, nil
+}
+
+// Run runs the consumer groups until ctx is done, then drains: finishes the
+// writes in flight, commits and leaves the groups, within SHUTDOWN_GRACE.
+// It returns nil after a clean drain, and closes the writer.
+func (b *BuiltPipeline) Run(ctx context.Context) error {
+	defer b.writer.Close()
 	g, gctx := errgroup.WithContext(ctx)
-	for _, grp := range groups {
+	for _, grp := range b.groups {
 		g.Go(func() error { return grp.Run(gctx) })
 	}
-	p.Log.Info("pipeline started", slog.Any("roles", cfg.Roles), slog.Any("source_topics", cfg.SourceTopics),
-		slog.String("downstream_topic", cfg.DownstreamTopic), slog.Bool("retry_signed", signer != nil))
+	cfg := b.cfg
+	b.log.Info("pipeline started", slog.Any("roles", cfg.Roles), slog.Any("source_topics", cfg.SourceTopics),
+		slog.String("downstream_topic", cfg.DownstreamTopic), slog.Bool("retry_signed", b.signer != nil))
 	return g.Wait()
+}
+
+// PipelineHealth is what readiness reports of a pipeline; a nil error is
+// healthy.
+type PipelineHealth struct {
+	// Groups: has every consumer group joined?
+	Groups error
+	// Consumption: does consumption run (not paused by Redis trouble with
+	// ON_REDIS_ERROR=pause)?
+	Consumption error
+	// Writes: do the router's Kafka writes succeed?
+	Writes error
+}
+
+// Health reports the pipeline's state to readiness.
+func (b *BuiltPipeline) Health() PipelineHealth {
+	var h PipelineHealth
+	for _, grp := range b.groups {
+		if !grp.Ready() {
+			h.Groups = errors.New("not joined")
+			break
+		}
+	}
+	if b.paused.Load() {
+		h.Consumption = errors.New("paused")
+	}
+	if n := b.router.WritesFailing(); n > 0 {
+		h.Writes = fmt.Errorf("%d batches' Kafka writes keep failing (their partitions wait; see the log)", n)
+	}
+	return h
 }
 
 // consumerGroup is a consumer group of the pipeline: consume.Group or
@@ -136,7 +185,7 @@ func (p Pipeline) admission(m *pipelineMetrics, router *route.Router) (route.Adm
 }
 
 // setReady reports to readiness whether consumption runs (false: paused).
-func (p Pipeline) setReady(ready bool) { p.Paused.Store(!ready) }
+func (p Pipeline) setReady(ready bool) { p.paused.Store(!ready) }
 
 // groupConfig is the consumer-group configuration both roles share; the
 // caller sets the topics (and the retry role its group).
@@ -244,21 +293,22 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 	if err != nil {
 		return nil, err // NewRetrier's errors already start with "retrier: "
 	}
-	retry, err := consume.NewDelayed(p.retryConfig(m, router), retrier)
+	retry, err := consume.NewDelayed(p.retryConfig(m, retrier), retrier)
 	if err != nil {
 		return nil, fmt.Errorf("retry consumer: %w", err)
 	}
 	return retry, nil
 }
 
-// retryConfig is the configuration of the retry tiers' consumer group.
-func (p Pipeline) retryConfig(m *pipelineMetrics, router *route.Router) consume.DelayedConfig {
+// retryConfig is the configuration of the retry tiers' consumer group,
+// which releases messages by retrier's clock.
+func (p Pipeline) retryConfig(m *pipelineMetrics, retrier *route.Retrier) consume.DelayedConfig {
 	cfg := p.Config
 	dc := consume.DelayedConfig{
 		Config:         p.groupConfig(m),
 		LookAhead:      cfg.RetryLookahead,
 		LookAheadBytes: cfg.RetryLookaheadBytes,
-		ReleaseAt:      router.ReleaseAt,
+		ReleaseAt:      retrier.ReleaseAt,
 		OnWaiting:      func(topic string, delta int) { m.waiting.WithLabelValues(topic).Add(float64(delta)) },
 		OnLateness: func(topic string, late time.Duration) {
 			m.lateness.WithLabelValues(topic).Observe(late.Seconds())
@@ -295,7 +345,7 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, router *route.Router) consume.
 		dc.OnLeaseEnded = func() { m.leasesEnded.Inc() }
 		dc.HeartbeatInterval = retryLeaseHeartbeat
 	}
-	for _, t := range router.Topics.Tiers() {
+	for _, t := range retrier.Router.Topics.Tiers() {
 		dc.Topics = append(dc.Topics, t.Topic)
 	}
 	return dc

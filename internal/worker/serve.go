@@ -24,7 +24,6 @@ import (
 	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/gatekeeper-dev/gatekeeper/internal/pace"
-	"github.com/gatekeeper-dev/gatekeeper/internal/route"
 )
 
 // LimiterOptions turns the configuration into limiter options.
@@ -54,10 +53,8 @@ func LimiterOptions(cfg *Config, reg prometheus.Registerer) (limit.Options, erro
 type state struct {
 	redis    atomic.Pointer[redis.UniversalClient] // nil until made (see NewRedis)
 	limiter  atomic.Pointer[limit.Limiter]
-	paused   atomic.Bool // consumption paused (Redis trouble, ON_REDIS_ERROR=pause)
-	draining atomic.Bool // shutting down
-	joined   atomic.Pointer[[]func() bool]
-	router   atomic.Pointer[route.Router]
+	draining atomic.Bool                   // shutting down
+	pipeline atomic.Pointer[BuiltPipeline] // nil until built
 	live     atomic.Pointer[live]
 	pace     atomic.Pointer[pace.Runner] // nil without a capacity (pace.go)
 }
@@ -200,26 +197,21 @@ func (st *state) readyChecks(dialer *kafka.Dialer, brokers []string) []readyChec
 			return nil
 		}},
 		{Name: "groups", Check: func(context.Context) error {
-			js := st.joined.Load()
-			if js == nil {
+			pl := st.pipeline.Load()
+			if pl == nil {
 				return errors.New("not started")
 			}
-			for _, ready := range *js {
-				if !ready() {
-					return errors.New("not joined")
-				}
-			}
-			return nil
+			return pl.Health().Groups
 		}},
 		{Name: "consumption", Check: func(context.Context) error {
-			if st.paused.Load() {
-				return errors.New("paused")
+			if pl := st.pipeline.Load(); pl != nil {
+				return pl.Health().Consumption
 			}
 			return nil
 		}},
 		{Name: "writes", Check: func(context.Context) error {
-			if r := st.router.Load(); r != nil && r.WritesFailing() > 0 {
-				return fmt.Errorf("%d batches' Kafka writes keep failing (their partitions wait; see the log)", r.WritesFailing())
+			if pl := st.pipeline.Load(); pl != nil {
+				return pl.Health().Writes
 			}
 			return nil
 		}},
@@ -341,7 +333,7 @@ func (w *worker) run(ctx context.Context, watcher *Watcher, rules *limit.Rules, 
 	pg.Go(func() error { return lv.Publisher.Run(pctx) })
 	pg.Go(func() error {
 		defer cancel()
-		return StartPipeline(pctx, Pipeline{
+		pl, err := Pipeline{
 			Config:     w.cfg,
 			Log:        w.log,
 			Registerer: w.reg,
@@ -349,11 +341,13 @@ func (w *worker) run(ctx context.Context, watcher *Watcher, rules *limit.Rules, 
 			Leases:     redisLeases{rdb: rdb, prefix: w.cfg.RedisKeyPrefix},
 			Dialer:     w.dialer,
 			Transport:  w.transport,
-			Paused:     &w.st.paused,
-			Joined:     &w.st.joined,
-			Router:     &w.st.router,
 			Live:       lv,
-		})
+		}.Build(pctx)
+		if err != nil || pl == nil { // nil: ctx done while waiting for Kafka
+			return err
+		}
+		w.st.pipeline.Store(pl)
+		return pl.Run(pctx)
 	})
 	return pg.Wait()
 }
@@ -459,9 +453,9 @@ func transientRedisError(err error) bool {
 	return false
 }
 
-// Pipeline is everything StartPipeline wires together: the consumer
-// groups of the source and retry topics, the gate, the retrier and the
-// writers.
+// Pipeline is everything Build wires together into a BuiltPipeline: the
+// consumer groups of the source and retry topics, the gate, the retrier and
+// the writers.
 type Pipeline struct {
 	Config     *Config
 	Log        *slog.Logger
@@ -472,21 +466,15 @@ type Pipeline struct {
 	Leases consume.Leases
 
 	// metadataMax is the brokers' offset.metadata.max.bytes, read by
-	// StartPipeline (0: the default).
+	// Build (0: the default).
 	metadataMax int
+	// paused is the BuiltPipeline's, set by Build: true while consumption
+	// is paused (Redis trouble with ON_REDIS_ERROR=pause).
+	paused *atomic.Bool
 	// Dialer is for consumer groups and readers; Transport for writers.
 	// Both carry TLS, SASL and KAFKA_TIMEOUT.
 	Dialer    *kafka.Dialer
 	Transport *kafka.Transport
-	// Paused must be true while consumption is paused (Redis trouble with
-	// ON_REDIS_ERROR=pause); /readyz reports it.
-	Paused *atomic.Bool
-	// Joined, if set, receives the consumer groups' "joined" checks, for
-	// /readyz.
-	Joined *atomic.Pointer[[]func() bool]
-	// Router, if set, receives the router, whose failing writes /readyz
-	// reports.
-	Router *atomic.Pointer[route.Router]
 	// Live, if set, are the live overrides and the top view: its Admitter
 	// decides instead of Limiter, its Expediter and Tracker hook into the
 	// retry tiers.

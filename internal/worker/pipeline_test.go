@@ -1,0 +1,51 @@
+package worker
+
+import (
+	"context"
+	"testing"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/route"
+)
+
+// fakeGroup is a consumerGroup that has joined or not.
+type fakeGroup struct{ joined bool }
+
+func (g fakeGroup) Run(context.Context) error { return nil }
+func (g fakeGroup) Ready() bool               { return g.joined }
+
+func TestBuiltPipelineHealth(t *testing.T) {
+	tests := []struct {
+		name                  string
+		groups                []consumerGroup
+		paused                bool
+		wantGroups, wantPause string
+	}{
+		{name: "healthy", groups: []consumerGroup{fakeGroup{true}, fakeGroup{true}}},
+		{name: "one group not joined", groups: []consumerGroup{fakeGroup{true}, fakeGroup{false}}, wantGroups: "not joined"},
+		{name: "paused", groups: []consumerGroup{fakeGroup{true}}, paused: true, wantPause: "paused"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := &BuiltPipeline{router: &route.Router{}, groups: tt.groups}
+			b.paused.Store(tt.paused)
+			h := b.Health()
+			if got := errText(h.Groups); got != tt.wantGroups {
+				t.Errorf("groups: got %q, want %q", got, tt.wantGroups)
+			}
+			if got := errText(h.Consumption); got != tt.wantPause {
+				t.Errorf("consumption: got %q, want %q", got, tt.wantPause)
+			}
+			if h.Writes != nil {
+				t.Errorf("writes: got %v, want nil", h.Writes)
+			}
+		})
+	}
+}
+
+// errText is err's text, or "" for nil.
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
