@@ -258,15 +258,15 @@ func (p *childParts) gatekeeperLib(ctx context.Context, c childConfig, goRun fun
 	if err != nil {
 		return nil, err
 	}
-	dc := consume.DelayedConfig{Config: p.group, ReleaseAt: p.topics.ReleaseAt}
+	retrier, err := route.NewRetrier(route.Retrier{Admission: p.admission(lim)})
+	if err != nil {
+		return nil, err
+	}
+	dc := consume.DelayedConfig{Config: p.group, ReleaseAt: retrier.ReleaseAt}
 	dc.GroupID = c.Group + ".retry"
 	dc.Topics = nil
 	for _, t := range p.topics.Tiers() {
 		dc.Topics = append(dc.Topics, t.Topic)
-	}
-	retrier, err := route.NewRetrier(route.Retrier{Admission: p.admission(lim)})
-	if err != nil {
-		return nil, err
 	}
 	retry, err := consume.NewDelayed(dc, retrier)
 	if err != nil {

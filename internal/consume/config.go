@@ -216,16 +216,26 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// Release is what a Delayed consumer's release clock (DelayedConfig.ReleaseAt)
+// says of a message: when it may be handed over, and a Note of what the clock
+// found in its headers on the way (checks, parsed values), handed to the
+// Handler with the message (Batch.Notes) so that nothing is read twice.
+type Release struct {
+	At   time.Time // zero: at once
+	Note any       // the release clock's own; nil if it has none
+}
+
 // DelayedConfig configures a Delayed consumer: the Config of its group plus
 // the release schedule. Zero fields take the defaults.
 type DelayedConfig struct {
 	Config
 
 	// ReleaseAt gives the time at which a message may be handed to the
-	// Handler. It returns the zero time for a message whose release time
-	// cannot be read: such a message is released at once (the Handler
-	// dead-letters it). Required; it must be safe for concurrent use.
-	ReleaseAt func(kafka.Message) time.Time
+	// Handler, and what it learned of the message on the way (see Release).
+	// It returns the zero time for a message whose release time cannot be
+	// read: such a message is released at once (the Handler dead-letters
+	// it). Required; it must be safe for concurrent use.
+	ReleaseAt func(kafka.Message) Release
 	// LookAhead is the most messages per partition fetched and not yet
 	// handed to the Handler; when it is reached, fetching pauses.
 	LookAhead int

@@ -160,13 +160,14 @@ func (r *delayedRun) push(m kafka.Message) {
 		return
 	}
 	now := r.clock.Now()
-	at := r.c.ReleaseAt(m)
+	rel := r.c.ReleaseAt(m)
+	at := rel.At
 	if e := r.c.Expedite; e != nil && at.After(now) && e.Early(m, now) {
 		// Fetched after a raise that it waited through (beyond the
 		// look-ahead, or in a later tier): released at once.
 		at = now
 	}
-	r.h.push(m, at, now)
+	r.h.push(m, at, rel.Note, now)
 	r.waitingDelta(1)
 	if r.c.OnWaitingMessage != nil {
 		r.c.OnWaitingMessage(m, 1)
@@ -196,11 +197,12 @@ func (r *delayedRun) release(stop, hctx context.Context, due []waiting) bool {
 		}
 	}
 	msgs := make([]kafka.Message, len(due))
+	notes := make([]any, len(due))
 	offsets := make([]int64, len(due))
 	for i, w := range due {
-		msgs[i], offsets[i] = w.msg, w.msg.Offset
+		msgs[i], notes[i], offsets[i] = w.msg, w.note, w.msg.Offset
 	}
-	if !r.p.handle(stop, hctx, msgs) {
+	if !r.p.handle(stop, hctx, msgs, notes) {
 		return false
 	}
 	// Lateness runs to the Handler's success (its writes are

@@ -2,6 +2,7 @@ package consume
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,9 @@ import (
 
 // releaseHeader is the header the tests put release times (unix ms) in.
 const releaseHeader = "release-at"
+
+// releaseByHeader is releaseAtHeader as a release clock (no note).
+func releaseByHeader(m kafka.Message) Release { return Release{At: releaseAtHeader(m)} }
 
 func releaseAtHeader(m kafka.Message) time.Time {
 	for _, h := range m.Headers {
@@ -78,7 +82,7 @@ func startDelayedWith(t *testing.T, f fetcher, t0 time.Time, mutate func(*Delaye
 	p := testPartition(f, handler, h.commits, func(c *Config) { c.Clock = h.clock })
 	dc := DelayedConfig{
 		Config:     *p.cfg,
-		ReleaseAt:  releaseAtHeader,
+		ReleaseAt:  releaseByHeader,
 		OnWaiting:  func(_ string, d int) { h.waiting.Add(int64(d)) },
 		OnLateness: func(_ string, d time.Duration) { h.late = append(h.late, d) },
 	}
@@ -304,7 +308,7 @@ func TestDelayedLatenessIncludesHandling(t *testing.T) {
 	p := testPartition(f, handler, c, func(cfg *Config) { cfg.Clock = clock })
 	dc := DelayedConfig{
 		Config:    *p.cfg,
-		ReleaseAt: releaseAtHeader,
+		ReleaseAt: releaseByHeader,
 		LookAhead: 10,
 		OnLateness: func(_ string, d time.Duration) {
 			mu.Lock()
@@ -325,5 +329,56 @@ func TestDelayedLatenessIncludesHandling(t *testing.T) {
 	defer mu.Unlock()
 	if diff := cmp.Diff([]time.Duration{250 * time.Millisecond}, late); diff != "" {
 		t.Errorf("lateness (-want +got):\n%s", diff)
+	}
+}
+
+// A release clock's notes reach the Handler with their messages, in step,
+// so that the Handler need not read again what the clock read.
+func TestDelayedHandsReleaseNotes(t *testing.T) {
+	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	f := &chanFetcher{ch: make(chan kafka.Message, 10)}
+	in := msgs(20, 26)
+	for i := range in {
+		in[i] = withRelease(in[i], t0.Add(-time.Duration(len(in)-i)*time.Second)) // all due
+		f.ch <- in[i]
+	}
+	var mu sync.Mutex
+	got := map[int64]any{}
+	handler := HandlerFunc(func(_ context.Context, b Batch) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(b.Notes) != len(b.Messages) {
+			t.Errorf("%d notes for %d messages", len(b.Notes), len(b.Messages))
+			return nil
+		}
+		for i, m := range b.Messages {
+			got[m.Offset] = b.Notes[i]
+		}
+		return nil
+	})
+	clock := newFakeClock(t0)
+	p := testPartition(f, handler, &commits{}, func(c *Config) { c.Clock = clock })
+	dc := DelayedConfig{Config: *p.cfg, ReleaseAt: func(m kafka.Message) Release {
+		return Release{At: releaseAtHeader(m), Note: fmt.Sprintf("note of %d", m.Offset)}
+	}}
+	dc = dc.withDefaults()
+	stop, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.runDelayed(&dc, stop, context.Background())
+	}()
+	defer func() { cancel(); <-done }()
+	eventually(t, 5*time.Second, "every message handed over", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) == len(in)
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, m := range in {
+		if want := fmt.Sprintf("note of %d", m.Offset); got[m.Offset] != want {
+			t.Errorf("offset %d handed with note %v, want %q", m.Offset, got[m.Offset], want)
+		}
 	}
 }

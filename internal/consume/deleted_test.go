@@ -124,7 +124,7 @@ func testTopicDeleted(t *testing.T, broker string, topics int) {
 	}
 	var gens, retryGens atomic.Int64
 	g.m.onGeneration = func(*kafka.Generation) { gens.Add(1) }
-	rcfg := DelayedConfig{Config: testConfig(t, broker, group+".retry", retryTopic), ReleaseAt: releaseAtHeader}
+	rcfg := DelayedConfig{Config: testConfig(t, broker, group+".retry", retryTopic), ReleaseAt: releaseByHeader}
 	rcfg.Logger = log
 	d, err := NewDelayed(rcfg, onMessages(func(context.Context, []kafka.Message) error { return nil }))
 	if err != nil {

@@ -11,7 +11,7 @@ func TestReleaseHeapExpedite(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	var h releaseHeap
 	for i, key := range []string{"a", "b", "a", "a"} {
-		h.push(kafka.Message{Offset: int64(i), Key: []byte(key)}, t0.Add(time.Duration(10+i)*time.Minute), t0.Add(time.Duration(i)*time.Second))
+		h.push(kafka.Message{Offset: int64(i), Key: []byte(key)}, t0.Add(time.Duration(10+i)*time.Minute), nil, t0.Add(time.Duration(i)*time.Second))
 	}
 	// Tenant a was raised at t0+2s: its messages waiting since before then
 	// (offsets 0 and 2) go now; offset 3 started waiting after the raise.

@@ -220,7 +220,7 @@ func TestHandleStopsOnceFenced(t *testing.T) {
 	p := testPartition(nil, h, &commits{}, nil)
 	stop, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if p.handle(stop, WithFence(context.Background(), fence), msgs(0, 3)) {
+	if p.handle(stop, WithFence(context.Background(), fence), msgs(0, 3), nil) {
 		t.Fatal("handle: got true (handled), want false")
 	}
 	if stop.Err() != nil {

@@ -73,7 +73,7 @@ func (p *partition) runBatches(stop, hctx context.Context) {
 			continue
 		}
 		attempt = 0
-		if !p.handle(stop, hctx, batch) {
+		if !p.handle(stop, hctx, batch, nil) {
 			return
 		}
 		last := batch[len(batch)-1]

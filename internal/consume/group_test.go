@@ -338,7 +338,7 @@ func TestConfigValidate(t *testing.T) {
 	if err := d.Validate(); err == nil {
 		t.Error("DelayedConfig without ReleaseAt: Validate() = nil, want error")
 	}
-	d.ReleaseAt = func(kafka.Message) time.Time { return time.Time{} }
+	d.ReleaseAt = func(kafka.Message) Release { return Release{} }
 	if err := d.Validate(); err != nil {
 		t.Errorf("DelayedConfig.Validate() = %v, want nil", err)
 	}

@@ -25,6 +25,10 @@ type Batch struct {
 	Committed int64
 	// Messages holds the batch's messages, offsets ascending.
 	Messages []kafka.Message
+	// Notes, from a Delayed consumer, holds its release clock's Note of
+	// each message (Release.Note), index-aligned with Messages; nil from a
+	// source consumer and from callers that have none.
+	Notes []any
 }
 
 // Handler processes one batch of one partition (offsets ascending). It returns

@@ -572,7 +572,7 @@ func TestKafkaDelayedReleasesOnTimeAndCommits(t *testing.T) {
 	s := newSeen(t)
 	cfg := DelayedConfig{
 		Config:    testConfig(t, broker, group, topic),
-		ReleaseAt: releaseAtHeader,
+		ReleaseAt: releaseByHeader,
 		OnWaiting: func(_ string, d int) { waiting.Add(int64(d)) },
 	}
 	var lateMu sync.Mutex
@@ -718,7 +718,7 @@ func TestKafkaDelayedHandoverSkipsDone(t *testing.T) {
 			var skipped atomic.Int64
 			cfg := DelayedConfig{
 				Config:    testConfig(t, broker, group, topic),
-				ReleaseAt: releaseAtHeader,
+				ReleaseAt: releaseByHeader,
 				OnSkipped: func(_ string, k int) { skipped.Add(int64(k)) },
 			}
 			handler := onMessages(func(_ context.Context, msgs []kafka.Message) error {

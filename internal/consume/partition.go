@@ -32,7 +32,8 @@ type partition struct {
 	gaps          *gapCheck       // watches for offsets deleted before they were consumed; nil in unit tests
 }
 
-// handle calls the Handler with msgs until it returns nil (true), or until
+// handle calls the Handler with msgs (and their release clock's notes, nil
+// for a source) until it returns nil (true), or until
 // stop is done (false): then nothing of msgs may be committed. A failing
 // batch is retried as it is, after a capped exponential backoff. The
 // Batch carries the partition's committed offset; the context, the
@@ -42,8 +43,8 @@ type partition struct {
 // partition may already have a new owner, and a decision made now could come
 // after that owner's commit, where nothing recognises it as a replay (it
 // would be counted twice).
-func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message) bool {
-	b := Batch{Topic: p.topic, Partition: p.id, Committed: max(p.committed, 0), Messages: msgs}
+func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message, notes []any) bool {
+	b := Batch{Topic: p.topic, Partition: p.id, Committed: max(p.committed, 0), Messages: msgs, Notes: notes}
 	fence, _ := FenceOf(hctx)
 	for attempt := 0; ; attempt++ {
 		if fence != nil && fence.Err() != nil {

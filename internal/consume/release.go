@@ -13,6 +13,7 @@ import (
 type waiting struct {
 	msg   kafka.Message
 	at    time.Time // zero: release at once
+	note  any       // the release clock's Note (Release)
 	since time.Time // when it started waiting
 }
 
@@ -43,9 +44,10 @@ func (h *releaseItems) Pop() any {
 // Len returns the number of waiting messages.
 func (h *releaseHeap) Len() int { return len(h.items) }
 
-// push adds m, to be released at at; it waits from since.
-func (h *releaseHeap) push(m kafka.Message, at, since time.Time) {
-	heap.Push(&h.items, waiting{msg: m, at: at, since: since})
+// push adds m, to be released at at with the release clock's note; it
+// waits from since.
+func (h *releaseHeap) push(m kafka.Message, at time.Time, note any, since time.Time) {
+	heap.Push(&h.items, waiting{msg: m, at: at, note: note, since: since})
 }
 
 // next returns the earliest release time; the heap must not be empty.

@@ -23,7 +23,7 @@ func TestReleaseHeapNeverEarly(t *testing.T) {
 			at = time.Time{} // unreadable: release at once
 		}
 		release[off] = at
-		h.push(kafka.Message{Offset: off}, at, time.Time{})
+		h.push(kafka.Message{Offset: off}, at, nil, time.Time{})
 	}
 
 	var got []int64
@@ -57,11 +57,11 @@ func TestReleaseHeapNeverEarly(t *testing.T) {
 func TestReleaseHeapOrder(t *testing.T) {
 	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	var h releaseHeap
-	h.push(kafka.Message{Offset: 4}, t0.Add(2*time.Second), time.Time{})
-	h.push(kafka.Message{Offset: 3}, t0.Add(time.Second), time.Time{})
-	h.push(kafka.Message{Offset: 1}, t0.Add(time.Second), time.Time{})
-	h.push(kafka.Message{Offset: 2}, time.Time{}, time.Time{})
-	h.push(kafka.Message{Offset: 0}, t0.Add(3*time.Second), time.Time{})
+	h.push(kafka.Message{Offset: 4}, t0.Add(2*time.Second), nil, time.Time{})
+	h.push(kafka.Message{Offset: 3}, t0.Add(time.Second), nil, time.Time{})
+	h.push(kafka.Message{Offset: 1}, t0.Add(time.Second), nil, time.Time{})
+	h.push(kafka.Message{Offset: 2}, time.Time{}, nil, time.Time{})
+	h.push(kafka.Message{Offset: 0}, t0.Add(3*time.Second), nil, time.Time{})
 
 	var got [][]int64
 	for _, now := range []time.Time{t0.Add(-time.Hour), t0, t0.Add(1500 * time.Millisecond), t0.Add(5 * time.Second)} {

@@ -91,7 +91,7 @@ func TestKafkaDelayedDistrustsForgedDoneSet(t *testing.T) {
 			s := newSeen(t)
 			var mu sync.Mutex
 			reasons := map[string]int{}
-			cfg := DelayedConfig{Config: testConfig(t, broker, group, topic), ReleaseAt: releaseAtHeader,
+			cfg := DelayedConfig{Config: testConfig(t, broker, group, topic), ReleaseAt: releaseByHeader,
 				MetadataKeys: tc.keys,
 				OnDistrusted: func(_ string, why string) { mu.Lock(); reasons[why]++; mu.Unlock() }}
 			d, err := NewDelayed(cfg, onMessages(func(_ context.Context, msgs []kafka.Message) error {

@@ -54,9 +54,9 @@ type earlyCheck struct {
 }
 
 // early takes m, released before its time, for an early check when the
-// Retrier's Expedited says it was let go on purpose and its headers read;
-// it reports whether it took it.
-func (r *Retrier) early(b *retryBatch, i int, m kafka.Message) bool {
+// Retrier's Expedited says it was let go on purpose and its headers read
+// (c: what the release clock read of them); it reports whether it took it.
+func (r *Retrier) early(b *retryBatch, i int, m kafka.Message, c *checked) bool {
 	if r.Expedited == nil {
 		return false
 	}
@@ -67,7 +67,7 @@ func (r *Retrier) early(b *retryBatch, i int, m kafka.Message) bool {
 	if _, ok := r.Admitter.(NowAdmitter); !ok {
 		return false
 	}
-	d, err := ParseDeferral(m)
+	d, err := parseDeferral(m, c.dueOf())
 	if err != nil {
 		return false
 	}

@@ -215,6 +215,12 @@ func (o *origins) with(m kafka.Message, tenant string) kafka.Message {
 // ParseDeferral reads the deferral headers of m. If a header appears more than
 // once, the last one counts. The error names the missing or malformed header.
 func ParseDeferral(m kafka.Message) (Deferral, error) {
+	return parseDeferral(m, nil)
+}
+
+// parseDeferral is ParseDeferral with m's gk-due already read (parseDue, no
+// error) when due is not nil: it is not read again.
+func parseDeferral(m kafka.Message, due *time.Time) (Deferral, error) {
 	var d Deferral
 	var err error
 	get := func(name string) string {
@@ -249,7 +255,11 @@ func ParseDeferral(m kafka.Message) (Deferral, error) {
 	}
 
 	d.Attempt = int(integer(HeaderAttempt, 32))
-	d.Due = millis(HeaderDue)
+	if due == nil {
+		d.Due = millis(HeaderDue)
+	} else if err == nil {
+		d.Due = *due
+	}
 	d.Reserved = millis(HeaderReserved)
 	d.FirstSeen = millis(HeaderFirstSeen)
 	d.Tenant = get(HeaderTenant)

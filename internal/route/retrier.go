@@ -84,16 +84,77 @@ func (r *Retrier) Validate() error {
 }
 
 // ReleaseAt is the Retrier's release clock (consume.DelayedConfig.ReleaseAt):
-// when a message read from a retry tier may be handed to Handle. It is
-// Topics.ReleaseAt, except that with a Signer a message whose gk-sig does
-// not verify is released at once (the zero time), so that Handle
+// when a message read from a retry tier may be handed to Handle (see
+// checked.releaseAt): with a Signer a message whose gk-sig does not verify
+// is released at once (the zero time), so that Handle
 // dead-letters it rather than hold it, and the partition's commits, until a
-// gk-due that anyone could have written.
-func (r *Retrier) ReleaseAt(m kafka.Message) time.Time {
-	if r.Router.Signer != nil && r.Router.Signer.Verify(m) != nil {
+// gk-due that anyone could have written. What it checked travels with the
+// message as the Release's Note (a *checked), so that Handle verifies and
+// parses none of it again.
+func (r *Retrier) ReleaseAt(m kafka.Message) consume.Release {
+	c := r.check(m)
+	return consume.Release{At: c.releaseAt(), Note: c}
+}
+
+// checked is what the Retrier's release clock read of a message from a retry
+// tier, once: its tier, its gk-sig's verdict and its gk-due.
+type checked struct {
+	tier   Tier
+	inTier bool
+	sigErr error // nil without a Signer
+	// lenient: the gk-sig was accepted only while RETRY_ACCEPT_UNSIGNED_UNTIL
+	// lasts, which may end before Handle: it is verified again there.
+	lenient bool
+	due     time.Time
+	dueErr  error
+}
+
+// check reads m's tier, verifies its gk-sig (with a Signer) and parses its
+// gk-due.
+func (r *Retrier) check(m kafka.Message) *checked {
+	c := &checked{}
+	c.tier, c.inTier = r.Router.Topics.Tier(m.Topic)
+	if s := r.Router.Signer; s != nil {
+		if err := s.verify(m, sigDomain); err != nil {
+			c.sigErr = s.Verify(m)
+			c.lenient = c.sigErr == nil
+		}
+	}
+	c.due, c.dueErr = parseDue(m)
+	return c
+}
+
+// releaseAt returns when the message checked may be released to the
+// Retrier: its gk-due minus its tier's lower bound. A message without a
+// readable gk-due, from a topic that is not a tier, or whose gk-sig does not
+// verify is released at once (the zero time), so that Handle dead-letters it
+// or reports it.
+func (c *checked) releaseAt() time.Time {
+	if c.sigErr != nil || !c.inTier || c.dueErr != nil {
 		return time.Time{}
 	}
-	return r.Router.Topics.ReleaseAt(m)
+	return c.due.Add(-c.tier.LowerBound)
+}
+
+// dueOf returns the gk-due read, or nil when it could not be read (then
+// parseDeferral reads it again, for its own error).
+func (c *checked) dueOf() *time.Time {
+	if c.dueErr != nil {
+		return nil
+	}
+	return &c.due
+}
+
+// checkedOf returns the release clock's note of the batch's i-th message,
+// or checks it now when it has none (a batch not handed over by a Delayed
+// consumer with this Retrier's clock).
+func (r *Retrier) checkedOf(batch consume.Batch, i int) *checked {
+	if i < len(batch.Notes) {
+		if c, ok := batch.Notes[i].(*checked); ok && c != nil {
+			return c
+		}
+	}
+	return r.check(batch.Messages[i])
 }
 
 // Handle routes a batch of released messages of one retry tier partition and
@@ -109,7 +170,7 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 	b := retryBatch{items: make([]Item, len(msgs)), counts: map[string]int{}, sigFailures: map[string]int{}}
 	now := r.now()
 	for i, m := range msgs {
-		if err := r.classify(&b, i, m, now); err != nil {
+		if err := r.classify(&b, i, m, r.checkedOf(batch, i), now); err != nil {
 			return fmt.Errorf("retrier: %w", err)
 		}
 	}
@@ -182,18 +243,22 @@ type trip struct {
 }
 
 // classify sets b.items[i] for m, read from a retry tier, unless m is to be
-// admitted again: then it is added to b.readmit. With a Signer, m's gk-sig
-// is verified before anything else is read, and m is dead-lettered if it
-// does not verify. The error is the batch's: a message released early, or
-// from a topic that is not a retry tier.
-func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, now time.Time) error {
-	tier, ok := r.Router.Topics.Tier(m.Topic)
+// admitted again: then it is added to b.readmit. c is what the release clock
+// checked of m. With a Signer, m is dead-lettered if its gk-sig does not
+// verify, before anything else is read. The error is the batch's: a message
+// released early, or from a topic that is not a retry tier.
+func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, now time.Time) error {
+	tier, ok := c.tier, c.inTier
 	if !ok {
 		return fmt.Errorf("topic %q (partition %d offset %d) is not a retry tier of %q",
 			m.Topic, m.Partition, m.Offset, r.Router.Topics.Retry)
 	}
 	if s := r.Router.Signer; s != nil {
-		if err := s.Verify(m); err != nil {
+		err := c.sigErr
+		if c.lenient {
+			err = s.Verify(m)
+		}
+		if err != nil {
 			reason := "mismatch"
 			if errors.Is(err, ErrSigMissing) {
 				reason = "missing"
@@ -205,14 +270,14 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, now time.Time)
 		}
 	}
 	if tier.LowerBound > 0 {
-		due, err := parseDue(m)
+		due, err := c.due, c.dueErr
 		if err != nil {
 			b.counts[DecisionInvalid]++
 			b.items[i] = r.deadLetter(m, err.Error())
 			return nil
 		}
 		if release := due.Add(-tier.LowerBound); now.Before(release) {
-			if r.early(b, i, m) {
+			if r.early(b, i, m, c) {
 				return nil
 			}
 			return fmt.Errorf("topic %s partition %d offset %d: %w: now %s, release at %s",
@@ -222,14 +287,14 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, now time.Time)
 		return nil
 	}
 
-	d, err := ParseDeferral(m)
+	d, err := parseDeferral(m, c.dueOf())
 	if err != nil {
 		b.counts[DecisionInvalid]++
 		b.items[i] = r.deadLetter(m, err.Error())
 		return nil
 	}
 	if now.Before(d.Due) {
-		if r.early(b, i, m) {
+		if r.early(b, i, m, c) {
 			return nil
 		}
 		return fmt.Errorf("topic %s partition %d offset %d: %w: now %s, due %s",

@@ -368,8 +368,47 @@ func TestRetrierReleaseAtSigned(t *testing.T) {
 	}
 	for _, tt := range tests {
 		r := &Retrier{Admission: Admission{Router: &Router{Topics: testTopics, Signer: tt.signer}}}
-		if got := r.ReleaseAt(tt.msg); !got.Equal(tt.want) {
+		if got := r.ReleaseAt(tt.msg).At; !got.Equal(tt.want) {
 			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
 		}
 	}
+}
+
+// The release clock's checks travel with the messages (Batch.Notes), and
+// Handle reads no gk-sig or gk-due again: a message changed after its check
+// is decided by the check. A gk-sig accepted only while unsigned events are
+// is the exception: it is verified again once that has ended.
+func TestRetrierUsesReleaseNotes(t *testing.T) {
+	past := t0.Add(-10 * time.Second)
+	now := t0
+	s := newTestSigner(t, testSecret).AcceptUnsignedUntil(t0.Add(time.Minute), func() time.Time { return now })
+	checked := s.Sign(retryMsg("down.retry", 1, deferral("ok", 1, past, t0.Add(time.Second))))
+	unsigned := retryMsg("down.retry", 2, deferral("ok", 1, past, t0.Add(time.Second)))
+	f := newRetrier(t, byTenant(nil))
+	f.retrier.Router.Signer = s
+	notes := []any{f.retrier.ReleaseAt(checked).Note, f.retrier.ReleaseAt(unsigned).Note}
+
+	changed := checked
+	changed.Value = []byte("changed after its check") // its gk-sig no longer matches
+	now = t0.Add(2 * time.Minute)                     // unsigned events are no longer accepted
+	b := batchOf([]kafka.Message{changed, unsigned})
+	b.Notes = notes
+	if err := f.retrier.Handle(context.Background(), b); err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+	diffOut(t, []out{
+		outOf(withoutSig(changed), "down"),
+		outOf(unsigned, "down.dlq", "gk-reason=gk-sig missing"),
+	}, f.writer.last(t))
+
+	// Without notes (a batch no Delayed consumer handed over), Handle checks.
+	f = newRetrier(t, byTenant(nil))
+	f.retrier.Router.Signer = s
+	if err := f.retrier.Handle(context.Background(), batchOf([]kafka.Message{changed, unsigned})); err != nil {
+		t.Fatalf("Handle: %v", err)
+	}
+	diffOut(t, []out{
+		outOf(withoutSig(changed), "down.dlq", "gk-reason=gk-sig does not match"),
+		outOf(unsigned, "down.dlq", "gk-reason=gk-sig missing"),
+	}, f.writer.last(t))
 }

@@ -82,8 +82,9 @@ func TestReleaseAt(t *testing.T) {
 		{name: "no due", msg: kafka.Message{Topic: "down.retry"}, want: time.Time{}},
 		{name: "not a tier", msg: withDue("down"), want: time.Time{}},
 	}
+	r := &Retrier{Admission: Admission{Router: &Router{Topics: testTopics}}}
 	for _, tt := range tests {
-		if got := testTopics.ReleaseAt(tt.msg); !got.Equal(tt.want) {
+		if got := r.ReleaseAt(tt.msg).At; !got.Equal(tt.want) {
 			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
 		}
 	}

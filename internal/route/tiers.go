@@ -3,8 +3,6 @@ package route
 import (
 	"strings"
 	"time"
-
-	"github.com/segmentio/kafka-go"
 )
 
 // Topics names the output topics. It is a value type, safe for concurrent
@@ -88,20 +86,4 @@ func (t Topics) Tier(topic string) (Tier, bool) {
 		}
 	}
 	return Tier{}, false
-}
-
-// ReleaseAt returns when a message read from a retry tier may be released to
-// the Retrier: its gk-due minus the tier's lower bound. A message without a
-// readable gk-due, or from a topic that is not a tier, is released at once
-// (the zero time) so that the Retrier dead-letters it or reports it.
-func (t Topics) ReleaseAt(m kafka.Message) time.Time {
-	tr, ok := t.Tier(m.Topic)
-	if !ok {
-		return time.Time{}
-	}
-	due, err := parseDue(m)
-	if err != nil {
-		return time.Time{}
-	}
-	return due.Add(-tr.LowerBound)
 }
