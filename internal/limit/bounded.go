@@ -21,13 +21,18 @@ import "fmt"
 // call, all tenants together. A read and the search's work around it cost
 // Redis 6 to 16 µs of CPU (measured on a loaded machine by
 // TestBoundedFitsFarAhead), so a call that spends the budget costs Redis
-// about 4 ms of CPU (at most 10 ms measured; 1,024 reads took 6 to 17 ms).
-// Its wall time in SLOWLOG is that on an idle machine; on a loaded one it is
-// mostly waiting for a core. Normal traffic reads a window or two per rule
-// of each deferred tenant (about 24 window and anchor reads a call in make
-// bench), far below it; past it, a tenant's events wait unreserved until
-// the window where its search stopped (see above).
-const DefaultMaxScan = 512
+// 6 to 17 ms of CPU. Normal traffic reads a window or two per rule of each
+// deferred tenant (about 24 window and anchor reads a call in make bench),
+// far below it; past it, a tenant's events wait unreserved until the window
+// where its search stopped (see above).
+//
+// It was 512 for a while: half the CPU of a call that spends it, but in the
+// fault suite's mix (TestFaultMix) the flooding tenants' far-ahead searches
+// then spent the budget of most calls, the light tenants after them in a
+// call were deferred unreserved, came back checked as new behind the retry
+// tier's backlog, and the retry lateness p99 went from 2 s to 30 s (the
+// same binary with 1,024: 2.0 s).
+const DefaultMaxScan = 1024
 
 // never returns the reason why rules never admit an event of their tenant
 // (an event rule of limit 0), or "".
