@@ -21,7 +21,8 @@ type Params struct {
 
 // Sample is one reading of the downstream: the sums over the downstream
 // topic's partitions of the group's committed offsets and of the end
-// offsets, and the group's members. It is a value type.
+// offsets, and the group's members (-1: not read with this sample; the
+// last count read holds). It is a value type.
 type Sample struct {
 	At        time.Time
 	Committed int64
@@ -41,7 +42,7 @@ const (
 // second) and what it was computed from. It is a value type.
 type Estimate struct {
 	Rate  float64 // the capacity to set, events a second
-	Drain float64 // the downstream group's drain rate, events a second
+	Drain float64 // the downstream group's drain rate (filtered), events a second
 	Input float64 // what reaches the downstream topic, events a second
 	Lag   int64
 	Wait  time.Duration // lag / drain
@@ -50,37 +51,80 @@ type Estimate struct {
 	Reason string
 	// LostSince is when the signal was lost (zero: it is not).
 	LostSince time.Time
+	// Decided: the rate was computed with this sample (once per interval,
+	// or at once when the drain dropped); otherwise it is the last one.
+	Decided bool
+	// Drop: the drain fell well under its estimate with this sample.
+	Drop bool
 }
 
-// Controller turns samples of the downstream into a rate. Its law: with D
-// the drain rate over the last few seconds, L the lag and L* = D x
-// TargetWait the lag that gives the target wait,
+// Controller turns samples of the downstream into a rate. With D the
+// downstream group's drain rate, L the lag and L* = D x TargetWait the lag
+// that gives the target wait, its law is
 //
-//	rate = D + (L* - L) / TargetWait
+//	rate = D + clamp((L* - L') / Tc, -D, D/2)
 //
-// so that the lag moves to L* within about a target wait: at the target the
-// rate is the drain; above it the rate is under the drain until the excess
-// has drained; under it (the downstream keeps up) the rate is up to twice
-// the drain, which is how the rate finds a faster downstream (it doubles per
-// interval while events do not wait). When what reaches the downstream is
-// well under the rate (demand, not the capacity, sets the pace), the rate is
-// not lowered: an idle downstream says nothing of what it can take.
+// where L' is the lag predicted for when the rate takes effect and Tc =
+// max(TargetWait, 2 intervals). The drain is a feed-forward: it is the best
+// estimate of what the downstream takes, and the rate follows it at once;
+// the lag term only corrects the backlog, its gain and its bounds chosen so
+// that it cannot oscillate: it may take the rate to the floor (a backlog
+// drains as fast as it can), and raise it by half the drain at most.
+//
+// The drain is the slope of a least-squares line through the committed
+// offsets of the last three seconds (the group commits in steps; a slope
+// over many samples is smooth where a difference of two is not). When the
+// drain over the last second falls under 70% of that estimate in two
+// samples running while events wait, the downstream slowed: the estimate
+// restarts from that second's samples and the rate is computed at once,
+// not at the end of the interval (and when it is back over the estimate
+// by as much soon after, it was a stall: the estimate restarts again).
+//
+// While the downstream keeps up (the lag under a quarter of L*, so its
+// drain is what reaches it, not what it can take) the rate is raised by
+// half per interval when the gate uses it in full (it probes for a faster
+// downstream), and kept when demand, not the capacity, sets the pace: an
+// idle downstream says nothing of what it can take.
 // Not safe for concurrent use.
 type Controller struct {
 	p       Params
 	samples []Sample  // over the last span, one per SampleEvery
 	decided time.Time // when the rate was last computed
 	last    Estimate
-	rate    float64 // the last rate set (0: none yet)
+	rate    float64   // the last rate set (0: none yet)
+	prev    float64   // the rate set before it (in force over the last interval)
+	since   time.Time // the drain is estimated from samples at or after since (a drop moves it)
+	drain   float64   // the last drain estimate (0: none yet)
+	low     int       // samples running whose last second's drain is under dropBelow of the estimate
+	members int       // the last count of the group's members read
 }
 
 // SampleEvery is how often the downstream is read: a few times per
-// interval, so that the lag of the law is a mean, not one point of a
-// window's saw-tooth.
+// interval, so that a drop in the drain is seen within a fraction of it.
 func SampleEvery(interval time.Duration) time.Duration { return max(interval/4, 25*time.Millisecond) }
 
-// span is the time over which the drain rate is estimated.
-func (c *Controller) span() time.Duration { return max(2*c.p.Interval, 2*time.Second) }
+// The controller's constants.
+const (
+	// lead is how many intervals ahead the lag is predicted: the rate
+	// set now takes effect at the next window after the replicas read it.
+	lead = 1.5
+	// upStep bounds a rise: at most half the drain (or, probing, half the
+	// rate) per interval.
+	upStep = 0.5
+	// dropBelow and dropSamples say when the drain dropped.
+	dropBelow   = 0.7
+	dropSamples = 2
+	// keepsUp: under this fraction of L*, the downstream drains what
+	// reaches it.
+	keepsUp = 0.25
+	// used: the gate admits at least this fraction of the rate in force.
+	used = 0.75
+)
+
+// longSpan is the time over which the drain is estimated; shortSpan the
+// time over which a drop is seen.
+func (c *Controller) longSpan() time.Duration  { return max(3*c.p.Interval, 3*time.Second) }
+func (c *Controller) shortSpan() time.Duration { return max(c.p.Interval, time.Second) }
 
 // NewController returns a controller that starts from rate (e.g. the fleet
 // value before it; 0: the ceiling).
@@ -88,74 +132,159 @@ func NewController(p Params, rate float64) *Controller {
 	if rate <= 0 {
 		rate = p.Ceiling
 	}
-	return &Controller{p: p, rate: clamp(rate, p.Floor, p.Ceiling)}
+	r := clamp(rate, p.Floor, p.Ceiling)
+	return &Controller{p: p, rate: r, prev: r, members: -1}
 }
-
-// lead is how many intervals ahead the lag is predicted.
-const lead = 1.0
 
 func clamp(x, lo, hi float64) float64 { return math.Max(lo, math.Min(hi, x)) }
 
 // Observe takes a sample (one per SampleEvery) and returns the estimate;
-// the rate changes at most once per interval.
+// the rate changes once per interval, or at once when the drain dropped.
 func (c *Controller) Observe(s Sample) Estimate {
-	if s.Members == 0 {
+	if s.Members >= 0 {
+		c.members = s.Members
+	}
+	if c.members == 0 {
 		return c.Lost(s.At, "the downstream group has no members")
 	}
 	// Forget samples older than the span, keeping one at least that old.
 	keep := 0
-	for keep+1 < len(c.samples) && s.At.Sub(c.samples[keep+1].At) >= c.span() {
+	for keep+1 < len(c.samples) && s.At.Sub(c.samples[keep+1].At) >= c.longSpan() {
 		keep++
 	}
 	c.samples = append(c.samples[keep:], s)
 	old := c.samples[0]
-	dt := s.At.Sub(old.At).Seconds()
 	e := Estimate{Lag: max(0, s.End-s.Committed), State: StateOK}
-	if len(c.samples) < 2 || dt < c.p.Interval.Seconds()/2 || s.Committed < old.Committed || s.End < old.End {
-		if len(c.samples) >= 2 && (s.Committed < old.Committed || s.End < old.End) {
-			e.Reason = fmt.Sprintf("offsets went back (committed %d to %d, end %d to %d): samples restarted", old.Committed, s.Committed, old.End, s.End)
-			c.samples = c.samples[len(c.samples)-1:]
-		}
+	if len(c.samples) >= 2 && (s.Committed < old.Committed || s.End < old.End) {
+		e.Reason = fmt.Sprintf("offsets went back (committed %d to %d, end %d to %d): samples restarted", old.Committed, s.Committed, old.End, s.End)
+		c.samples = c.samples[len(c.samples)-1:]
+		c.since, c.drain, c.low = time.Time{}, 0, 0
+	}
+	short, ok := c.rateOver(s.At, c.shortSpan(), func(x Sample) int64 { return x.Committed })
+	if !ok {
 		e.State, e.Rate = StateWarming, c.rate
 		c.last = e
 		return e
 	}
-	e.Drain = float64(s.Committed-old.Committed) / dt
-	e.Input = float64(s.End-old.End) / dt
-	target := c.p.TargetWait.Seconds()
+	e.Input, _ = c.rateOver(s.At, c.shortSpan(), func(x Sample) int64 { return x.End })
+	// The drain: feed-forward, filtered; a drop restarts it at once.
+	// A drop counts only while events wait: when the downstream keeps up,
+	// its drain is what reaches it, and that comes in bursts.
+	waiting := float64(e.Lag) >= keepsUp*c.drain*c.p.TargetWait.Seconds()
+	switch {
+	case c.drain > 0 && short < dropBelow*c.drain && waiting:
+		c.low++
+	case c.drain > 0 && short*dropBelow > c.drain && s.At.Sub(c.since) < c.longSpan():
+		c.low-- // back up soon after a drop: it was a stall
+	default:
+		c.low = 0
+	}
+	if c.low >= dropSamples || c.low <= -dropSamples {
+		c.since, e.Drop = s.At.Add(-c.shortSpan()), c.low > 0
+		c.low = 0
+	}
+	e.Drain = c.slope(s.At)
+	c.drain = e.Drain
 	if e.Drain > 0 {
 		e.Wait = time.Duration(float64(e.Lag) / e.Drain * float64(time.Second))
 	} else if e.Lag > 0 {
 		e.Wait = time.Duration(math.MaxInt64)
 	}
-	if !c.decided.IsZero() && s.At.Sub(c.decided) < c.p.Interval*9/10 {
+	if !e.Drop && !c.decided.IsZero() && s.At.Sub(c.decided) < c.p.Interval*9/10 {
 		e.Rate = c.rate // between two decisions: a sample of the lag
 		c.last = e
 		return e
 	}
-	c.decided = s.At
-	// The lag of the law is its mean over the last interval: within a
-	// window it falls from what the window's first calls wrote, and one
-	// sample would see a different point of that each time.
+	c.decided, e.Decided = s.At, true
+	rate := c.law(e, c.meanLag(s.At))
+	c.prev, c.rate = c.rate, clamp(rate, c.p.Floor, c.p.Ceiling)
+	e.Rate = c.rate
+	c.last = e
+	return e
+}
+
+// law returns the rate for the estimate e and the lag's mean over the last
+// interval (within a window the lag falls from what the window's first
+// calls wrote: one sample would see a different point of that each time).
+func (c *Controller) law(e Estimate, lag float64) float64 {
+	d := e.Drain
+	target := c.p.TargetWait.Seconds()
+	want := d * target // L*
+	// The rate set last takes effect from the next window on: the lag then
+	// is predicted from it, so that one correction is not made twice.
+	ahead := lag + (c.rate-d)*lead*c.p.Interval.Seconds()
+	tc := math.Max(target, 2*c.p.Interval.Seconds())
+	rate := d + clamp(correction(want-ahead, want/4)/tc, -d, upStep*d)
+	if ahead >= keepsUp*want && d > 0 {
+		return rate
+	}
+	// The downstream keeps up: its drain is what reaches it.
+	inForce := math.Min(c.rate, c.prev)
+	if e.Input >= used*inForce {
+		return math.Max(rate, c.rate*(1+upStep)) // used in full: probe
+	}
+	return math.Max(rate, c.rate) // demand sets the pace: keep the rate
+}
+
+// correction returns the part of the lag's excess x to correct: half of it
+// within e0 of the target (the lag's noise moves the rate half as much
+// there), all of it beyond, continuous at e0.
+func correction(x, e0 float64) float64 {
+	if math.Abs(x) <= e0 {
+		return x / 2
+	}
+	return math.Copysign(math.Abs(x)-e0/2, x)
+}
+
+// rateOver returns how fast f grew over the last span (from the newest
+// sample at least span old, else the oldest if it is at least half the
+// span old); false when there is no such sample.
+func (c *Controller) rateOver(at time.Time, span time.Duration, f func(Sample) int64) (float64, bool) {
+	n := len(c.samples)
+	if n < 2 {
+		return 0, false
+	}
+	i := 0
+	for i+1 < n-1 && at.Sub(c.samples[i+1].At) >= span {
+		i++
+	}
+	dt := at.Sub(c.samples[i].At)
+	if dt < span/2 {
+		return 0, false
+	}
+	return float64(f(c.samples[n-1])-f(c.samples[i])) / dt.Seconds(), true
+}
+
+// slope returns the drain: the least-squares slope of the committed
+// offsets over the samples at or after since (at most the long span).
+func (c *Controller) slope(at time.Time) float64 {
+	var n, st, sc, stt, stc float64
+	t0 := c.samples[len(c.samples)-1].At
+	for _, x := range c.samples {
+		if x.At.Before(c.since) || at.Sub(x.At) > c.longSpan() {
+			continue
+		}
+		t, v := x.At.Sub(t0).Seconds(), float64(x.Committed-c.samples[0].Committed)
+		n, st, sc, stt, stc = n+1, st+t, sc+v, stt+t*t, stc+t*v
+	}
+	den := n*stt - st*st
+	if n < 2 || den <= 0 {
+		short, _ := c.rateOver(at, c.shortSpan(), func(x Sample) int64 { return x.Committed })
+		return math.Max(0, short)
+	}
+	return math.Max(0, (n*stc-st*sc)/den)
+}
+
+// meanLag returns the lag's mean over the samples of the last interval.
+func (c *Controller) meanLag(at time.Time) float64 {
 	var sum, k float64
 	for _, x := range c.samples {
-		if s.At.Sub(x.At) < c.p.Interval {
+		if at.Sub(x.At) < c.p.Interval {
 			sum += float64(max(0, x.End-x.Committed))
 			k++
 		}
 	}
-	lag := sum / k
-	// The rate set last takes effect from the next window on: the lag then
-	// is predicted from it, so that one correction is not made twice.
-	ahead := lag + (c.rate-e.Drain)*lead*c.p.Interval.Seconds()
-	rate := e.Drain + (e.Drain*target-ahead)/target
-	if e.Input < 0.8*c.rate && rate < c.rate && lag <= e.Drain*target {
-		rate = c.rate // demand-bound, and events do not wait: keep the rate
-	}
-	c.rate = clamp(rate, c.p.Floor, c.p.Ceiling)
-	e.Rate = c.rate
-	c.last = e
-	return e
+	return sum / math.Max(1, k)
 }
 
 // Lost records that the signal could not be read at time at (reason says
@@ -163,15 +292,16 @@ func (c *Controller) Observe(s Sample) Estimate {
 // floor.
 func (c *Controller) Lost(at time.Time, reason string) Estimate {
 	c.samples = c.samples[:0]
+	c.since, c.drain, c.low = time.Time{}, 0, 0
 	e := c.last
 	if e.LostSince.IsZero() {
 		e.LostSince = at
 	}
-	e.Reason = reason
+	e.Reason, e.Decided, e.Drop = reason, true, false
 	e.State, e.Rate = StateHeld, c.rate
 	if at.Sub(e.LostSince) >= c.p.Hold {
 		e.State, e.Rate = StateFloor, c.p.Floor
-		c.rate = c.p.Floor
+		c.rate, c.prev = c.p.Floor, c.p.Floor
 	}
 	c.last = e
 	return e

@@ -1,45 +1,11 @@
 package pace
 
 import (
-	"fmt"
 	"math"
+	"math/rand"
 	"testing"
 	"time"
 )
-
-// simulate runs the controller against a model of the fleet and the
-// downstream: the gate admits in each one-second window the rate in force at
-// the window's start (demand always exceeds it), spread over the window; the
-// downstream consumes at drain(t) while events wait and commits every
-// commitEvery. It returns the admitted events per second and the rate in
-// force per second.
-func simulate(p Params, seconds int, commitEvery time.Duration, drain func(sec float64) float64) (admitted, rates []float64) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	c := NewController(p, p.Ceiling/10)
-	const tick = 10 * time.Millisecond
-	var end, done, committed float64
-	rate, inForce := c.rate, c.rate
-	var lastCommit, lastSample time.Duration
-	for at := time.Duration(0); at < time.Duration(seconds)*time.Second; at += tick {
-		if at%time.Second == 0 {
-			inForce = rate
-			admitted = append(admitted, 0)
-			rates = append(rates, inForce)
-		}
-		in := inForce * tick.Seconds()
-		end += in
-		admitted[len(admitted)-1] += in
-		done = math.Min(end, done+drain(at.Seconds())*tick.Seconds())
-		if at-lastCommit >= commitEvery {
-			committed, lastCommit = math.Floor(done), at
-		}
-		if at-lastSample >= SampleEvery(p.Interval) {
-			e := c.Observe(Sample{At: t0.Add(at), Committed: int64(committed), End: int64(end), Members: 1})
-			rate, lastSample = e.Rate, at
-		}
-	}
-	return admitted, rates
-}
 
 // settle returns the first second from which, until to, every second's
 // admitted count is within [lo, hi]; -1 if none.
@@ -71,27 +37,51 @@ func cv(xs []float64) (float64, float64) {
 }
 
 // TestControllerConverges holds the control law to the issue's figures on
-// the model: drain 2,000/s, cut to 1,000/s, then 10,000/s.
+// the model (model_test.go): the harness's steps (drain 300/s, cut to 150/s,
+// then 1,500/s, asked 450, 450, 1,800 a second, from the floor) and the
+// issue's (2,000, 1,000, 10,000 a second, always asked more), with the
+// downstream committing every 200 ms or every second, its drain jittered.
 func TestControllerConverges(t *testing.T) {
-	p := Params{TargetWait: 2 * time.Second, Floor: 100, Ceiling: 20000, Interval: time.Second, Hold: 10 * time.Second}
-	for _, commit := range []time.Duration{100 * time.Millisecond, time.Second} {
-		t.Run(fmt.Sprintf("commit every %v", commit), func(t *testing.T) {
-			drain := func(s float64) float64 {
-				switch {
-				case s < 40:
-					return 2000
-				case s < 80:
-					return 1000
+	type step struct {
+		secs          int
+		drain, demand float64
+	}
+	for _, tc := range []struct {
+		name    string
+		ceiling float64
+		steps   []step
+		commit  time.Duration
+	}{
+		{"harness", 3000, []step{{25, 300, 450}, {20, 150, 450}, {40, 1500, 1800}}, 200 * time.Millisecond},
+		{"issue, commit every 100ms", 20000, []step{{40, 2000, 1e9}, {40, 1000, 1e9}, {60, 10000, 1e9}}, 100 * time.Millisecond},
+		{"issue, commit every 1s", 20000, []step{{40, 2000, 1e9}, {40, 1000, 1e9}, {60, 10000, 1e9}}, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			at := func(s float64) step {
+				for _, st := range tc.steps {
+					if s < float64(st.secs) {
+						return st
+					}
+					s -= float64(st.secs)
 				}
-				return 10000
+				return tc.steps[len(tc.steps)-1]
 			}
-			adm, _ := simulate(p, 140, commit, drain)
-			cut := settle(adm, 40, 80, 900, 1100) - 40
-			up := settle(adm, 80, 140, 9000, math.Inf(1)) - 80
-			cv1, dev1 := cv(adm[25:40])
-			cv2, dev2 := cv(adm[65:80])
-			cv3, dev3 := cv(adm[120:140])
-			t.Logf("cut: within 10%% of 1,000/s after %d s; 10x: 90%% of 10,000/s after %d s", cut, up)
+			b1, b2 := tc.steps[0].secs, tc.steps[0].secs+tc.steps[1].secs
+			secs := b2 + tc.steps[2].secs
+			d2, d3 := tc.steps[1].drain, tc.steps[2].drain
+			m := model{p: Params{TargetWait: 2 * time.Second, Floor: tc.ceiling / 60, Ceiling: tc.ceiling, Interval: time.Second, Hold: 10 * time.Second},
+				commitEvery: tc.commit, jitter: 0.15, seed: 1,
+				drain: func(s float64) float64 { return at(s).drain }, demand: func(s float64) float64 { return at(s).demand }}
+			adm, rates, waits := m.run(secs)
+			cut := settle(adm, b1, b2, 0.9*d2, 1.1*d2) - b1
+			up := settle(adm, b2, secs, 0.9*d3, math.Inf(1)) - b2
+			cv1, dev1 := cv(adm[b1-10 : b1])
+			cv2, dev2 := cv(adm[b2-10 : b2])
+			cv3, dev3 := cv(adm[secs-15 : secs])
+			p99 := waitP(waits, float64(b1), float64(b2), 0.99)
+			t.Logf("admitted per second: %v", roundTo(adm))
+			t.Logf("rate in force: %v", roundTo(rates))
+			t.Logf("cut: within 10%% of %.0f/s after %d s; 10x: 90%% of %.0f/s after %d s; wait p99 in the cut %.2f s", d2, cut, d3, up, p99)
 			t.Logf("steady: cv %.3f %.3f %.3f, largest swing %.3f %.3f %.3f", cv1, cv2, cv3, dev1, dev2, dev3)
 			if cut < 0 || cut > 10 {
 				t.Errorf("after the cut: settled after %d s, want at most 10", cut)
@@ -111,6 +101,14 @@ func TestControllerConverges(t *testing.T) {
 			}
 		})
 	}
+}
+
+func roundTo(xs []float64) []int {
+	out := make([]int, len(xs))
+	for i, x := range xs {
+		out[i] = int(math.Round(x))
+	}
+	return out
 }
 
 // TestControllerSignalLost: no members holds the last rate for the hold
@@ -141,4 +139,60 @@ func TestControllerSignalLost(t *testing.T) {
 	if e.State != StateWarming || !e.LostSince.IsZero() {
 		t.Fatalf("signal back: %+v, want warming", e)
 	}
+}
+
+// TestControllerDropAtOnce: a steady downstream (1,000/s, jittered,
+// committing every 200 ms, the lag at its target) gives no drop in 20 s;
+// when it halves, the drop is seen and the rate computed at once, within a
+// second and a quarter, not at the end of an interval, and set under the
+// new drain (the backlog of the old rate drains); then the rate settles at
+// the new drain. A sample without the members (-1) keeps the last count.
+func TestControllerDropAtOnce(t *testing.T) {
+	p := Params{TargetWait: 2 * time.Second, Floor: 50, Ceiling: 5000, Interval: time.Second, Hold: 5 * time.Second}
+	c := NewController(p, 1000)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	rng := rand.New(rand.NewSource(7))
+	const cut = 20 * time.Second
+	done, committed, end := 0.0, int64(0), 2000.0
+	drain, rate := 1000.0, 1000.0
+	var dropAt time.Duration
+	var e Estimate
+	for at := time.Duration(0); at < 40*time.Second; at += 10 * time.Millisecond {
+		if at == cut {
+			drain = 500
+		}
+		done += drain * (1 + 0.15*(2*rng.Float64()-1)) * 0.01
+		end += rate * 0.01
+		if at%(200*time.Millisecond) == 0 {
+			committed = int64(done)
+		}
+		if at%SampleEvery(p.Interval) != 0 {
+			continue
+		}
+		members := -1
+		if at%time.Second == 0 {
+			members = 1
+		}
+		e = c.Observe(Sample{At: t0.Add(at), Committed: committed, End: int64(end), Members: members})
+		if e.State == StateHeld || e.State == StateFloor {
+			t.Fatalf("at %v: %s, want ok (a sample without members keeps the last count)", at, e.State)
+		}
+		rate = e.Rate
+		if e.Drop && at < cut {
+			t.Fatalf("a drop at %v in a steady drain (estimate %.0f/s)", at, e.Drain)
+		}
+		if e.Drop && dropAt == 0 {
+			dropAt = at
+			if !e.Decided || e.Rate > 500 {
+				t.Errorf("at the drop: %+v, want the rate computed at once, at most the new drain 500/s", e)
+			}
+		}
+	}
+	if dropAt == 0 || dropAt-cut > 1250*time.Millisecond {
+		t.Fatalf("drop seen at %v, %v after the cut; want within 1.25 s", dropAt, dropAt-cut)
+	}
+	if math.Abs(e.Drain-500) > 50 || math.Abs(e.Rate-500) > 50 {
+		t.Errorf("20 s after the cut: drain %.0f/s, rate %.0f/s; want both within 10%% of 500/s", e.Drain, e.Rate)
+	}
+	t.Logf("drop seen %v after the cut; 20 s later drain %.0f/s, rate %.0f/s, lag %d", dropAt-cut, e.Drain, e.Rate, e.Lag)
 }

@@ -196,25 +196,34 @@ func (r *Runner) apply(ctx context.Context) {
 	r.m.observe(*st)
 }
 
-// control computes the fleet's rate once per interval while this replica
-// holds the lease.
+// control computes the fleet's rate while this replica holds the lease: it
+// reads the downstream every SampleEvery, renews the lease once per
+// interval, and publishes the rate when it is computed (once per interval,
+// at once after a drop) or the state changes.
 func (r *Runner) control(ctx context.Context) {
 	t := time.NewTicker(SampleEvery(r.Params.Interval))
 	defer t.Stop()
 	var c *Controller
+	var held bool
+	var leaseAt time.Time
+	var state string
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		held, err := r.Fleet.Lease(ctx, r.ID, 3*r.Params.Interval+time.Second)
-		if err != nil {
-			r.Log.Warn("capacity pacing: lease", slog.String("err", err.Error()))
+		if !held || r.now().Sub(leaseAt) >= r.Params.Interval {
+			var err error
+			held, err = r.Fleet.Lease(ctx, r.ID, 3*r.Params.Interval+time.Second)
+			if err != nil {
+				r.Log.Warn("capacity pacing: lease", slog.String("err", err.Error()))
+			}
+			leaseAt = r.now()
+			r.mu.Lock()
+			r.status.Leader = held
+			r.mu.Unlock()
 		}
-		r.mu.Lock()
-		r.status.Leader = held
-		r.mu.Unlock()
 		if !held {
 			c = nil
 			continue
@@ -225,6 +234,7 @@ func (r *Runner) control(ctx context.Context) {
 				start = s.Fleet.Rate
 			}
 			c = NewController(r.Params, start)
+			state = ""
 			r.Log.Info("capacity pacing: this replica computes the fleet's rate", slog.Float64("rate", start))
 		}
 		s, err := r.Downstream.Read(ctx)
@@ -240,8 +250,18 @@ func (r *Runner) control(ctx context.Context) {
 		if e.State == StateHeld || e.State == StateFloor {
 			r.Log.Warn("capacity pacing: signal lost", slog.String("state", e.State), slog.String("reason", e.Reason), slog.Time("since", e.LostSince))
 		}
-		if _, err := r.Fleet.Publish(ctx, Paced{Estimate: e, At: r.now(), By: r.ID}); err != nil {
+		if e.Drop {
+			r.Log.Info("capacity pacing: the downstream's drain dropped", slog.Float64("drain", e.Drain), slog.Float64("rate", e.Rate))
+		}
+		if !e.Decided && e.State == state {
+			continue
+		}
+		state = e.State
+		ok, err := r.Fleet.Publish(ctx, Paced{Estimate: e, At: r.now(), By: r.ID})
+		if err != nil {
 			r.Log.Warn("capacity pacing: publish", slog.String("err", err.Error()))
+		} else if !ok {
+			held = false // another replica took the lease
 		}
 	}
 }

@@ -3,7 +3,9 @@ package pace
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -57,7 +59,9 @@ func TestDownstreamRead(t *testing.T) {
 	}
 	r.Close()
 
-	d := &Downstream{Client: client, Group: group, Topic: topic, Timeout: 5 * time.Second}
+	calls := &countingTransport{RoundTripper: kafka.DefaultTransport}
+	counted := &kafka.Client{Addr: kafka.TCP(addr), Timeout: 10 * time.Second, Transport: calls}
+	d := &Downstream{Client: counted, Group: group, Topic: topic, Timeout: 5 * time.Second, MembersEvery: time.Hour}
 	s, err := d.Read(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -65,8 +69,21 @@ func TestDownstreamRead(t *testing.T) {
 	if s.End != 30 || s.Committed != 20 || s.Members != 0 {
 		t.Errorf("after the group left: %+v, want end 30, committed 20, no members", s)
 	}
+	// The next reads: the committed and the end offsets only (the
+	// partitions, first offsets and members are not read again yet).
+	first, s0 := calls.n.Load(), s
+	for i := 0; i < 3; i++ {
+		if s, err = d.Read(ctx); err != nil || s.End != 30 || s.Committed != 20 || s.Members != -1 {
+			t.Fatalf("read again: %+v, %v; want end 30, committed 20, members not read (-1)", s, err)
+		}
+	}
+	if n := calls.n.Load() - first; n != 6 {
+		t.Errorf("three reads after the first made %d requests, want 6 (offset fetch, list offsets)", n)
+	}
+	t.Logf("requests: the first read %d, each next one %d", first, (calls.n.Load()-first)/3)
+	d.Client = client
 	c := NewController(Params{TargetWait: time.Second, Floor: 10, Ceiling: 100, Interval: time.Second, Hold: time.Minute}, 50)
-	if e := c.Observe(s); e.State != StateHeld || !strings.Contains(e.Reason, "no members") {
+	if e := c.Observe(s0); e.State != StateHeld || !strings.Contains(e.Reason, "no members") {
 		t.Errorf("no members: %+v, want held", e)
 	}
 	d.Group = group + "-new"
@@ -77,4 +94,15 @@ func TestDownstreamRead(t *testing.T) {
 	if _, err := d.Read(ctx); err == nil {
 		t.Error("a missing topic read without an error")
 	}
+}
+
+// countingTransport counts the requests made through it.
+type countingTransport struct {
+	kafka.RoundTripper
+	n atomic.Int64
+}
+
+func (c *countingTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
+	c.n.Add(1)
+	return c.RoundTripper.RoundTrip(ctx, addr, req)
 }

@@ -117,6 +117,8 @@ func newPaceRunner(cfg *Config, rdb redis.UniversalClient, lim *limit.Limiter, t
 			Group:   group,
 			Topic:   cfg.DownstreamTopic,
 			Timeout: cfg.KafkaTimeout,
+			// The members say only whether the signal is lost: once per interval.
+			MembersEvery: cfg.CapacityInterval,
 		}
 	}
 	if err := r.Register(reg); err != nil {
