@@ -204,13 +204,13 @@ func runPaceHarness(t *testing.T, phases []pacePhase, procsN int, ceiling int64,
 	}
 
 	// Produce in real time, phase by phase; once a second sample gk1's
-	// paced rate and read the window that ended two seconds ago.
+	// paced rate and read the windows that ended two seconds ago or before.
 	w := partitionWriter(f.Source)
 	defer w.Close()
 	out := paceOut{}
 	credit := map[string]float64{}
 	start := time.Now()
-	last, nextSample := start, start
+	last, nextSample, nextWin := start, start, start.Truncate(time.Second)
 	for pi, ph := range phases {
 		dr.set(ph.drain, pi)
 		out.bounds = append(out.bounds, int(time.Since(start)/time.Second))
@@ -237,9 +237,12 @@ func runPaceHarness(t *testing.T, phases []pacePhase, procsN int, ceiling int64,
 				nextSample = nextSample.Add(time.Second)
 				p, _ := procs[0].metricValue("gatekeeper_capacity_paced_rate")
 				out.paced = append(out.paced, p)
-				s := now.Truncate(time.Second).Add(-2 * time.Second).UnixMilli()
-				if x, ok := readWin(s); ok {
-					wins[s] = x
+				// Every window up to two seconds ago, those a slow
+				// second skipped included.
+				for s := now.Truncate(time.Second).Add(-2 * time.Second); !nextWin.After(s); nextWin = nextWin.Add(time.Second) {
+					if x, ok := readWin(nextWin.UnixMilli()); ok {
+						wins[nextWin.UnixMilli()] = x
+					}
 				}
 			}
 		}
