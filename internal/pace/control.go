@@ -78,7 +78,9 @@ type Estimate struct {
 // samples running while events wait, the downstream slowed: the estimate
 // restarts from that second's samples and the rate is computed at once,
 // not at the end of the interval (and when it is back over the estimate
-// by as much soon after, it was a stall: the estimate restarts again).
+// by as much soon after, it was a stall: the estimate is over the long
+// span again). The rate rises by half per interval at most (of the rate,
+// or of the drain if more).
 //
 // While the downstream keeps up (the lag under a quarter of L*, so its
 // drain is what reaches it, not what it can take) the rate is raised by
@@ -179,9 +181,11 @@ func (c *Controller) Observe(s Sample) Estimate {
 	default:
 		c.low = 0
 	}
-	if c.low >= dropSamples || c.low <= -dropSamples {
-		c.since, e.Drop = s.At.Add(-c.shortSpan()), c.low > 0
-		c.low = 0
+	switch {
+	case c.low >= dropSamples:
+		c.since, c.low, e.Drop = s.At.Add(-c.shortSpan()), 0, true
+	case c.low <= -dropSamples:
+		c.since, c.low = time.Time{}, 0 // a stall: the long span again
 	}
 	e.Drain = c.slope(s.At)
 	c.drain = e.Drain
@@ -196,7 +200,9 @@ func (c *Controller) Observe(s Sample) Estimate {
 		return e
 	}
 	c.decided, e.Decided = s.At, true
-	rate := c.law(e, c.meanLag(s.At))
+	// A rise is never urgent: by half per interval at most, of the rate
+	// or of the drain if more.
+	rate := math.Min(c.law(e, c.meanLag(s.At)), math.Max(c.rate, e.Drain)*(1+upStep))
 	c.prev, c.rate = c.rate, clamp(rate, c.p.Floor, c.p.Ceiling)
 	e.Rate = c.rate
 	c.last = e
@@ -221,7 +227,8 @@ func (c *Controller) law(e Estimate, lag float64) float64 {
 	// The downstream keeps up: its drain is what reaches it.
 	inForce := math.Min(c.rate, c.prev)
 	if e.Input >= used*inForce {
-		return math.Max(rate, c.rate*(1+upStep)) // used in full: probe
+		// Used in full: probe, by half of what reached the downstream.
+		return math.Max(rate, math.Min(c.rate, e.Input)*(1+upStep))
 	}
 	return math.Max(rate, c.rate) // demand sets the pace: keep the rate
 }

@@ -196,3 +196,43 @@ func TestControllerDropAtOnce(t *testing.T) {
 	}
 	t.Logf("drop seen %v after the cut; 20 s later drain %.0f/s, rate %.0f/s, lag %d", dropAt-cut, e.Drain, e.Rate, e.Lag)
 }
+
+// TestControllerCommitStall: the downstream keeps processing 300/s but its
+// commits stall for 1.5 s, then catch up at once. The stall looks like a
+// drop (the rate is lowered); the burst of commits after it must not open
+// the gate: the rate rises by half per interval at most (of the rate or the
+// drain), the drain estimate stays under 1.5 times the drain, and the rate
+// is back within 10% of the drain 10 s later.
+func TestControllerCommitStall(t *testing.T) {
+	p := Params{TargetWait: 2 * time.Second, Floor: 10, Ceiling: 5000, Interval: time.Second, Hold: 5 * time.Second}
+	c := NewController(p, 300)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	done, end := 0.0, 600.0
+	var committed int64
+	rate, last := 300.0, 300.0
+	for at := time.Duration(0); at < 30*time.Second; at += 10 * time.Millisecond {
+		end += rate * 0.01
+		done = math.Min(end, done+300*0.01)
+		stalled := at >= 15*time.Second && at < 16500*time.Millisecond
+		if at%(200*time.Millisecond) == 0 && !stalled {
+			committed = int64(done)
+		}
+		if at%SampleEvery(p.Interval) != 0 {
+			continue
+		}
+		e := c.Observe(Sample{At: t0.Add(at), Committed: committed, End: int64(end), Members: 1})
+		if e.Decided && e.Rate > math.Max(last, e.Drain)*(1+upStep)+1e-9 {
+			t.Fatalf("at %v: the rate rose from %.0f to %.0f/s (drain %.0f/s), more than by half", at, last, e.Rate, e.Drain)
+		}
+		if e.Drain > 450 {
+			t.Fatalf("at %v: drain estimate %.0f/s after the commits' burst; want at most 450 (the drain is 300)", at, e.Drain)
+		}
+		if e.Decided {
+			last = e.Rate
+		}
+		rate = e.Rate
+	}
+	if math.Abs(rate-300) > 30 {
+		t.Errorf("13.5 s after the stall: rate %.0f/s, want within 10%% of 300", rate)
+	}
+}
