@@ -62,10 +62,11 @@ type Estimate struct {
 // downstream group's drain rate, L the lag and L* = D x TargetWait the lag
 // that gives the target wait, its law is
 //
-//	rate = D + clamp((L* - L') / Tc, -D, D/2)
+//	rate = D + clamp(c(L* - L') / Tc, -D, D/2)
 //
-// where L' is the lag predicted for when the rate takes effect and Tc =
-// max(TargetWait, 2 intervals). The drain is a feed-forward: it is the best
+// where L' is the lag predicted for when the rate takes effect, Tc =
+// max(TargetWait, 2 intervals), and c (correction) halves an excess within
+// L*/4 of the target, so that the lag's noise moves the rate half as much. The drain is a feed-forward: it is the best
 // estimate of what the downstream takes, and the rate follows it at once;
 // the lag term only corrects the backlog, its gain and its bounds chosen so
 // that it cannot oscillate: it may take the rate to the floor (a backlog
@@ -82,10 +83,10 @@ type Estimate struct {
 // span again). The rate rises by half per interval at most (of the rate,
 // or of the drain if more).
 //
-// While the downstream keeps up (the lag under a quarter of L*, so its
-// drain is what reaches it, not what it can take) the rate is raised by
-// half per interval when the gate uses it in full (it probes for a faster
-// downstream), and kept when demand, not the capacity, sets the pace: an
+// While the downstream keeps up (the predicted lag under a quarter of L*,
+// so its drain is what reaches it, not what it can take) the rate is raised
+// to 1.5 times what reached the downstream over the last second when the
+// gate uses it in full (it probes for a faster downstream), and kept when demand, not the capacity, sets the pace: an
 // idle downstream says nothing of what it can take.
 // Not safe for concurrent use.
 type Controller struct {
