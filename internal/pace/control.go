@@ -204,6 +204,9 @@ func (c *Controller) Observe(s Sample) Estimate {
 	// A rise is never urgent: by half per interval at most, of the rate
 	// or of the drain if more.
 	rate := math.Min(c.law(e, c.meanLag(s.At)), math.Max(c.rate, e.Drain)*(1+upStep))
+	if e.Drop {
+		rate = math.Min(rate, c.rate) // a drop never raises the rate
+	}
 	c.prev, c.rate = c.rate, clamp(rate, c.p.Floor, c.p.Ceiling)
 	e.Rate = c.rate
 	c.last = e
@@ -266,17 +269,20 @@ func (c *Controller) rateOver(at time.Time, span time.Duration, f func(Sample) i
 // slope returns the drain: the least-squares slope of the committed
 // offsets over the samples at or after since (at most the long span).
 func (c *Controller) slope(at time.Time) float64 {
-	var n, st, sc, stt, stc float64
+	var n, st, sc, stt, stc, span float64
 	t0 := c.samples[len(c.samples)-1].At
 	for _, x := range c.samples {
 		if x.At.Before(c.since) || at.Sub(x.At) > c.longSpan() {
 			continue
 		}
 		t, v := x.At.Sub(t0).Seconds(), float64(x.Committed-c.samples[0].Committed)
-		n, st, sc, stt, stc = n+1, st+t, sc+v, stt+t*t, stc+t*v
+		n, st, sc, stt, stc, span = n+1, st+t, sc+v, stt+t*t, stc+t*v, math.Max(span, -t)
 	}
 	den := n*stt - st*st
-	if n < 2 || den <= 0 {
+	// Samples over less than the short span (just after a drop, or read
+	// late on a loaded machine): two close ones with a commit between
+	// them would read a burst; the rate over the short span instead.
+	if n < 2 || den <= 0 || span < c.shortSpan().Seconds() {
 		short, _ := c.rateOver(at, c.shortSpan(), func(x Sample) int64 { return x.Committed })
 		return math.Max(0, short)
 	}

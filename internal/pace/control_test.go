@@ -236,3 +236,37 @@ func TestControllerCommitStall(t *testing.T) {
 		t.Errorf("13.5 s after the stall: rate %.0f/s, want within 10%% of 300", rate)
 	}
 }
+
+// TestControllerDropLateSamples: on a loaded machine the reads come late.
+// A steady 300/s drain (the lag at its target) falls to 100/s at 10.75 s;
+// the next samples come at 11.74 s and 11.76 s, with a commit between the
+// two. The drop is seen at 11.76 s, when the samples since its start are
+// these two, 20 ms apart: their slope reads a burst (2,000/s). The drain
+// estimate must be the rate over the last second, and the rate must not
+// rise at a drop.
+func TestControllerDropLateSamples(t *testing.T) {
+	p := Params{TargetWait: 2 * time.Second, Floor: 10, Ceiling: 5000, Interval: time.Second, Hold: 5 * time.Second}
+	c := NewController(p, 300)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	observe := func(sec float64, committed int64) Estimate {
+		return c.Observe(Sample{At: t0.Add(time.Duration(sec * float64(time.Second))), Committed: committed, End: 600 + int64(300*sec), Members: 1})
+	}
+	var e Estimate
+	for sec := 0.0; sec <= 10.75; sec += 0.25 {
+		e = observe(sec, int64(300*sec))
+	}
+	before := e.Rate
+	for _, x := range []struct {
+		sec       float64
+		committed int64
+	}{{11.74, 3324}, {11.76, 3364}} {
+		e = observe(x.sec, x.committed)
+		t.Logf("%.2f s: drain %.0f/s, rate %.0f/s, drop %v", x.sec, e.Drain, e.Rate, e.Drop)
+	}
+	if !e.Drop {
+		t.Fatalf("no drop seen at 11.76 s: %+v", e)
+	}
+	if e.Drain > 300 || e.Rate > before {
+		t.Errorf("at the drop: drain %.0f/s, rate %.0f/s (before %.0f/s); want the drain at most 300 and the rate not raised", e.Drain, e.Rate, before)
+	}
+}
