@@ -101,6 +101,7 @@ func startLive(ctx context.Context, log *slog.Logger, cfg *Config, rdb redis.Uni
 var _ interface {
 	route.Admitter
 	route.NowAdmitter
+	route.BeforeAdmitter
 	route.SlotReleaser
 } = (*override.Admitter)(nil)
 
