@@ -17,6 +17,7 @@ type fetcher interface {
 // goroutine (Delayed's fetch goroutine uses only fetcher, cfg and log).
 type partition struct {
 	topic   string
+	topicID string // Kafka's topic ID, read at assignment (topicid.go)
 	id      int
 	fetcher fetcher
 	commit  func(c offsetCommit) error
@@ -44,7 +45,7 @@ type partition struct {
 // after that owner's commit, where nothing recognises it as a replay (it
 // would be counted twice).
 func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message, notes []any) bool {
-	b := Batch{Topic: p.topic, Partition: p.id, Committed: max(p.committed, 0), Messages: msgs, Notes: notes}
+	b := Batch{Topic: p.topic, TopicID: p.topicID, Partition: p.id, Committed: max(p.committed, 0), Messages: msgs, Notes: notes}
 	fence, _ := FenceOf(hctx)
 	for attempt := 0; ; attempt++ {
 		if fence != nil && fence.Err() != nil {

@@ -149,7 +149,7 @@ func source(b consume.Batch) limit.Source {
 	if b.Topic == "" {
 		return limit.Source{}
 	}
-	return limit.Source{Topic: b.Topic, Partition: b.Partition, Low: b.Committed}
+	return limit.Source{Topic: b.Topic, TopicID: b.TopicID, Partition: b.Partition, Low: b.Committed}
 }
 
 func (a *Admission) ready(ok bool) {
