@@ -30,6 +30,8 @@ type partition struct {
 	hwm           int64           // high watermark as of the last fetched message, -1 for none
 	buf           []kafka.Message // the batch slice, reused by fetchBatch
 	inherited     []offsetRange   // done by the previous owner beyond committed (Delayed)
+	acked         int64           // Group: the offset after the last batch handled, 0 before one
+	inflight      *pendingCommit  // Group: the commit in flight, nil when none
 	gaps          *gapCheck       // watches for offsets deleted before they were consumed; nil in unit tests
 }
 
@@ -62,12 +64,30 @@ func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message, not
 				"offset", msgs[0].Offset, "count", len(msgs), "err", err)
 			return false
 		}
+		p.retryCommit()
 		d := p.cfg.backoff(attempt)
 		p.log.Warn("handle batch failed; retrying",
 			"offset", msgs[0].Offset, "count", len(msgs), "attempt", attempt+1, "retry_in", d, "err", err)
 		if !sleep(stop, d) {
 			return false
 		}
+	}
+}
+
+// retryCommit commits again, while a batch fails, what a Group handled
+// before it, if that commit failed: a failed commit is otherwise covered
+// only by the next one, and a Handler may fail because its commits are
+// behind (the limiter refuses new decisions once its replay record of the
+// decisions since the last commit is full, limit.ErrReplayFull), which
+// nothing else would end.
+func (p *partition) retryCommit() {
+	if p.acked <= 0 || p.acked <= p.committed {
+		return
+	}
+	p.finishCommit(p.inflight)
+	p.inflight = nil
+	if p.acked > p.committed {
+		p.inflight = p.startCommit(offsetCommit{next: p.acked})
 	}
 }
 
