@@ -60,6 +60,7 @@ func (g *Group) Ready() bool { return g.m.ready.Load() }
 // While a batch fails, the commit of the batches before it is sent again
 // if it failed (retryCommit).
 func (p *partition) runBatches(stop, hctx context.Context) {
+	p.recommit = p.retryCommit
 	defer func() { p.finishCommit(p.inflight) }()
 	for attempt := 0; ; {
 		batch, err := p.fetchBatch(stop)

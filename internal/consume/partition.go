@@ -32,6 +32,7 @@ type partition struct {
 	inherited     []offsetRange   // done by the previous owner beyond committed (Delayed)
 	acked         int64           // Group: the offset after the last batch handled, 0 before one
 	inflight      *pendingCommit  // Group: the commit in flight, nil when none
+	recommit      func()          // run while a batch fails: sends again a failed commit (nil: none)
 	gaps          *gapCheck       // watches for offsets deleted before they were consumed; nil in unit tests
 }
 
@@ -64,7 +65,9 @@ func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message, not
 				"offset", msgs[0].Offset, "count", len(msgs), "err", err)
 			return false
 		}
-		p.retryCommit()
+		if p.recommit != nil {
+			p.recommit()
+		}
 		d := p.cfg.backoff(attempt)
 		p.log.Warn("handle batch failed; retrying",
 			"offset", msgs[0].Offset, "count", len(msgs), "attempt", attempt+1, "retry_in", d, "err", err)
@@ -74,8 +77,9 @@ func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message, not
 	}
 }
 
-// retryCommit commits again, while a batch fails, what a Group handled
-// before it, if that commit failed: a failed commit is otherwise covered
+// retryCommit is a Group's recommit: it commits again, while a batch
+// fails, what the Group handled before it, if that commit failed (Delayed's
+// is delayedRun.commit, which sends its commit point again): a failed commit is otherwise covered
 // only by the next one, and a Handler may fail because its commits are
 // behind (the limiter refuses new decisions once its replay record of the
 // decisions since the last commit is full, limit.ErrReplayFull), which
