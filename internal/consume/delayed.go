@@ -82,6 +82,7 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 	// bytes: the fetch goroutine waits for room before each fetch; room is
 	// given back when a message has been handled.
 	r := &delayedRun{p: p, c: c, room: newBudget(c.LookAhead, c.LookAheadBytes), clock: p.cfg.Clock}
+	p.recommit = r.commit // while a batch fails, a failed commit is sent again
 	in := make(chan kafka.Message, min(c.LookAhead, p.cfg.BatchSize))
 	fctx, fcancel := context.WithCancel(stop)
 	fetched := make(chan struct{})

@@ -2,6 +2,7 @@ package consume
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -381,4 +382,47 @@ func TestDelayedHandsReleaseNotes(t *testing.T) {
 			t.Errorf("offset %d handed with note %v, want %q", m.Offset, got[m.Offset], want)
 		}
 	}
+}
+
+// As for Group: while a batch fails because the commits are behind
+// (limit.ErrReplayFull), the commit that failed is sent again, and once it
+// is accepted the batch goes through. Before, Delayed committed only after
+// a batch succeeded, which never came.
+func TestDelayedRetriesCommitWhileBatchFails(t *testing.T) {
+	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	f := &chanFetcher{ch: make(chan kafka.Message, 8)}
+	for _, m := range msgs(0, 4) {
+		f.ch <- withRelease(m, t0)
+	}
+	c := &commits{}
+	var failCommits, committed, handled atomic.Int64
+	failCommits.Store(1) // the first commit fails once
+	handler := HandlerFunc(func(_ context.Context, b Batch) error {
+		if first := b.Messages[0].Offset; first > 0 && committed.Load() < first {
+			return errors.New("replay record full: commits are behind")
+		}
+		handled.Add(int64(len(b.Messages)))
+		return nil
+	})
+	p := testPartition(f, handler, c, func(cfg *Config) { cfg.Clock = newFakeClock(t0) })
+	p.commit = func(oc offsetCommit) error {
+		if failCommits.Add(-1) >= 0 {
+			return errors.New("coordinator unavailable")
+		}
+		committed.Store(oc.next)
+		return c.commit(oc)
+	}
+	dc := DelayedConfig{Config: *p.cfg, ReleaseAt: releaseByHeader}.withDefaults()
+	stop, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.runDelayed(&dc, stop, context.Background())
+	}()
+	defer func() { cancel(); <-done }()
+	eventually(t, 5*time.Second, "the first messages handled", func() bool { return handled.Load() == 4 })
+	for _, m := range msgs(4, 8) {
+		f.ch <- withRelease(m, t0)
+	}
+	eventually(t, 5*time.Second, "the messages after the failed commit handled", func() bool { return handled.Load() == 8 })
 }

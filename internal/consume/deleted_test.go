@@ -179,3 +179,82 @@ func testTopicDeleted(t *testing.T, broker string, topics int) {
 		t.Errorf("retry group: got %d generations after a source topic was deleted, want 0", n)
 	}
 }
+
+// Each batch carries its topic's Kafka ID, read with a Metadata v12
+// request of our own. A topic deleted and created again under the same
+// name, under a running group, has a new ID, and every batch of the new
+// topic's events carries it, never the old one: a Handler that remembers
+// offsets (the limiter's replay record) never takes the new events for the
+// old ones at the same offsets.
+func TestKafkaBatchesCarryTopicID(t *testing.T) {
+	broker := testenv.Kafka(t)
+	topic, group := createTopic(t, broker), uniqueName(t, "group")
+	produce(t, broker, topic, values(30, "old"))
+	var mu sync.Mutex
+	ids := map[string]map[string]int{} // value prefix -> topic ID -> messages
+	cfg := testConfig(t, broker, group, topic)
+	g, err := NewGroup(cfg, HandlerFunc(func(_ context.Context, b Batch) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range b.Messages {
+			kind, _, _ := strings.Cut(string(m.Value), "-")
+			if ids[kind] == nil {
+				ids[kind] = map[string]int{}
+			}
+			ids[kind][b.TopicID]++
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runInBackground(t, g.Run)
+	count := func(kind string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, c := range ids[kind] {
+			n += c
+		}
+		return n
+	}
+	eventually(t, 30*time.Second, "the old topic's messages handled", func() bool { return count("old") >= 30 })
+	deleteTopic(t, broker, topic)
+	eventually(t, 30*time.Second, "the topic created again", func() bool {
+		cc := controllerConn(t, broker)
+		err := cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: testPartitions, ReplicationFactor: 1})
+		return err == nil
+	})
+	eventually(t, 30*time.Second, "the new topic's partitions led", func() bool {
+		c := &kafka.Client{Addr: kafka.TCP(broker), Timeout: 5 * time.Second}
+		res, err := c.Metadata(context.Background(), &kafka.MetadataRequest{Topics: []string{topic}})
+		if err != nil || len(res.Topics) != 1 || len(res.Topics[0].Partitions) != testPartitions {
+			return false
+		}
+		for _, p := range res.Topics[0].Partitions {
+			if p.Leader.Host == "" {
+				return false
+			}
+		}
+		return true
+	})
+	produce(t, broker, topic, values(30, "new"))
+	eventually(t, 90*time.Second, "the new topic's messages handled", func() bool { return count("new") >= 30 })
+	if err := stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("topic IDs seen: old messages %v, new messages %v", ids["old"], ids["new"])
+	if len(ids["old"]) != 1 || len(ids["new"]) != 1 {
+		t.Fatalf("got old messages under %d topic IDs and new ones under %d, want one each", len(ids["old"]), len(ids["new"]))
+	}
+	for old := range ids["old"] {
+		if len(old) != 22 {
+			t.Errorf("old topic ID %q: want 22 characters of base64url", old)
+		}
+		if _, same := ids["new"][old]; same {
+			t.Errorf("the re-created topic's messages carry the old topic's ID %q", old)
+		}
+	}
+}

@@ -58,6 +58,21 @@ type committedFetcher struct {
 	pending chan error      // the result of the fetch in flight, nil when none
 	life    context.Context // ends at Close
 	close   context.CancelFunc
+
+	// verify, if set, reads the topic's ID again and returns an error
+	// unless it is still the one assigned (errTopicReplaced when it is
+	// another; topicid.go). Every fetch that returns records runs it, while
+	// they are decoded, and hands none of them out unless it returns nil;
+	// every fetch that fails on the partition runs it too, and so does the
+	// first fetch without records after one failed (the topic created again
+	// may be no longer than the old offset) or topicRecheck after the last
+	// check.
+	verify func(ctx context.Context) error
+	// recheck: a fetch failed on the partition since verify last passed;
+	// verified: when it last passed. A fetch without records runs verify
+	// when recheck, or when verified lies topicRecheck back.
+	recheck  bool
+	verified time.Time
 }
 
 // newCommittedFetcher returns a fetcher of topic's partition starting at
@@ -177,6 +192,15 @@ func (f *committedFetcher) fill(ctx context.Context) error {
 	}
 	p := &r.Topics[0].Partitions[0]
 	if p.ErrorCode != 0 {
+		if f.verify != nil {
+			f.recheck = true
+			// A deleted topic fails the fetch; one created again under
+			// the same name then fails it at the old offsets (out of
+			// range, or not led yet) until it grows past them.
+			if verr := f.verify(ctx); errors.Is(verr, errTopicReplaced) {
+				return fmt.Errorf("fetch %s/%d at %d: %w", f.topic, f.partition, f.offset, verr)
+			}
+		}
 		err := kafka.Error(p.ErrorCode)
 		if errors.Is(err, kafka.OffsetOutOfRange) {
 			return f.outOfRange(ctx)
@@ -184,9 +208,26 @@ func (f *committedFetcher) fill(ctx context.Context) error {
 		return fmt.Errorf("fetch %s/%d at %d: %w", f.topic, f.partition, f.offset, err)
 	}
 	if p.RecordSet.Records == nil {
+		if f.verify != nil && (f.recheck || time.Since(f.verified) > topicRecheck) {
+			if err := f.checkTopic(ctx); err != nil {
+				return fmt.Errorf("fetch %s/%d at %d: %w", f.topic, f.partition, f.offset, err)
+			}
+		}
 		return nil // nothing committed beyond f.offset yet
 	}
+	var verified chan error
+	if f.verify != nil {
+		verified = make(chan error, 1)
+		go func() { verified <- f.checkTopic(ctx) }()
+	}
 	next, err := f.decode(p.RecordSet.Records, p.AbortedTransactions, p.HighWatermark)
+	if verified != nil {
+		if verr := <-verified; verr != nil {
+			clear(f.buf)
+			f.buf = f.buf[:0]
+			return fmt.Errorf("fetch %s/%d at %d: %w", f.topic, f.partition, f.offset, verr)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("fetch %s/%d at %d: %w", f.topic, f.partition, f.offset, err)
 	}
@@ -200,6 +241,15 @@ func (f *committedFetcher) fill(ctx context.Context) error {
 		// batch's last offset). Step over one offset per fetch.
 		f.offset++
 	}
+	return nil
+}
+
+// checkTopic runs verify and notes when it passed.
+func (f *committedFetcher) checkTopic(ctx context.Context) error {
+	if err := f.verify(ctx); err != nil {
+		return err
+	}
+	f.recheck, f.verified = false, time.Now()
 	return nil
 }
 

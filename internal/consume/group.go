@@ -56,9 +56,12 @@ func (g *Group) Ready() bool { return g.m.ready.Load() }
 //
 // The commit of a batch runs while the next batch is fetched and handled;
 // it is finished before the next commit starts and before the loop returns.
+//
+// While a batch fails, the commit of the batches before it is sent again
+// if it failed (retryCommit).
 func (p *partition) runBatches(stop, hctx context.Context) {
-	var inflight *pendingCommit
-	defer func() { p.finishCommit(inflight) }()
+	p.recommit = p.retryCommit
+	defer func() { p.finishCommit(p.inflight) }()
 	for attempt := 0; ; {
 		batch, err := p.fetchBatch(stop)
 		if stop.Err() != nil {
@@ -79,8 +82,9 @@ func (p *partition) runBatches(stop, hctx context.Context) {
 		last := batch[len(batch)-1]
 		clear(batch) // keep no message alive until the next batch
 		p.hwm = last.HighWaterMark
-		p.finishCommit(inflight)
-		inflight = p.startCommit(offsetCommit{next: last.Offset + 1})
+		p.acked = last.Offset + 1
+		p.finishCommit(p.inflight)
+		p.inflight = p.startCommit(offsetCommit{next: p.acked})
 	}
 }
 

@@ -346,3 +346,49 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("defaults: look-ahead %d, batch size %d; want %d, %d", got.LookAhead, got.BatchSize, DefaultLookAhead, DefaultBatchSize)
 	}
 }
+
+// A batch that fails because the commits are behind (a Handler whose
+// limiter refuses new decisions until they move: limit.ErrReplayFull) is
+// not stuck: while it fails, the commit of the batches before it, which
+// failed, is sent again, and once it is accepted the batch goes through.
+// Before, a failed commit was covered only by the next one, which never
+// came.
+func TestRunBatchesRetriesCommitWhileBatchFails(t *testing.T) {
+	f := &chanFetcher{ch: make(chan kafka.Message, 10)}
+	for _, m := range msgs(0, 8) {
+		f.ch <- m
+	}
+	c := &commits{}
+	var failCommits atomic.Int64
+	failCommits.Store(1) // the commit of the first batch fails once
+	var committed atomic.Int64
+	p := testPartition(f, nil, c, func(cfg *Config) { cfg.BatchSize = 4 })
+	p.commit = func(oc offsetCommit) error {
+		if failCommits.Add(-1) >= 0 {
+			return errors.New("coordinator unavailable")
+		}
+		committed.Store(oc.next)
+		return c.commit(oc)
+	}
+	var handled atomic.Int64
+	p.handler = HandlerFunc(func(_ context.Context, b Batch) error {
+		first := b.Messages[0].Offset
+		if first > 0 && committed.Load() < first {
+			return errors.New("replay record full: commits are behind")
+		}
+		handled.Add(int64(len(b.Messages)))
+		return nil
+	})
+	stop, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.runBatches(stop, context.Background())
+	}()
+	eventually(t, 5*time.Second, "both batches handled", func() bool { return handled.Load() == 8 })
+	cancel()
+	<-done
+	if diff := cmp.Diff([]int64{4, 8}, c.get()); diff != "" {
+		t.Errorf("accepted commits (-want +got):\n%s", diff)
+	}
+}

@@ -16,6 +16,12 @@ type Batch struct {
 	// tool): it names no source and no committed offset.
 	Topic     string
 	Partition int
+	// TopicID is Kafka's ID of the topic (unpadded base64url, as
+	// kafka-topics prints it): a topic deleted and created again under the
+	// same name has a new one, and its offsets start again (see
+	// topicid.go). Empty without a consumer, or from a cluster without
+	// topic IDs.
+	TopicID string
 	// Committed is the committed offset of the partition as the consumer
 	// knew it when it handed the batch over (0 when the group had none
 	// yet). Every message that this or any later owner of the partition

@@ -236,8 +236,11 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 			commit := func(c offsetCommit) error { return oc.commit(topic, pa.ID, c) }
 			meta := metas[tp{topic, pa.ID}]
 			gen.Start(func(gctx context.Context) {
-				m.runPartition(ctx, gctx, gen, topic, pa, meta, commit, keeper.fence)
+				replaced := m.runPartition(ctx, gctx, gen, topic, pa, meta, commit, keeper.fence)
 				wg.Done()
+				if replaced {
+					return // end the generation: the member rejoins with the new topic
+				}
 				// kafka-go ends the generation for every partition as soon as
 				// one function returns. After a shutdown drain, keep it alive
 				// until Run closes the group so the other partitions can
@@ -270,7 +273,11 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 // gctx is done still go out: the coordinator refuses them if the group has
 // moved on without this member, and accepts them otherwise (see
 // newOffsetCommitter).
-func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, topic string, pa kafka.PartitionAssignment, meta string, commit func(c offsetCommit) error, fence *WriteFence) {
+//
+// It reports whether it stopped because the topic was deleted and created
+// again under it (topicid.go): the partition then commits nothing more,
+// and the caller ends the generation.
+func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, topic string, pa kafka.PartitionAssignment, meta string, commit func(c offsetCommit) error, fence *WriteFence) (replaced bool) {
 	stop, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(gctx, cancel)()
@@ -279,14 +286,43 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 	hctx = WithFence(hctx, fence)
 
 	log := m.log.With("topic", topic, "partition", pa.ID)
+	id, ok := m.assignedTopicID(stop, topic, pa.ID, log)
+	if !ok {
+		return false
+	}
 	// pa.Offset is the committed offset, or kafka.FirstOffset when the group
 	// has none for this partition. The fetcher reads committed records only
 	// (read_committed): see committedFetcher.
 	r := newCommittedFetcher(&m.cfg, m.client, topic, pa.ID, pa.Offset)
 	defer r.Close()
-	log.Debug("partition assigned", "offset", pa.Offset, "generation", gen.ID)
+	var gone atomic.Bool
+	r.verified = time.Now() // id was just read
+	r.verify = func(ctx context.Context) error {
+		now, err := topicID(ctx, m.cfg.Transport, m.client.Addr, m.cfg.Timeout, topic, pa.ID)
+		if err != nil {
+			return err
+		}
+		if now != id {
+			if !gone.Swap(true) {
+				log.Error("topic deleted and created again under the consumer: partition stopped without committing; rejoining the group",
+					"topic_id", id, "new_topic_id", now)
+				cancel()
+			}
+			return errTopicReplaced
+		}
+		return nil
+	}
+	owned := commit
+	commit = func(c offsetCommit) error {
+		if gone.Load() {
+			return errTopicReplaced // an offset of the old topic would land on the new one
+		}
+		return owned(c)
+	}
+	log.Debug("partition assigned", "offset", pa.Offset, "generation", gen.ID, "topic_id", id)
 	p := &partition{
 		topic:         topic,
+		topicID:       id,
 		id:            pa.ID,
 		fetcher:       r,
 		commit:        commit,
@@ -306,6 +342,28 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 		m.cfg.OnLag(topic, pa.ID, -1) // no longer this member's to report
 	}
 	log.Debug("partition stopped", "generation", gen.ID)
+	return gone.Load()
+}
+
+// assignedTopicID reads the ID of an assigned partition's topic, trying
+// again with backoff until it has it or stop is done (false): a partition
+// is never consumed without it, since what a Handler remembers of its
+// offsets is known by it (topicid.go).
+func (m *member) assignedTopicID(stop context.Context, topic string, partition int, log *slog.Logger) (string, bool) {
+	for attempt := 0; ; attempt++ {
+		id, err := topicID(stop, m.cfg.Transport, m.client.Addr, m.cfg.Timeout, topic, partition)
+		if err == nil {
+			return id, true
+		}
+		if stop.Err() != nil {
+			return "", false
+		}
+		d := m.cfg.backoff(attempt)
+		log.Warn("reading the topic ID failed; retrying", "attempt", attempt+1, "retry_in", d, "err", err)
+		if !sleep(stop, d) {
+			return "", false
+		}
+	}
 }
 
 // fetchMetadata reads the metadata of the last commit of every partition gen

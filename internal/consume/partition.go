@@ -17,6 +17,7 @@ type fetcher interface {
 // goroutine (Delayed's fetch goroutine uses only fetcher, cfg and log).
 type partition struct {
 	topic   string
+	topicID string // Kafka's topic ID, read at assignment (topicid.go)
 	id      int
 	fetcher fetcher
 	commit  func(c offsetCommit) error
@@ -29,6 +30,9 @@ type partition struct {
 	hwm           int64           // high watermark as of the last fetched message, -1 for none
 	buf           []kafka.Message // the batch slice, reused by fetchBatch
 	inherited     []offsetRange   // done by the previous owner beyond committed (Delayed)
+	acked         int64           // Group: the offset after the last batch handled, 0 before one
+	inflight      *pendingCommit  // Group: the commit in flight, nil when none
+	recommit      func()          // run while a batch fails: sends again a failed commit (nil: none)
 	gaps          *gapCheck       // watches for offsets deleted before they were consumed; nil in unit tests
 }
 
@@ -44,7 +48,7 @@ type partition struct {
 // after that owner's commit, where nothing recognises it as a replay (it
 // would be counted twice).
 func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message, notes []any) bool {
-	b := Batch{Topic: p.topic, Partition: p.id, Committed: max(p.committed, 0), Messages: msgs, Notes: notes}
+	b := Batch{Topic: p.topic, TopicID: p.topicID, Partition: p.id, Committed: max(p.committed, 0), Messages: msgs, Notes: notes}
 	fence, _ := FenceOf(hctx)
 	for attempt := 0; ; attempt++ {
 		if fence != nil && fence.Err() != nil {
@@ -61,12 +65,33 @@ func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message, not
 				"offset", msgs[0].Offset, "count", len(msgs), "err", err)
 			return false
 		}
+		if p.recommit != nil {
+			p.recommit()
+		}
 		d := p.cfg.backoff(attempt)
 		p.log.Warn("handle batch failed; retrying",
 			"offset", msgs[0].Offset, "count", len(msgs), "attempt", attempt+1, "retry_in", d, "err", err)
 		if !sleep(stop, d) {
 			return false
 		}
+	}
+}
+
+// retryCommit is a Group's recommit: it commits again, while a batch
+// fails, what the Group handled before it, if that commit failed (Delayed's
+// is delayedRun.commit, which sends its commit point again): a failed commit is otherwise covered
+// only by the next one, and a Handler may fail because its commits are
+// behind (the limiter refuses new decisions once its replay record of the
+// decisions since the last commit is full, limit.ErrReplayFull), which
+// nothing else would end.
+func (p *partition) retryCommit() {
+	if p.acked <= 0 || p.acked <= p.committed {
+		return
+	}
+	p.finishCommit(p.inflight)
+	p.inflight = nil
+	if p.acked > p.committed {
+		p.inflight = p.startCommit(offsetCommit{next: p.acked})
 	}
 }
 

@@ -3,6 +3,7 @@ package consume
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -13,8 +14,11 @@ type groupLeaver interface {
 	LeaveGroup(ctx context.Context, req *kafka.LeaveGroupRequest) (*kafka.LeaveGroupResponse, error)
 }
 
-// staleLeaveEvery is how often leaveStale tries again (a variable for tests).
-var staleLeaveEvery = 250 * time.Millisecond
+// staleLeaveEvery is how often leaveStale tries again (in ns; a variable
+// for tests, atomic since a leaveStale of an earlier test may still read it).
+var staleLeaveEvery atomic.Int64
+
+func init() { staleLeaveEvery.Store(int64(250 * time.Millisecond)) }
 
 // leaveStale removes this member's ID of before a failed join from the group,
 // trying every staleLeaveEvery until gone reports true or ctx is done.
@@ -58,7 +62,7 @@ func (m *member) leaveStale(ctx context.Context, l groupLeaver, memberID string,
 		} else if err != nil && !errors.Is(err, kafka.UnknownMemberId) {
 			m.log.Debug("leaving under the member's ID of before the failed join failed; retrying", "member", memberID, "err", err)
 		}
-		if !sleep(ctx, staleLeaveEvery) {
+		if !sleep(ctx, time.Duration(staleLeaveEvery.Load())) {
 			return
 		}
 	}

@@ -39,8 +39,8 @@ func (l *fakeLeaver) LeaveGroup(_ context.Context, req *kafka.LeaveGroupRequest)
 // loaded the group yet answers a leave without an error or with
 // UNKNOWN_MEMBER_ID, and then loads the group with the old ID.
 func TestLeaveStale(t *testing.T) {
-	defer func(d time.Duration) { staleLeaveEvery = d }(staleLeaveEvery)
-	staleLeaveEvery = time.Millisecond
+	defer staleLeaveEvery.Store(staleLeaveEvery.Load())
+	staleLeaveEvery.Store(int64(time.Millisecond))
 	for _, tc := range []struct {
 		name  string
 		fails int

@@ -124,26 +124,33 @@ func capacityField(tenant string) string { return "t:" + encodeTenant(tenant) }
 
 // replay returns the key of the replay record of a source partition on a
 // single Redis, where one script call decides a whole batch:
-// <prefix>:replay:<topic>:<partition>, or with a scope (Options.ReplayScope)
-// <prefix>:replay:<scope>:<topic>:<partition>. Kafka topic names hold only
-// [A-Za-z0-9._-], so the key is unambiguous whatever the scope holds.
-func (k keys) replay(topic string, partition int) string {
-	return k.prefix + ":replay:" + k.replaySuffix(topic, partition)
+// <prefix>:replay:[<scope>:]<topic>:<partition>[:<topic id>], the scope
+// being Options.ReplayScope (the consumer group) and the topic ID Kafka's
+// (Source.TopicID), so that neither another deployment nor a topic
+// re-created under the same name ever finds these decisions. Kafka topic
+// names hold only [A-Za-z0-9._-] and topic IDs are base64url, so the key is
+// unambiguous whatever the scope holds.
+func (k keys) replay(src Source) string {
+	return k.prefix + ":replay:" + k.replaySuffix(src)
 }
 
-func (k keys) replaySuffix(topic string, partition int) string {
-	s := topic + ":" + strconv.Itoa(partition)
+func (k keys) replaySuffix(src Source) string {
+	s := src.Topic + ":" + strconv.Itoa(src.Partition)
 	if k.scope != "" {
 		s = k.scope + ":" + s
+	}
+	if src.TopicID != "" {
+		s += ":" + src.TopicID
 	}
 	return s
 }
 
 // tenantReplay returns the key of the replay record of a tenant's events of
 // a source partition, for Redis Cluster, where each script call decides one
-// tenant and touches only its slot: <prefix>:{<tenant>}:replay:[<scope>:]<topic>:<partition>.
-func (k keys) tenantReplay(tenant, topic string, partition int) string {
-	return k.tenant(tenant) + ":replay:" + k.replaySuffix(topic, partition)
+// tenant and touches only its slot: <prefix>:{<tenant>}:replay:<as replay>.
+// Deleted once commits pass it (replaySweep).
+func (k keys) tenantReplay(tenant string, src Source) string {
+	return k.tenant(tenant) + ":replay:" + k.replaySuffix(src)
 }
 
 // ruleSetID names a rule set, for frontier keys and the local cache.

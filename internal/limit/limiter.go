@@ -114,6 +114,13 @@ type Limiter struct {
 	mu     sync.Mutex
 	states *stateCache
 	sent   sentOffsets
+
+	// replayBound bounds each replay record (ReplayRecordBytes; tests
+	// lower it); drop and sweep delete Cluster records once commits pass
+	// them (replaySweep).
+	replayBound int
+	drop        *redis.Script
+	sweep       replaySweep
 }
 
 // stateKey names a tenant under one rule set (the rules' windows name its keys).
@@ -171,10 +178,13 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		admit:   redis.NewScript(lua.Admit),
 		get:     redis.NewScript(lua.AlignedGet),
 		release: redis.NewScript(lua.Release),
+		drop:    redis.NewScript(lua.ReplayDrop),
+
+		replayBound: ReplayRecordBytes,
 	}
 	l.fullReason = fmt.Sprintf("no room within the deferral horizon (%v)", opts.Horizon)
 	l.rules.Store(rules)
-	for _, s := range []*redis.Script{l.admit, l.get, l.release} {
+	for _, s := range []*redis.Script{l.admit, l.get, l.release, l.drop} {
 		cctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 		err := s.Load(cctx, rdb).Err()
 		cancel()
@@ -372,6 +382,9 @@ func (l *Limiter) admitFrom(ctx context.Context, src positions, tenants []string
 	}
 	if l.opts.WindowKind == TTL {
 		l.cacheChains(calls, replies)
+	}
+	if l.cluster {
+		l.sweepReplays(ctx, src.Source, calls, replies)
 	}
 	markOverrides(order, out)
 	return out, nil

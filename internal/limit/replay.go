@@ -1,9 +1,14 @@
 package limit
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Source says where a batch's events were consumed from, so that an event
@@ -12,7 +17,8 @@ import (
 // its first decision back and is not counted again (G9). It is a value type.
 //
 // A decision is known by the position it was consumed from: (Topic,
-// Partition, offset). admit.lua keeps, atomically with the counts, a record
+// TopicID, Partition, offset), within the deployment (Options.ReplayScope).
+// admit.lua keeps, atomically with the counts, a record
 // of the decisions of each partition's offsets from Low on (see
 // ReplayRecordTTL). Decisions not made by Redis are not recorded, since they
 // count nothing: events of tenants without rules, events decided from the
@@ -22,6 +28,11 @@ type Source struct {
 	// An empty Topic means no source: nothing is recorded or looked up.
 	Topic     string
 	Partition int
+	// TopicID is Kafka's ID of the topic (consume.Batch.TopicID): a topic
+	// deleted and created again under the same name has a new one, so its
+	// events never match the old topic's decisions. Empty: the record is
+	// known by the name alone, as before topic IDs were read.
+	TopicID string
 	// Low is the partition's committed offset as the caller knows it: no
 	// replay reaches below it (the next owner starts at the last commit),
 	// so the record forgets the decisions of lower offsets.
@@ -40,6 +51,32 @@ type positions struct {
 // only when nobody decides the partition's events any more (an owner that
 // never comes back); a replay after that long a pause is counted as new.
 const ReplayRecordTTL = 10 * time.Minute
+
+// ReplayRecordBytes bounds a replay record: once the decisions it keeps at
+// or above the source's Low hold that many bytes, a call that would add new
+// decisions to it is refused with ErrReplayFull and counts nothing (see
+// Bound in admit/60_replay.lua). Commits move Low and free the record; in
+// steady operation it holds the two or three batches since the last commit,
+// a few KiB each. 256 KiB is some hundred batches of 500 events whose
+// commits failed. Every call reads and rewrites at most this plus its own
+// decisions.
+const ReplayRecordBytes = 256 << 10
+
+// ErrReplayFull is the error (wrapped) of a call refused because its
+// source's replay record is at its bound (ReplayRecordBytes): the record
+// holds the decisions of every batch since the source's last commit, and
+// forgetting any of them could count it twice. Nothing was decided or
+// counted: the caller retries the batch once its commits move Low on
+// (consume retries a failed batch, and retries its last commit meanwhile).
+var ErrReplayFull = errors.New("replay record full: commits are behind")
+
+// replayFull wraps err with ErrReplayFull when it is the script's refusal.
+func replayFull(err error) error {
+	if redis.HasErrorPrefix(err, "GKREPLAYFULL") {
+		return fmt.Errorf("%w: %w", ErrReplayFull, err)
+	}
+	return err
+}
 
 // Codes of replayed decisions in admit.lua's reply.
 const (
@@ -68,9 +105,9 @@ func (l *Limiter) replayArgs(ks []string, av []any, groups []*group, src positio
 		return ks, append(av, "")
 	}
 	if l.cluster {
-		ks = append(ks, l.keys.tenantReplay(groups[0].tenant, src.Topic, src.Partition))
+		ks = append(ks, l.keys.tenantReplay(groups[0].tenant, src.Source))
 	} else {
-		ks = append(ks, l.keys.replay(src.Topic, src.Partition))
+		ks = append(ks, l.keys.replay(src.Source))
 	}
 	lo, hi := int64(-1), int64(-1)
 	n := 0
@@ -102,7 +139,7 @@ func (l *Limiter) replayArgs(ks []string, av []any, groups []*group, src positio
 		offs = append(offs, ']')
 	}
 	offs = append(offs, ']')
-	return ks, append(av, src.Low, ReplayRecordTTL.Milliseconds(), lo, hi, offs)
+	return ks, append(av, src.Low, ReplayRecordTTL.Milliseconds(), lo, hi, offs, l.replayBound)
 }
 
 // checkSource reports a source with a negative offset.
@@ -119,15 +156,24 @@ func checkSource(src positions) error {
 }
 
 // parseReplayed parses the end of admit.lua's reply (the number of replayed
-// events, then position, code, due and until each) and gives each replayed
-// event to its group, whose events are, in order, the call's positions.
+// events, then position, code, due and until each, then the record's
+// highest offset) and gives each replayed event to its group, whose events
+// are, in order, the call's positions, and the highest offset to every
+// group.
 func (l *Limiter) parseReplayed(tail []any, groups []*group, out []reply) error {
-	if len(tail) < 1 {
+	if len(tail) < 2 {
 		return fmt.Errorf("%w: no replay count", errReply)
 	}
 	n, ok := tail[0].(int64)
-	if !ok || n < 0 || int64(len(tail)) != 1+4*n {
+	if !ok || n < 0 || int64(len(tail)) != 2+4*n {
 		return fmt.Errorf("%w: replayed %v", errReply, tail)
+	}
+	hi, ok := tail[len(tail)-1].(int64)
+	if !ok {
+		return fmt.Errorf("%w: record's highest offset %v", errReply, tail[len(tail)-1])
+	}
+	for i := range out {
+		out[i].recordHi = hi
 	}
 	gi, base := 0, 0
 	for i := int64(0); i < n; i++ {
@@ -201,9 +247,11 @@ type sentOffsets struct {
 
 // sourceKey names a source partition.
 type sourceKey struct {
-	topic     string
-	partition int
+	topic, topicID string
+	partition      int
 }
+
+func keyOf(src Source) sourceKey { return sourceKey{src.Topic, src.TopicID, src.Partition} }
 
 // mayReplay reports whether one of the events idx of src may have been
 // decided by Redis before.
@@ -211,7 +259,7 @@ func (s *sentOffsets) mayReplay(src positions, idx []int) bool {
 	if src.Topic == "" {
 		return false
 	}
-	hi, ok := s.hi[sourceKey{src.Topic, src.Partition}]
+	hi, ok := s.hi[keyOf(src.Source)]
 	if !ok {
 		return false
 	}
@@ -237,7 +285,7 @@ func (s *sentOffsets) mark(src positions, calls []*group) {
 	if s.hi == nil || len(s.hi) >= maxSentPartitions {
 		s.hi = map[sourceKey]int64{}
 	}
-	k := sourceKey{src.Topic, src.Partition}
+	k := keyOf(src.Source)
 	hi, ok := s.hi[k]
 	if !ok {
 		hi = -1
@@ -248,4 +296,119 @@ func (s *sentOffsets) mark(src positions, calls []*group) {
 		}
 	}
 	s.hi[k] = hi
+}
+
+// replaySweep remembers, on Redis Cluster, the replay records that calls
+// left behind and the highest offset each holds (the script's reply ends
+// with it), per source partition. There each tenant has a record per
+// partition (tenantReplay): a tenant seen once (a made-up name) would leave
+// its record for ReplayRecordTTL, since no later call of its own drops its
+// chunks. Once a call of the partition names a Low above a record's highest
+// offset, no replay reaches the record any more and it is deleted
+// (replay_drop.lua, which checks that again in Redis: a record another
+// owner has written to since is kept). It is safe for concurrent use; the
+// zero value is ready.
+type replaySweep struct {
+	mu   sync.Mutex
+	recs map[sourceKey]map[string]int64
+	n    int // records remembered, at most maxSweepRecords
+}
+
+// maxSweepRecords bounds the records a Limiter remembers for deletion; past
+// it, new ones are left to expire with their lifetime. sweepPerCall bounds
+// the deletions a call sends (one small script call each, pipelined).
+const (
+	maxSweepRecords = 100000
+	sweepPerCall    = 1000
+)
+
+// note remembers the record key of partition k, whose highest offset is
+// hi (-1: the record is gone).
+func (s *replaySweep) note(k sourceKey, key string, hi int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.recs[k]
+	if _, ok := m[key]; ok {
+		if hi < 0 {
+			delete(m, key)
+			s.n--
+		} else {
+			m[key] = hi
+		}
+		return
+	}
+	if hi < 0 || s.n >= maxSweepRecords {
+		return
+	}
+	if s.recs == nil {
+		s.recs = map[sourceKey]map[string]int64{}
+	}
+	if m == nil {
+		m = map[string]int64{}
+		s.recs[k] = m
+	}
+	m[key] = hi
+	s.n++
+}
+
+// due takes out of the sweep at most max records of partition k whose
+// highest offset is below low.
+func (s *replaySweep) due(k sourceKey, low int64, max int) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.recs[k]
+	var out []string
+	for key, hi := range m {
+		if len(out) == max {
+			break
+		}
+		if hi < low {
+			out = append(out, key)
+			delete(m, key)
+			s.n--
+		}
+	}
+	if len(m) == 0 {
+		delete(s.recs, k)
+	}
+	return out
+}
+
+// sweepReplays notes the records of a Cluster call's tenants and deletes
+// the records of src's partition that its Low has passed. A deletion that
+// fails is left to the record's lifetime: nothing is counted wrongly.
+func (l *Limiter) sweepReplays(ctx context.Context, src Source, calls []*group, replies []reply) {
+	if src.Topic == "" {
+		return
+	}
+	k := keyOf(src)
+	for i, g := range calls {
+		l.sweep.note(k, l.keys.tenantReplay(g.tenant, src), replies[i].recordHi)
+	}
+	keys := l.sweep.due(k, src.Low, sweepPerCall)
+	if len(keys) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	cmds := make([]*redis.Cmd, len(keys))
+	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, key := range keys {
+			cmds[i] = l.drop.EvalSha(ctx, p, []string{key}, src.Low)
+		}
+		return nil
+	})
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, key := range keys {
+				if redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
+					cmds[i] = l.drop.Eval(ctx, p, []string{key}, src.Low)
+				}
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		l.metrics.redisErrors.Inc()
+	}
 }

@@ -21,6 +21,26 @@ var replayCases = map[string]admitCase{
 	"ReplayedBeforeNew":    testReplayedBeforeNew,
 	"RecordKeyAndLifetime": testReplayRecordKey,
 	"OtherDeployment":      testReplayOtherDeployment,
+	"RecreatedTopic":       testReplayRecreatedTopic,
+}
+
+// A topic deleted and created again under the same name (a new topic ID)
+// starts at the same offsets: its events get fresh decisions, never the
+// old topic's, whose own record stays where it was.
+func testReplayRecreatedTopic(t *testing.T, rdb redis.UniversalClient) {
+	clk := newFakeClock(t0.Add(10 * time.Second))
+	l := newTestLimiter(t, rdb, "*=1/1m", Options{Clock: clk.Now, ReplayScope: "group"})
+	old, recreated := src(0, 0), src(0, 0)
+	old.TopicID, recreated.TopicID = "AAAAAAAAAAAAAAAAAAAAAA", "BBBBBBBBBBBBBBBBBBBBBB"
+	if got := kinds(admitFrom(t, l, old, []string{"x", "x", "x"})); got != "add" {
+		t.Fatalf("old topic: got %s, want add", got)
+	}
+	if got := kinds(admitFrom(t, l, recreated, []string{"p", "q", "r"})); got != "aaa" {
+		t.Errorf("re-created topic, same offsets, other tenants: got %s, want aaa (fresh decisions, not the old topic's)", got)
+	}
+	if got := kinds(admitFrom(t, l, old, []string{"x", "x", "x"})); got != "add" {
+		t.Errorf("old topic replayed: got %s, want its first decisions add", got)
+	}
 }
 
 // Two deployments sharing a Redis and a key prefix (but not a group) never

@@ -102,7 +102,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src p
 		res, err := l.admit.Run(ctx, l.rdb, ks, av...).Result()
 		if err != nil {
 			l.metrics.redisErrors.Inc()
-			return nil, fmt.Errorf("admit batch: %w", err)
+			return nil, fmt.Errorf("admit batch: %w", replayFull(err))
 		}
 		return l.parseReplies(res, calls)
 	}
@@ -129,7 +129,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src p
 	}
 	if err != nil {
 		l.metrics.redisErrors.Inc()
-		return nil, fmt.Errorf("admit batch: %w", err)
+		return nil, fmt.Errorf("admit batch: %w", replayFull(err))
 	}
 	out := make([]reply, len(calls))
 	for i, c := range cmds {
@@ -151,6 +151,9 @@ type reply struct {
 	n        []int64
 	failed   string
 	replayed []replayed
+	// recordHi is the highest offset of the call's replay record once the
+	// call was done (-1: none, or no source).
+	recordHi int64
 }
 
 // chainNumbers is how many numbers a tenant's reply ends with: the ttl chain

@@ -72,6 +72,12 @@ func join(fsys embed.FS, dir string, names []string) string {
 	return b.String()
 }
 
+// ReplayDrop deletes a replay record once every decision it holds is below
+// a committed offset (Redis Cluster: see replay_drop.lua).
+//
+//go:embed replay_drop.lua
+var ReplayDrop string
+
 // Release gives back the slot of a deferred event that came back after its
 // slot ended, once per trip.
 //

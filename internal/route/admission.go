@@ -91,7 +91,8 @@ func validPolicy(p string) error {
 }
 
 // admit returns the decisions for events. Under RedisForward a failing Admit
-// yields unchecked=true and no decisions. Under RedisPause it retries with
+// yields unchecked=true and no decisions. A full replay record
+// (limit.ErrReplayFull) is an error under either policy. Under RedisPause it retries with
 // backoff until Admit works or ctx ends, calling SetReady(false) once it
 // fails and SetReady(true) once it works again. Every attempt names the
 // same src, so an attempt whose call ran in Redis although it failed here
@@ -118,6 +119,14 @@ func (a *Admission) admit(ctx context.Context, src limit.Source, events []limit.
 		}
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, false, fmt.Errorf("admit: %w (last error: %v)", cerr, err)
+		}
+		if errors.Is(err, limit.ErrReplayFull) {
+			// Not Redis trouble: the partition's commits are behind. The
+			// batch fails, under either policy, so that the consumer
+			// retries it after a backoff and sends its failed commit again
+			// meanwhile; forwarding it unchecked would pass the limits,
+			// and retrying here would wait for a commit nothing sends.
+			return nil, false, fmt.Errorf("admit: %w", err)
 		}
 		if a.OnRedisError == RedisForward {
 			log.Warn("admit failed, forwarding unchecked",
@@ -149,7 +158,7 @@ func source(b consume.Batch) limit.Source {
 	if b.Topic == "" {
 		return limit.Source{}
 	}
-	return limit.Source{Topic: b.Topic, Partition: b.Partition, Low: b.Committed}
+	return limit.Source{Topic: b.Topic, TopicID: b.TopicID, Partition: b.Partition, Low: b.Committed}
 }
 
 func (a *Admission) ready(ok bool) {

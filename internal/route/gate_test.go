@@ -414,3 +414,31 @@ func TestGateConcurrent(t *testing.T) {
 		t.Errorf("got %d messages written, want %d", total, want)
 	}
 }
+
+// A batch refused because its partition's replay record is full (the
+// commits are behind: limit.ErrReplayFull) fails under either policy, so
+// that the consumer retries it and its commit: it is neither forwarded
+// unchecked nor retried here, where no commit could end the wait.
+func TestGateReplayFullFailsBatch(t *testing.T) {
+	for _, policy := range []string{RedisPause, RedisForward} {
+		t.Run(policy, func(t *testing.T) {
+			f := newGate(t, func(int, []string) ([]limit.Decision, error) {
+				return nil, fmt.Errorf("admit batch: %w", limit.ErrReplayFull)
+			})
+			f.gate.OnRedisError = policy
+			err := f.gate.Handle(context.Background(), batchOf([]kafka.Message{srcMsg(1, "ok"), srcMsg(2, "later")}))
+			if !errors.Is(err, limit.ErrReplayFull) {
+				t.Fatalf("Handle: got %v, want limit.ErrReplayFull", err)
+			}
+			if got := len(f.admitter.Calls()); got != 1 {
+				t.Errorf("got %d Admit calls, want 1", got)
+			}
+			if got := len(f.writer.Calls()); got != 0 {
+				t.Errorf("got %d WriteMessages calls, want none", got)
+			}
+			if got := counterValue(t, f.metrics.RedisUnchecked); got != 0 {
+				t.Errorf("redis_unchecked_total: got %v, want 0", got)
+			}
+		})
+	}
+}

@@ -80,8 +80,8 @@
 --   anchor's (another caller extended it); it is never higher.
 --   A tenant whose keys failed it is instead: -1, the key, what is wrong
 --   with it ("has the wrong type", "holds a count that is not an integer").
---   With a source partition the reply ends with the replayed events (see
---   Replay record).
+--   With a source partition the reply ends with the replayed events and
+--   the record's highest offset (see Replay record).
 --
 -- Failures. Redis does not roll a script back, so the script keeps a journal
 -- of its writes and takes them back itself: a call never half-applies. (The

@@ -12,9 +12,11 @@
 --   ARGV[arg_recs+5] the events' offsets minus lo, a JSON array of one
 --             array per tenant, in the call's order (each tenant's events in
 --             order)
--- and the last key is the record: <prefix>:replay:<topic>:<partition> (on
--- Redis Cluster <prefix>:{<tenant>}:replay:<topic>:<partition>, so that it
--- shares the tenant's slot). An event whose offset the record holds gets
+--   ARGV[arg_recs+6] the record's bound in bytes (see Bound)
+-- and the last key is the record (limit.keys.replay: the deployment's
+-- scope, the topic, its partition and Kafka's topic ID; on Redis Cluster
+-- under the tenant's hash tag, so that it shares the tenant's slot). An
+-- event whose offset the record holds gets
 -- the decision recorded for it and counts nothing; the others are decided
 -- as the header says (a tenant's n is then the number of its new events)
 -- and their decisions are appended to the record, which forgets offsets
@@ -36,9 +38,22 @@
 -- replayed events and, per replayed event: its position in the call's event
 -- order (0-based), its decision (1 admit, 2 defer, 3 reject: the horizon
 -- is full, 4 reject: the scan limit was reached, which records written by
--- earlier versions of this script may hold), due and until (defer).
+-- earlier versions of this script may hold), due and until (defer); and
+-- last the record's highest offset once the call is done (the highest hi
+-- of its chunks, -1 when it holds none), so that the caller can drop the
+-- record once its commits pass it (limit.replaySweep).
+--
+-- Bound. The chunks kept (hi >= low) hold at most ARGV[arg_recs+6] bytes
+-- before a call adds its own: a call that would add a chunk to a record
+-- already at its bound decides nothing, writes nothing and fails with an
+-- error starting "GKREPLAYFULL" (the caller retries the batch once its
+-- commits have moved low past the oldest chunks). A call whose events are
+-- all in the record adds nothing and is never refused. So a record holds
+-- at most its bound plus one call's chunk, and every call's read and
+-- rewrite of it is bounded by that, whatever happens to the commits.
 
 local arg_low, arg_life, arg_lo, arg_hi, arg_offs = arg_recs + 1, arg_recs + 2, arg_recs + 3, arg_recs + 4, arg_recs + 5
+local arg_bound = arg_recs + 6
 local low = ARGV[arg_low]
 local rkey = nil -- the record's key, when the call names a source
 if low ~= "" then
@@ -196,13 +211,16 @@ local function exceptions()
 end
 
 -- The record as read, its chunks, the replayed events and what the call
--- records of its own (see replay_phase).
+-- records of its own (see replay_phase); rec_hi is the highest offset of
+-- the record as written (-1: none).
 local record, chunks, replayed = "", none, none
 local rec_offs, nfresh = nil, 0
+local rec_hi = -1
 
 -- replay_phase reads the record and takes the replayed events out of the
 -- call. A record key of the wrong type is taken for an empty record (the
--- write replaces it).
+-- write replaces it). It returns an error (see Bound) when the call would
+-- add a chunk to a record at its bound; it writes nothing.
 local function replay_phase()
   local v = redis.pcall("GET", rkey)
   if type(v) == "string" then
@@ -220,6 +238,18 @@ local function replay_phase()
       rec_offs = cjson.encode(fresh) -- (an empty list comes out as {}: read back the same)
     end
   end
+  local kept = 0
+  for _, c in ipairs(chunks) do
+    if c.hi >= low then
+      kept = kept + (c.s - c.h) + c.l1 + c.l2
+      rec_hi = math.max(rec_hi, c.hi)
+    end
+  end
+  local bound = tonumber(ARGV[arg_bound])
+  if nfresh > 0 and kept >= bound then
+    return "GKREPLAYFULL replay record " .. rkey .. " holds " .. kept .. " bytes of decisions at or above the committed offset " ..
+      low .. " (bound " .. bound .. "): nothing decided until commits move past them"
+  end
 end
 
 -- keep_record writes the record: the chunks that may still be replayed and
@@ -236,6 +266,7 @@ local function keep_record()
   if nfresh > 0 then
     local x = cjson.encode(exceptions())
     parts[#parts + 1] = ARGV[arg_lo] .. " " .. ARGV[arg_hi] .. " " .. #rec_offs .. " " .. #x .. "\n" .. rec_offs .. x
+    rec_hi = math.max(rec_hi, tonumber(ARGV[arg_hi]))
   elseif not dropped then
     return
   end

@@ -335,11 +335,15 @@ local function finish()
   for i = 1, #replayed do
     out[o + 1 + i] = replayed[i]
   end
+  out[#out + 1] = rec_hi
   return out
 end
 
 if rkey then
-  replay_phase()
+  local full = replay_phase()
+  if full then
+    return redis.error_reply(full)
+  end
 end
 local ti = 1
 while true do
