@@ -33,18 +33,21 @@ func (l *fakeLeaver) LeaveGroup(_ context.Context, req *kafka.LeaveGroupRequest)
 
 // After a failed join (the broker away, for as long as it takes), the
 // member's ID of the last generation is removed from the group as soon as
-// the coordinator answers,
-// so that the rejoin under kafka-go's new ID need not wait for the old one's
-// session to expire; a coordinator that no longer knows it ends the tries.
+// the coordinator answers, so that the rejoin under kafka-go's new ID need
+// not wait for the old one's session to expire; and again until a new
+// generation has lasted a session (gone), since a coordinator that has not
+// loaded the group yet answers a leave without an error or with
+// UNKNOWN_MEMBER_ID, and then loads the group with the old ID.
 func TestLeaveStale(t *testing.T) {
+	defer func(d time.Duration) { staleLeaveEvery = d }(staleLeaveEvery)
+	staleLeaveEvery = time.Millisecond
 	for _, tc := range []struct {
-		name      string
-		fails     int
-		code      error
-		wantCalls int
+		name  string
+		fails int
+		code  error
 	}{
-		{"left once the broker answers, however long it was away", 8, nil, 9},
-		{"already gone", 0, kafka.UnknownMemberId, 1},
+		{"left once the broker answers, however long it was away, and again until gone", 8, nil},
+		{"not known yet: tried again until gone", 0, kafka.UnknownMemberId},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, err := newMember(Config{Brokers: []string{"127.0.0.1:1"}, GroupID: "g", Topics: []string{"t"}, SessionTimeout: time.Second},
@@ -53,9 +56,14 @@ func TestLeaveStale(t *testing.T) {
 				t.Fatal(err)
 			}
 			l := &fakeLeaver{fails: tc.fails, code: tc.code}
-			m.leaveStale(context.Background(), l, "old-member", func() bool { return false })
-			if len(l.ids) != tc.wantCalls {
-				t.Errorf("LeaveGroup calls: got %d, want %d", len(l.ids), tc.wantCalls)
+			const goneAfter = 20 // calls
+			m.leaveStale(context.Background(), l, "old-member", func() bool {
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				return len(l.ids) >= goneAfter
+			})
+			if len(l.ids) != goneAfter {
+				t.Errorf("LeaveGroup calls: got %d, want %d (every try until gone)", len(l.ids), goneAfter)
 			}
 			for _, id := range l.ids {
 				if id != "old-member" {

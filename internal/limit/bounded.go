@@ -12,7 +12,11 @@ import "fmt"
 //     all together (see "Budget" in internal/lua/admit/10_call.lua): when the budget is spent, a
 //     tenant's events that were not placed are deferred, unreserved, to the
 //     point where its search stopped (a Decision whose Until equals its Due)
-//     and are checked as new when they come back;
+//     and are checked as new when they come back; a search past its first
+//     two reads per rule stops once the budget is down to what the tenants
+//     after it in the call may need (two reads each, at most a quarter of
+//     the budget), so that a flood's far search cannot defer a light tenant
+//     unreserved (TestBoundedFloodLeavesLightTenants);
 //   - a tenant that got nothing in a call keeps its search frontier at most
 //     a minute (80_reserve.lua), and a tenant whose events are all rejected here
 //     writes no key at all.

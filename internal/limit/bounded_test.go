@@ -372,6 +372,47 @@ func TestBoundedFitsFarAhead(t *testing.T) {
 	}
 }
 
+// A flood's search does not spend the reads of the light tenants after it
+// in the call: a tenant whose events need more windows than the budget
+// holds comes first, then light tenants one event over their limit. The
+// flood stops once the budget is down to the light tenants' near reads, so
+// each light tenant's deferral is reserved in the next window (with no such
+// share the flood spent the whole budget and every light tenant was
+// deferred unreserved); the flood's own unplaced events wait unreserved.
+func TestBoundedFloodLeavesLightTenants(t *testing.T) {
+	rdb := privateRedis(t)
+	m := newWorkMeter(t, rdb)
+	const budget, flood, light = 200, 300, 40
+	l := newTestLimiter(t, rdb, "*=1/1s", Options{Clock: func() time.Time { return t0 }, MaxScan: budget})
+	batch := repeat("flood", flood)
+	for _, tn := range madeUp(light, "light") {
+		batch = append(batch, tn, tn)
+	}
+	m.reset()
+	ds := admit(t, l, batch)
+	m.check("a flood before 40 light tenants", 1, int64(budget+1+light))
+	floodReserved, floodUnreserved := 0, 0
+	for i, d := range ds {
+		switch {
+		case i < flood && d.Kind == Defer && d.Until.Equal(d.Due):
+			floodUnreserved++
+		case i < flood && d.Kind == Defer:
+			floodReserved++
+		case i >= flood && (i-flood)%2 == 0 && d.Kind != Admit:
+			t.Errorf("event %d (%s): got %+v, want admit (its window was empty)", i, batch[i], d)
+		case i >= flood && (i-flood)%2 == 1:
+			if d.Kind != Defer || !d.Until.After(d.Due) || !d.Due.Equal(t0.Add(time.Second)) {
+				t.Errorf("event %d (%s): got %+v, want a deferral reserved in the next second", i, batch[i], d)
+			}
+		}
+	}
+	t.Logf("the flood: %d reserved, %d deferred unreserved", floodReserved, floodUnreserved)
+	if floodReserved < budget/2 || floodUnreserved == 0 {
+		t.Errorf("the flood: got %d reserved and %d unreserved, want at least %d reserved (its share of the budget) and the rest unreserved",
+			floodReserved, floodUnreserved, budget/2)
+	}
+}
+
 // firstWithRoom returns the start of tenant's first window of r after the
 // current one with room for an event of cost (1 when 0), looking up to
 // until (returned when none has room before).

@@ -109,6 +109,14 @@
 -- moves to t, so that the next call goes on from there. A tenant whose
 -- search starts after the budget is spent reads no window. Nothing is
 -- counted wrongly and no event is lost; only a reservation waits.
+-- A flood's search must not spend the reads of the light tenants after it
+-- in the call: each tenant's search may take its first near reads per rule
+-- (80_reserve.lua) while any budget is left, but past them it stops once
+-- the budget is down to what the tenants after it may need, near reads
+-- each, at most a quarter of ARGV[3] (keep_most). The last tenant may take
+-- all that is left. (With 512 reads and no such share, the flooding
+-- tenants of the fault suite's mix spent most calls' budget and the light
+-- tenants after them waited unreserved behind the retry tier's backlog.)
 --
 -- A frontier lives until the time it names (plus a second), at most a
 -- minute when its tenant got nothing in the call (no admission, no
@@ -135,6 +143,7 @@
 local now = tonumber(ARGV[1])
 local hend = tonumber(ARGV[2]) -- the horizon's end
 local budget = tonumber(ARGV[3]) -- window reads left for the searches (see Budget)
+local keep_most = math.floor(budget / 4) -- the most a search leaves to those after it
 local ndescs = tonumber(ARGV[4])
 local ntenants = tonumber(ARGV[5])
 

@@ -8,14 +8,22 @@
 -- placed are deferred, unreserved, to where the search stopped. What it
 -- leaves is rejected by its caller.
 
+-- near is the window reads of a tenant's search that it may always take
+-- while the budget lasts, per rule: enough for a tenant a little over its
+-- limit (the next window of each rule, and one more). Past them, a search
+-- leaves the call's last reads to the tenants after it (see Budget).
+local near = 2
+
 -- reserve reserves rest events, the pos-th on, in order, in the earliest
 -- windows from first on where every rule has room for them (costs: the
 -- tenant's cost lists, nil for event rules alone), up to the horizon, and
--- moves the tenant's frontier (key fkey). It returns the reservations
+-- moves the tenant's frontier (key fkey). Past its near reads it reads no
+-- window while the budget is keep or less. It returns the reservations
 -- (due, count, until each), what is left and where the search stopped.
-local function reserve(rules, fkey, rest, first, pos, costs)
+local function reserve(rules, fkey, rest, first, pos, costs, keep)
   local res = none
   local t = first
+  local mine = near * #rules -- reads taken without regard to keep
   local got = pos > 1 -- the tenant got something in the call
   if rest > 0 then
     res = {}
@@ -40,11 +48,11 @@ local function reserve(rules, fkey, rest, first, pos, costs)
       r.at_start, r.at_end = s, e
       local key = wkey(r.key, s)
       if counts[key] == nil then
-        if budget < 1 then
+        if budget < 1 or (mine < 1 and budget <= keep) then
           spent = true
           break
         end
-        budget = budget - 1
+        budget, mine = budget - 1, mine - 1
       end
       local room = room_of(r, s) -- 35_capacity.lua
       r.room = room

@@ -61,8 +61,10 @@ local function decide(ti, n, c, costs)
       first = r.cur_end
     end
   end
-  -- 2. reserve the rest in the earliest future windows with room.
-  local res, rest, t = reserve(rules, fkey, n - admitted, first, admitted + 1, costs)
+  -- 2. reserve the rest in the earliest future windows with room, leaving
+  -- the tenants after it their near reads (see Budget).
+  local keep = math.min(keep_most, near * (ntenants - ti))
+  local res, rest, t = reserve(rules, fkey, n - admitted, first, admitted + 1, costs, keep)
   keep_chains(rules)
   if ncap > 0 then -- what the tenant was refused now (35_capacity.lua)
     cap_done(rules, n, admitted)
