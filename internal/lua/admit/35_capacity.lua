@@ -68,8 +68,9 @@
 --   none of them. A tenant whose capacity rules all have room for its n
 --   events (cap_quick) and whose own rules too is decided in 90_run.lua's
 --   fast path (fast_many), without a decision's tables; the others go to
---   decide from the counts made. About twelve Redis commands per call and
---   window, and one HINCRBY per tenant, where each tenant took about ten.
+--   decide from the counts made. (TestCapacityCommands: 1.09x the
+--   commands of the same batches without a capacity; each tenant's own
+--   commands took 6.9x.)
 --
 -- Entitlement: tenant i may book in window s at most
 --   e_i(s) = max(floor_i, weight_i * level)
