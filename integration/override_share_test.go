@@ -2,7 +2,9 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -128,4 +130,84 @@ func ovDoErr(t testing.TB, p *gkProc, token, method, path string, body, out any)
 		t.Fatalf("%s %s: status %d: %v: %s", method, path, st, err, data)
 	}
 	return st
+}
+
+// TestOverrideShareConcurrentWriters writes floors through two replicas at
+// once, each within the capacity alone, the two together over it
+// (capacity 100/1s, b's floor 20/1s in LIMITS, two floors of 45/1s): the
+// check of all floors against the capacity and the write are one step in
+// Redis, so exactly one of each pair is written and the other refused
+// (400 naming the floors), round after round; both replicas apply every
+// resulting set of overrides; and a change that lowers a floor is taken.
+func TestOverrideShareConcurrentWriters(t *testing.T) {
+	f := newFlow(t, 1)
+	prefix := keyPrefix(t)
+	env := f.env(t, append(ovTokensEnv(), "GATEKEEPER_LIMITS", "*=1000/1m;b=floor:20/1s", "GATEKEEPER_CAPACITY", "100/1s",
+		"GATEKEEPER_REDIS_KEY_PREFIX", prefix)...)
+	procs := []*gkProc{startGatekeeper(t, "gk0", env), startGatekeeper(t, "gk1", env)}
+	for _, p := range procs {
+		p.waitReady(90 * time.Second)
+	}
+	type result struct {
+		status  int
+		version int64
+		err     string
+	}
+	const rounds = 5
+	for round := range rounds {
+		tenants := []string{fmt.Sprintf("x-%d", round), fmt.Sprintf("y-%d", round)}
+		res := make([]result, 2)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				st, data := ovSend(t, procs[i], ovWriteToken, "PUT", "/v1/overrides/"+tenants[i],
+					map[string]any{"keep_rules": true, "floors": []string{"45/1s"}, "reason": "race", "version": 0})
+				var out struct {
+					Version int64
+					Error   string
+				}
+				_ = json.Unmarshal(data, &out)
+				res[i] = result{st, out.Version, out.Error}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		won := -1
+		for i, r := range res {
+			switch {
+			case r.status == 200 && won < 0:
+				won = i
+			case r.status == 200:
+				t.Fatalf("round %d: both writes taken (%+v): the floors sum to 20+45+45 = 110, over the capacity 100/1s", round, res)
+			case r.status != 400 || !strings.Contains(r.err, "floors"):
+				t.Fatalf("round %d: write of %s: status %d %q, want 400 naming the floors", round, tenants[i], r.status, r.err)
+			}
+		}
+		if won < 0 {
+			t.Fatalf("round %d: both refused (%+v), want one taken", round, res)
+		}
+		t.Logf("round %d: %s taken (version %d), %s refused: %s", round, tenants[won], res[won].version, tenants[1-won], res[1-won].err)
+		// Both replicas apply the set with the winner's floor.
+		for _, p := range procs {
+			waitFor(t, 5*time.Second, p.Name+" applies "+tenants[won], func() (bool, string) {
+				v := ovInForce(t, p, tenants[won])
+				return v.AppliedVersion >= res[won].version, fmt.Sprintf("applied %d", v.AppliedVersion)
+			})
+		}
+		// Lowering the floor is taken; then the override goes, for the next round.
+		var lowered struct{ Version int64 }
+		if st := ovDo(t, procs[1-won], ovWriteToken, "PUT", "/v1/overrides/"+tenants[won],
+			map[string]any{"keep_rules": true, "floors": []string{"40/1s"}, "reason": "lower", "version": res[won].version}, &lowered); st != 200 {
+			t.Fatalf("round %d: lowering %s's floor: status %d", round, tenants[won], st)
+		}
+		if st, data := ovSend(t, procs[won], ovWriteToken, "DELETE", "/v1/overrides/"+tenants[won]+
+			fmt.Sprintf("?version=%d&reason=next", lowered.Version), nil); st != 200 {
+			t.Fatalf("round %d: delete %s: %d %s", round, tenants[won], st, data)
+		}
+	}
+	ovSlowlog(t, prefix)
 }

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -318,7 +319,9 @@ func TestOverridePropagationThreeReplicas(t *testing.T) {
 // each event once (the slots of the events admitted early are given back).
 // The raise comes from an override (to 100/1m: all 25 early) or from a
 // LIMITS_FILE reload (to 15/1m: 10 early, the 15 others checked once and
-// back to their slots).
+// each given the earliest slot the new rules allow: all in the next
+// minute, those reserved later under 5/1m moved there, their old slots
+// given back; then forwarded there, none before its slot).
 func TestOverrideRaiseMovesBacklogForward(t *testing.T) {
 	for _, c := range []struct {
 		name      string
@@ -398,25 +401,79 @@ func TestOverrideRaiseMovesBacklogForward(t *testing.T) {
 			if checked != 25-c.early {
 				t.Errorf("%d copies with gk-checked in the retry tiers, want %d (each event that found no room checked once)", checked, 25-c.early)
 			}
+			// The events that found no room now took the earliest slot the
+			// rules in force allow: the next minute holds room for all of
+			// them (15 of 15), so each is due there, moved when its old
+			// slot was later, its old slot given back.
+			cur := raised.Truncate(time.Minute)
+			firstDue := map[string]string{} // origin offset -> gk-due of its first deferral
+			for _, m := range out.retry {
+				if header(m, "gk-checked") == "" {
+					firstDue[header(m, "gk-origin-offset")] = header(m, "gk-due")
+				}
+			}
+			moved := 0
+			for _, m := range out.retry {
+				if header(m, "gk-checked") == "" {
+					continue
+				}
+				due, old := header(m, "gk-due"), firstDue[header(m, "gk-origin-offset")]
+				if due != old {
+					moved++
+				}
+				if want := strconv.FormatInt(cur.Add(time.Minute).UnixMilli(), 10); due != want {
+					t.Errorf("event at origin offset %s: due %s after the check (first deferred to %s), want %s, the next minute's start",
+						header(m, "gk-origin-offset"), due, old, want)
+				}
+			}
+			t.Logf("%d of the %d events without room now moved to an earlier slot (the others' slots were already in the next minute)", moved, 25-c.early)
+			if n := p.metric(t, "gatekeeper_decisions_total", "decision", "moved_forward"); n != float64(moved) {
+				t.Errorf("moved_forward counted %v, want %d", n, moved)
+			}
+			if c.fileRaise && moved == 0 {
+				t.Error("no event moved forward: 15 events under 5/1m hold slots up to four minutes ahead, and 15/1m has room for all in the next minute")
+			}
 			// Never over the rules in force, and each event counted once:
 			// the windows of acme hold 30 in all (the current one 5+early,
-			// the slots of those admitted early given back).
-			cur := time.Now().Truncate(time.Minute).UnixMilli()
-			var sum, now int64
+			// the next one the others, the slots of those admitted early or
+			// moved given back).
+			var sum, now, next int64
 			for _, w := range readWindows(t, redisAddr(), prefix) {
 				if w.Tenant != "acme" {
 					continue
 				}
 				sum += w.Count
-				if w.Start == cur {
+				if w.Count > int64(c.limit) {
+					t.Errorf("acme's window at %d counts %d, over %d", w.Start, w.Count, c.limit)
+				}
+				switch w.Start {
+				case cur.UnixMilli():
 					now = w.Count
+				case cur.Add(time.Minute).UnixMilli():
+					next = w.Count
 				}
 			}
-			if sum != 30 || now != int64(5+c.early) || now > int64(c.limit) {
-				t.Errorf("acme's windows count %d in all and %d in the current one; want 30 (each event once) and %d (at most %d)", sum, now, 5+c.early, c.limit)
+			if sum != 30 || now != int64(5+c.early) || next != int64(25-c.early) {
+				t.Errorf("acme's windows count %d in all, %d in the current one and %d in the next; want 30 (each event once), %d and %d",
+					sum, now, next, 5+c.early, 25-c.early)
 			}
-			if n := p.metric(t, "gatekeeper_released_slots_total"); n != float64(c.early) {
-				t.Errorf("gatekeeper_released_slots_total = %v, want %d", n, c.early)
+			if n := p.metric(t, "gatekeeper_released_slots_total"); n != float64(c.early+moved) {
+				t.Errorf("gatekeeper_released_slots_total = %v, want %d", n, c.early+moved)
+			}
+			if c.early < 25 {
+				// All forwarded in the next minute, none before its slot.
+				waitFor(t, 90*time.Second, "all 30 downstream", func() (bool, string) {
+					out = readOutputs(t, f)
+					return len(out.down) == 30, out.String()
+				})
+				for _, m := range out.down {
+					var ms int64
+					fmt.Sscan(header(m, "gk-due"), &ms)
+					if ms > 0 && m.Time.Before(time.UnixMilli(ms)) && header(m, "gk-checked") != "" {
+						t.Errorf("event at origin offset %s forwarded at %s, before its slot at %s", header(m, "gk-origin-offset"),
+							m.Time.Format("15:04:05.000"), time.UnixMilli(ms).Format("15:04:05.000"))
+					}
+				}
 			}
 			ovSlowlog(t, prefix)
 		})

@@ -349,10 +349,35 @@ func (rs *Rules) addShare(tenant string, s *Share) error {
 	return nil
 }
 
+// BaseFloors returns the floors that the rules of LIMITS or LIMITS_FILE
+// (rs without its overrides) give, by tenant with some floor: one value per
+// rule of c, 0 where it has none. The override store checks a write's
+// floors against them and against the overrides' floors in Redis.
+func BaseFloors(rs *Rules, c Capacity) map[string][]int64 {
+	out := map[string][]int64{}
+	if rs == nil {
+		return out
+	}
+	for t, s := range rs.shares {
+		fs := make([]int64, len(c))
+		some := false
+		for i, r := range c {
+			fs[i] = s.floor(r)
+			some = some || fs[i] > 0
+		}
+		if some {
+			out[t] = fs
+		}
+	}
+	return out
+}
+
 // CheckShareChange reports whether tenant may take share s under capacity
 // c, the other tenants keeping their shares in rules: every floor of s
 // names a capacity window, and the floors of each capacity rule, the
-// tenant's new ones in place of its old, sum to at most its limit.
+// tenant's new ones in place of its old, sum to at most its limit, unless
+// the change does not raise the tenant's floor there (lowering a floor is
+// always taken, so floors over the capacity never block a way back).
 func CheckShareChange(rules *Rules, c Capacity, tenant string, s Share) error {
 	for _, f := range s.Floors {
 		if !c.hasWindow(f) {
@@ -362,7 +387,7 @@ func CheckShareChange(rules *Rules, c Capacity, tenant string, s Share) error {
 	sums := floorSums(rules, c)
 	old := rules.Share(tenant)
 	for i, r := range c {
-		if n := sums[i] - old.floor(r) + s.floor(r); n > r.Limit {
+		if n := sums[i] - old.floor(r) + s.floor(r); n > r.Limit && s.floor(r) > old.floor(r) {
 			return fmt.Errorf("the floors of window %s would sum to %d, over the capacity %s", r.WindowName(), n, r)
 		}
 	}

@@ -268,13 +268,13 @@ type group struct {
 // tenant with a byte or unit rule is then an error), and a replay of it is
 // counted again.
 func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, error) {
-	return l.admitFrom(ctx, positions{}, tenants, nil, false)
+	return l.admitFrom(ctx, positions{}, tenants, nil, false, time.Time{})
 }
 
 // AdmitCosts decides a batch that names no source: it is AdmitFrom with a
 // zero Source.
 func (l *Limiter) AdmitCosts(ctx context.Context, tenants []string, costs []Cost) ([]Decision, error) {
-	return l.admitFrom(ctx, positions{}, tenants, costs, false)
+	return l.admitFrom(ctx, positions{}, tenants, costs, false, time.Time{})
 }
 
 // AdmitFrom decides a batch of events. The result is index-aligned with
@@ -297,13 +297,14 @@ func (l *Limiter) AdmitCosts(ctx context.Context, tenants []string, costs []Cost
 // decided as above, in order.
 func (l *Limiter) AdmitFrom(ctx context.Context, src Source, events []Event) ([]Decision, error) {
 	tenants, costs, at := split(src, events)
-	return l.admitFrom(ctx, at, tenants, costs, false)
+	return l.admitFrom(ctx, at, tenants, costs, false, time.Time{})
 }
 
-// admitFrom is AdmitFrom, or AdmitNow when nowOnly, over the events'
-// tenants and costs (nil: every event costs its count only, and a tenant
-// with a byte or unit rule is an error) and positions.
-func (l *Limiter) admitFrom(ctx context.Context, src positions, tenants []string, costs []Cost, nowOnly bool) ([]Decision, error) {
+// admitFrom is AdmitFrom, or when short AdmitNow (before zero) or
+// AdmitBefore, over the events' tenants and costs (nil: every event costs
+// its count only, and a tenant with a byte or unit rule is an error) and
+// positions.
+func (l *Limiter) admitFrom(ctx context.Context, src positions, tenants []string, costs []Cost, short bool, before time.Time) ([]Decision, error) {
 	if err := checkSource(src); err != nil {
 		return nil, err
 	}
@@ -350,12 +351,22 @@ func (l *Limiter) admitFrom(ctx context.Context, src positions, tenants []string
 		markOverrides(order, out)
 		return out, nil
 	}
-	replies, err := l.call(ctx, now, calls, src, nowOnly)
+	// The horizon's end: reservations start before it.
+	hend := now.Add(l.opts.Horizon)
+	if short {
+		switch {
+		case before.Before(now):
+			hend = now
+		case before.Before(hend):
+			hend = before
+		}
+	}
+	replies, err := l.call(ctx, now, calls, src, hend)
 	if err != nil {
 		return nil, err
 	}
 	for j, g := range calls {
-		if err := l.apply(g, replies[j], now, out, nowOnly); err != nil {
+		if err := l.apply(g, replies[j], now, out, short); err != nil {
 			return nil, err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // Overlay is one tenant's rules from a live override, layered over the
@@ -244,7 +245,19 @@ const NowReason = "no room in the current window"
 // rules in force have room now, else left to its reserved slot.
 func (l *Limiter) AdmitNow(ctx context.Context, src Source, events []Event) ([]Decision, error) {
 	tenants, costs, at := split(src, events)
-	return l.admitFrom(ctx, at, tenants, costs, true)
+	return l.admitFrom(ctx, at, tenants, costs, true, time.Time{})
+}
+
+// AdmitBefore decides a batch as AdmitFrom does, except that it reserves
+// only in windows that start before before (at most the horizon away):
+// the events that fit now are admitted, those that fit in such a window
+// are deferred to the earliest one (the same order and rules as AdmitFrom),
+// the others are rejected with NowReason and counted nowhere. It is how an
+// event deferred under lower rules moves forward after its tenant's rules
+// were raised: to a slot the rules in force allow before its old one.
+func (l *Limiter) AdmitBefore(ctx context.Context, src Source, events []Event, before time.Time) ([]Decision, error) {
+	tenants, costs, at := split(src, events)
+	return l.admitFrom(ctx, at, tenants, costs, true, before)
 }
 
 // markOverrides gives every decision of a tenant under an override the

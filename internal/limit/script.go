@@ -92,15 +92,11 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, bu
 // call runs admit.lua: one call for the batch on a single node; on Redis
 // Cluster one call per tenant (each tenant's keys share a slot), pipelined so
 // that go-redis sends one round trip per node, the nodes in parallel.
-func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src positions, nowOnly bool) ([]reply, error) {
+func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src positions, hend time.Time) ([]reply, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
 	start := time.Now()
 	defer func() { l.metrics.redisSeconds.WithLabelValues("admit").Observe(time.Since(start).Seconds()) }()
-	hend := now.Add(l.opts.Horizon)
-	if nowOnly {
-		hend = now
-	}
 	if !l.cluster {
 		ks, av := l.script(calls, now, hend, src, l.scanBudget(1))
 		res, err := l.admit.Run(ctx, l.rdb, ks, av...).Result()
@@ -216,6 +212,8 @@ func (l *Limiter) parseReplies(res any, groups []*group) ([]reply, error) {
 
 // apply turns one tenant's reply into decisions, in the tenant's event order:
 // its replayed events get their recorded decisions, the others the reply's.
+// nowOnly: the call reached short of the horizon (AdmitNow, AdmitBefore), so
+// its rejections say nothing of the horizon.
 func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision, nowOnly bool) error {
 	idx := l.applyReplayed(g, rep.replayed, out)
 	if rep.failed != "" {

@@ -9,13 +9,15 @@ package override
 //	<prefix>:{<prefix>/overrides}:ver   string: the last version given out
 //	<prefix>:{<prefix>/overrides}:log   stream: the audit entries, one per version
 //	<prefix>:{<prefix>/overrides}:exp   sorted set: tenants by expiry (unix ms)
+//	<prefix>:{<prefix>/overrides}:flr   hash: tenant -> its override's floors (floors.go)
+//	<prefix>:{<prefix>/overrides}:fsum  hash: window -> the sum of flr's floors, and "*built"
 type keys struct {
-	rec, ver, log, exp string
+	rec, ver, log, exp, flr, fsum string
 }
 
 func newKeys(prefix string) keys {
 	base := prefix + ":{" + prefix + "/overrides}:"
-	return keys{rec: base + "rec", ver: base + "ver", log: base + "log", exp: base + "exp"}
+	return keys{rec: base + "rec", ver: base + "ver", log: base + "log", exp: base + "exp", flr: base + "flr", fsum: base + "fsum"}
 }
 
-func (k keys) all() []string { return []string{k.rec, k.ver, k.log, k.exp} }
+func (k keys) all() []string { return []string{k.rec, k.ver, k.log, k.exp, k.flr, k.fsum} }

@@ -30,6 +30,10 @@ type StoreOptions struct {
 	Timeout time.Duration
 	// Clock stamps the changes. Default time.Now.
 	Clock func() time.Time
+	// Floors, when set, gives the capacity and the rules of LIMITS or
+	// LIMITS_FILE that each write's floors are checked against, in the
+	// write's script (floors.go). Nil: not checked.
+	Floors func() FloorCheck
 }
 
 // Store reads and writes the live overrides in Redis. It is safe for
@@ -114,7 +118,11 @@ func (s *Store) Set(ctx context.Context, rec Record, expect int64) (Record, erro
 	if rec.Expires != nil {
 		exp = rec.Expires.UnixMilli()
 	}
-	v, err := s.run(ctx, rec.Tenant, expect, "set", string(data), exp, rec.By, rec.Reason)
+	entry, err := floorsEntry(&rec)
+	if err != nil {
+		return Record{}, err
+	}
+	v, err := s.run(ctx, rec.Tenant, expect, "set", string(data), exp, rec.By, rec.Reason, entry)
 	if err != nil {
 		return Record{}, err
 	}
@@ -125,29 +133,58 @@ func (s *Store) Set(ctx context.Context, rec Record, expect int64) (Record, erro
 // Delete deletes the tenant's override if its version is expect, and
 // returns the version of the deletion. ErrNotFound: there is none.
 func (s *Store) Delete(ctx context.Context, tenant string, expect int64, by, reason string) (int64, error) {
-	return s.run(ctx, tenant, expect, "delete", "", 0, by, reason)
+	return s.run(ctx, tenant, expect, "delete", "", 0, by, reason, "-")
 }
 
-func (s *Store) run(ctx context.Context, tenant string, expect int64, op, data string, exp int64, by, reason string) (int64, error) {
+// run calls the write script; floors is the tenant's floors entry after the
+// write (floorsEntry). The floors are checked when the options say against
+// what; a missing floor index is built once and the write tried again.
+func (s *Store) run(ctx context.Context, tenant string, expect int64, op, data string, exp int64, by, reason, floors string) (int64, error) {
+	var fc FloorCheck
+	if s.opts.Floors != nil {
+		fc = s.opts.Floors()
+	}
+	for try := 0; ; try++ {
+		res, err := s.call(ctx, tenant, expect, op, data, exp, by, reason, floors, fc)
+		if err != nil {
+			return 0, err
+		}
+		switch res[0] {
+		case 1:
+			return res[1], nil
+		case 0:
+			return 0, &StaleError{Expected: expect, Current: res[1]}
+		case -1:
+			return 0, ErrNotFound
+		case -2:
+			if len(res) < 3 || res[1] < 1 || int(res[1]) > len(fc.Capacity) {
+				return 0, fmt.Errorf("override %s: unexpected reply %v", op, res)
+			}
+			return 0, &FloorsError{Capacity: fc.Capacity[res[1]-1], Sum: res[2]}
+		}
+		if try > 0 {
+			return 0, fmt.Errorf("override %s: the floor sums are still not built", op)
+		}
+		if err := s.buildFloors(ctx); err != nil {
+			return 0, err
+		}
+	}
+}
+
+func (s *Store) call(ctx context.Context, tenant string, expect int64, op, data string, exp int64, by, reason, floors string, fc FloorCheck) ([]int64, error) {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	now := s.opts.Clock()
-	res, err := s.write.Run(ctx, s.rdb, s.keys.all(), tenant, expect, op, data, exp, by, now.UnixMilli(), reason,
-		s.opts.AuditMax, s.minID(now)).Int64Slice()
+	args := append([]any{tenant, expect, op, data, exp, by, now.UnixMilli(), reason, s.opts.AuditMax, s.minID(now), floors},
+		fc.args(tenant)...)
+	res, err := s.write.Run(ctx, s.rdb, s.keys.all(), args...).Int64Slice()
 	if err != nil {
-		return 0, fmt.Errorf("override %s: %w", op, err)
+		return nil, fmt.Errorf("override %s: %w", op, err)
 	}
-	if len(res) != 2 {
-		return 0, fmt.Errorf("override %s: unexpected reply %v", op, res)
+	if len(res) < 2 {
+		return nil, fmt.Errorf("override %s: unexpected reply %v", op, res)
 	}
-	switch res[0] {
-	case 1:
-		return res[1], nil
-	case 0:
-		return 0, &StaleError{Expected: expect, Current: res[1]}
-	default:
-		return 0, ErrNotFound
-	}
+	return res, nil
 }
 
 // parseStored reads a records hash value, "<version> <JSON>".

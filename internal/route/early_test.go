@@ -86,3 +86,86 @@ func TestRetrierEarly(t *testing.T) {
 		t.Errorf("CheckedSince(up) = %v %v, want its first deferral", since, ok)
 	}
 }
+
+// beforeAdmitter is an earlyAdmitter that also reserves before a time: the
+// tenant's slot in slot (none: rejected), and records the calls.
+type beforeAdmitter struct {
+	*earlyAdmitter
+	slot   map[string]time.Time
+	before []time.Time
+}
+
+func (a *beforeAdmitter) AdmitBefore(ctx context.Context, src limit.Source, events []limit.Event, before time.Time) ([]limit.Decision, error) {
+	a.before = append(a.before, before)
+	out, _ := a.AdmitNow(ctx, src, events)
+	for i, e := range events {
+		if s, ok := a.slot[e.Tenant]; ok && out[i].Kind != limit.Admit {
+			out[i] = limit.Decision{Kind: limit.Defer, Due: s, Until: s.Add(time.Minute)}
+		}
+	}
+	return out, nil
+}
+
+// TestRetrierEarlyMovesForward: an event released early after a raise that
+// finds no room now takes the earliest slot the rules in force allow before
+// its old one: it goes back to the tier of its new due with the new
+// deferral and gk-checked, and its old slot is given back; one call per
+// distinct old due, the earliest first, each reaching only before it; a
+// slot reserved no earlier than the old one is given back and the event
+// keeps its old slot.
+func TestRetrierEarlyMovesForward(t *testing.T) {
+	w := &fakeWriter{}
+	due := t0.Add(3 * time.Minute)
+	sooner := t0.Add(time.Minute)
+	a := &beforeAdmitter{earlyAdmitter: &earlyAdmitter{fakeAdmitter: &fakeAdmitter{decide: func(int, []string) ([]limit.Decision, error) {
+		t.Fatal("no late event: AdmitFrom must not be called")
+		return nil, nil
+	}}, room: map[string]bool{"up": true}}, slot: map[string]time.Time{"mv": sooner, "odd": due.Add(time.Minute)}}
+	before, _ := limit.ParseRuleList([]string{"5/1m"})
+	r := mustRetrier(t, Retrier{Admission: testAdmission(w, a.fakeAdmitter, newTestMetrics(t), &readyLog{}),
+		Expedited: func(m kafka.Message) ([]limit.Rule, bool) { return before, true }})
+	r.Admitter = a
+	msgs := []kafka.Message{
+		retryMsg(testTopics.Retry, 1, deferral("up", 1, due, due.Add(time.Minute))),
+		retryMsg(testTopics.Retry, 2, deferral("mv", 2, due, due.Add(time.Minute))),
+		retryMsg(testTopics.Retry, 3, deferral("full", 1, due.Add(time.Minute), due.Add(2*time.Minute))),
+		retryMsg(testTopics.Retry, 4, deferral("odd", 1, due, due.Add(time.Minute))),
+	}
+	if err := r.Handle(context.Background(), batchOf(msgs)); err != nil {
+		t.Fatal(err)
+	}
+	got := w.last(t)
+	if len(got) != 4 || got[0].Topic != testTopics.Downstream {
+		t.Fatalf("got %v, want up downstream, the others back to a tier", view(got))
+	}
+	mv, err := ParseDeferral(got[1])
+	if err != nil || !mv.Due.Equal(sooner) || !mv.Reserved.Equal(sooner.Add(time.Minute)) || mv.Attempt != 2 || mv.Tenant != "mv" {
+		t.Errorf("mv: deferral %+v %v, want moved to %v, attempt 2 kept", mv, err, sooner)
+	}
+	if v, ok := LastHeader(got[1], HeaderChecked); !ok || v != strconv.FormatInt(t0.UnixMilli(), 10) {
+		t.Errorf("mv: gk-checked %q %v, want the check's time", v, ok)
+	}
+	for i, name := range map[int]string{2: "full", 3: "odd"} {
+		d, err := ParseDeferral(got[i])
+		old, _ := ParseDeferral(msgs[i])
+		if _, ok := LastHeader(got[i], HeaderChecked); err != nil || !ok || !d.Due.Equal(old.Due) {
+			t.Errorf("%s: %+v %v, want its old slot with gk-checked", name, d, err)
+		}
+	}
+	// Calls: one per old due, the earliest first, each just before it.
+	if want := []time.Time{due.Add(-time.Millisecond), due.Add(time.Minute - time.Millisecond)}; !slices.EqualFunc(a.before, want, time.Time.Equal) {
+		t.Errorf("AdmitBefore calls before %v, want %v", a.before, want)
+	}
+	// Given back: up's and mv's old slots (the rules before the raise), and
+	// odd's new slot, which was no earlier than its old one.
+	var rel []string
+	for _, s := range a.released {
+		rel = append(rel, s.Tenant+"@"+s.Due.Sub(t0).String())
+	}
+	if want := []string{"up@3m0s", "mv@3m0s", "odd@4m0s"}; !slices.Equal(rel, want) {
+		t.Errorf("released %v, want %v", rel, want)
+	}
+	if n := counterValue(t, r.Metrics.Decisions.WithLabelValues(DecisionMoved)); n != 1 {
+		t.Errorf("moved_forward counted %v, want 1", n)
+	}
+}

@@ -24,7 +24,7 @@ const (
 // valid and records nothing. Metrics is safe for concurrent use.
 type Metrics struct {
 	// Decisions counts events by decision: admit, defer, reject, fail,
-	// invalid, reserved, max_attempts. In shadow mode the decision is counted although
+	// invalid, reserved, max_attempts, admit_early, moved_forward. In shadow mode the decision is counted although
 	// the event goes downstream.
 	Decisions *prometheus.CounterVec
 	// EventsIn counts handled events by the topic they were read from.

@@ -45,7 +45,16 @@ func startLive(ctx context.Context, log *slog.Logger, cfg *Config, rdb redis.Uni
 	var shadow *limit.Limiter
 	err := retryRedis(ctx, log, "load the live overrides", func() (err error) {
 		if l.Store, err = override.NewStore(ctx, rdb, override.StoreOptions{Prefix: cfg.RedisKeyPrefix,
-			AuditMax: int64(cfg.OverrideAuditMax), AuditRetention: cfg.OverrideAuditRetention, Timeout: cfg.RedisTimeout}); err != nil {
+			AuditMax: int64(cfg.OverrideAuditMax), AuditRetention: cfg.OverrideAuditRetention, Timeout: cfg.RedisTimeout,
+			Floors: func() override.FloorCheck {
+				// The floors of every write are checked in Redis against
+				// the capacity and this replica's rules of LIMITS.
+				fc := override.FloorCheck{Capacity: lim.Capacity()}
+				if l.Layers != nil {
+					_, fc.Base = l.Layers.Current()
+				}
+				return fc
+			}}); err != nil {
 			return err
 		}
 		sopts := opts
@@ -92,6 +101,7 @@ func startLive(ctx context.Context, log *slog.Logger, cfg *Config, rdb redis.Uni
 var _ interface {
 	route.Admitter
 	route.NowAdmitter
+	route.BeforeAdmitter
 	route.SlotReleaser
 } = (*override.Admitter)(nil)
 

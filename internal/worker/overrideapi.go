@@ -156,7 +156,10 @@ func (a *overrideAPI) view(r *http.Request, l *live, tenant string, rec *overrid
 
 func (a *overrideAPI) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var stale *override.StaleError
+	var floors *override.FloorsError
 	switch {
+	case errors.As(err, &floors):
+		writeJSON(w, http.StatusBadRequest, errorResponse{Error: err.Error()})
 	case errors.As(err, &stale):
 		writeJSON(w, http.StatusConflict, map[string]any{"error": err.Error(), "current_version": stale.Current})
 	case errors.Is(err, override.ErrNotFound):
@@ -259,7 +262,14 @@ func (a *overrideAPI) record(r *http.Request, l *live, tenant string, body Overr
 		if lim := a.limiter(); lim != nil {
 			c = lim.Capacity()
 		}
-		_, inForce := l.Layers.Current()
+		// The sum of all floors is checked by the write's script, against
+		// the overrides in Redis (this replica's copy may lag another's
+		// write by a poll); here the floors alone, and for a dry run
+		// against the rules in force on this replica.
+		var inForce *limit.Rules
+		if body.DryRun {
+			_, inForce = l.Layers.Current()
+		}
 		if err := rec.CheckCapacity(c, inForce); err != nil {
 			return rec, err
 		}
