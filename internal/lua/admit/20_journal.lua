@@ -15,11 +15,16 @@
 -- before (undo: DEL); op 2: the count grew by -arg (undo: HINCRBY arg);
 -- op 3: an anchor that held arg, {start, until} or false (undo: put it back);
 -- op 4: a hash field grew by -arg[2] (undo: HINCRBY arg[1] arg[2]); op 5: the
--- field arg did not exist (undo: HDEL). (Ops 4 and 5 are the capacity's.)
+-- field arg did not exist (undo: HDEL); op 6: a field arg[1] of a capacity
+-- window held arg[2], op 7: a demand histogram's field arg[1] moved by
+-- arg[2], both in the call's view of the capacity's hashes alone (undo:
+-- on_undo, which 35_capacity.lua sets).
 local journal = {}
 local jn = 0
--- on_undo, when set, is told each key undo writes (35_capacity.lua forgets
--- what it read of a shared key).
+-- on_undo, when set, is told each write undo takes back (op, key, arg), and
+-- returns true when it took it back itself (35_capacity.lua: the writes it
+-- keeps in the call until its end); otherwise it forgets what the call
+-- read of that key.
 local on_undo = false
 
 local function note(op, key, arg)
@@ -31,10 +36,9 @@ end
 local function undo(mark)
   while jn > mark do
     local op, key, arg = journal[jn - 2], journal[jn - 1], journal[jn]
-    if on_undo then
-      on_undo(key)
-    end
-    if op == 2 then
+    if on_undo and on_undo(op, key, arg) then
+      -- A write the call kept to itself until its end (35_capacity.lua).
+    elseif op == 2 then
       redis.call("HINCRBY", key, "count", arg)
     elseif op == 4 then
       redis.call("HINCRBY", key, arg[1], arg[2])

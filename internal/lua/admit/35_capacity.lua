@@ -6,7 +6,7 @@
 -- so that a booking in a capacity window is also the tenant's, and after a
 -- tenant's decision (decide, 90_run.lua) cap_done records what it was
 -- refused. Without a capacity (ncap 0) nothing here runs, and 90_run.lua's
--- fast path is used as before.
+-- fast path is used as before; with one, fast_many's (see Cost).
 --
 -- KEYS: the capacity rules' key prefixes <prefix>:cap:<counter> (limit's
 --   keys.capacity), at KEYS[first] onwards (see ARGV); windows are
@@ -51,8 +51,26 @@
 --   level lv. Bounds: |D| < 2^31 and |W| < 2^21 per bucket. The hash has at
 --   most about 2,400 fields, whatever the number of tenants, and lives as
 --   long as its window. A tenant's call adds its events to q there (and
---   moves its entry: one to three HINCRBY); a reservation in a future
+--   moves its entry: one to three buckets); a reservation in a future
 --   window adds to q there.
+--
+-- Cost: the call keeps its own view of the capacity's hashes (hc, hd) and
+--   writes it back at its end (cap_flush, from 90_run.lua's finish): each
+--   window is read once, one HMGET of its shared fields and of the fields
+--   of every tenant of the call that the call uses there (the current
+--   window: t and r; the next: q; another window: the fields of the tenant
+--   that books there), and written once, one HSET of what changed (and a
+--   PEXPIRE, with its histogram's, when the call gave it its end); a
+--   histogram's buckets moved by the call's tenants are summed and written
+--   once (one HINCRBY for one or two buckets, else one HMGET and one HSET).
+--   The writes are journaled in the view alone (ops 6 and 7, capold): a
+--   tenant's failure takes them back there, and a failed call has written
+--   none of them. A tenant whose capacity rules all have room for its n
+--   events (cap_quick) and whose own rules too is decided in 90_run.lua's
+--   fast path (fast_many), without a decision's tables; the others go to
+--   decide from the counts made. (TestCapacityCommands: 1.09x the
+--   commands of the same batches without a capacity; each tenant's own
+--   commands took 6.9x.)
 --
 -- Entitlement: tenant i may book in window s at most
 --   e_i(s) = max(floor_i, weight_i * level)
@@ -91,9 +109,12 @@
 local ncap = 0
 local capd = {}   -- per capacity rule: limit, step, cs, ce, retention, ffloor, key, lv, sf, wc
 local capn = none -- per tenant: its name in fields
+local capt, capr, capq = {}, {}, {} -- per tenant: its fields t:, r:, q:
 local caps = none -- per tenant: weight, floor per rule (flat)
 local ramp_lo, ramp_hi = 0.9, 0.98
-local cap_ti = 0  -- the tenant being decided (run sets it)
+local cap_ti = 0  -- the tenant being decided (cap_rules sets it)
+local cap_fast = true -- every capacity rule's limit is at least 1: run
+                      -- counts a tenant's own rules as fast_many does
 
 -- The histogram's packing (see Demand): W * HP + D.
 local HP = 4294967296
@@ -109,6 +130,9 @@ local function cap_parse(at)
   local first = tonumber(ARGV[at + 1])
   ramp_lo, ramp_hi = tonumber(ARGV[at + 2]) / 1000, tonumber(ARGV[at + 3]) / 1000
   capn = cjson.decode(ARGV[at + 4])
+  for i, n in ipairs(capn) do
+    capt[i], capr[i], capq[i] = "t:" .. n, "r:" .. n, "q:" .. n
+  end
   caps = cjson.decode(ARGV[at + 5])
   at = at + 6
   for ci = 1, ncap do
@@ -116,9 +140,12 @@ local function cap_parse(at)
     capd[ci] = {
       limit = tonumber(ARGV[at]), step = step, cs = cs, ce = cs + step,
       retention = tonumber(ARGV[at + 3]), ffloor = tonumber(ARGV[at + 4]),
-      key = KEYS[first + ci - 1], lv = false, sf = 0, wc = 0, hlive = {},
+      key = KEYS[first + ci - 1], lv = false, sf = 0, wc = 0,
       dprefix = KEYS[first + ci - 1] .. "/demand",
     }
+    if capd[ci].limit < 1 then
+      cap_fast = false -- decide admits nothing, and counts nothing first
+    end
     at = at + 5
   end
 end
@@ -130,52 +157,159 @@ do
   end
 end
 
--- cap_state returns a capacity window's shared state, read once per call
--- (counts caches it; undo forgets it).
-local function cap_state(key)
-  local st = counts[key]
-  if st == nil then
-    cur = key
-    local v = redis.call("HMGET", key, "count", "expire", "a", "fb", "lv", "sf", "wc", "x", "cl")
-    st = {
-      c = tonumber(v[1]) or 0, live = v[2] ~= false, a = tonumber(v[3]) or 0,
-      fb = tonumber(v[4]) or 0, lv = tonumber(v[5]), sf = tonumber(v[6]) or 0,
-      wc = tonumber(v[7]) or 0, x = tonumber(v[8]) or 0, cl = tonumber(v[9]),
-    }
-    counts[key] = st
+-- The call's view of the capacity's hashes (see Cost): hc[key] is a
+-- window's entry, {key, v = its fields as the call knows them, o = as read
+-- (false: absent; BAD: not a number), dl = the fields written, in order,
+-- wend and ret = its end and retention once the call gave it an end, hkey =
+-- its demand histogram's key once the call moved a demand there}; hkeys
+-- lists them in the order read. hd[key] holds the deltas of a demand
+-- histogram's buckets (field -> packed delta), hdl its keys in order.
+local hc, hkeys, hd, hdl = {}, {}, {}, {}
+local BAD = {}
+local NIL = {} -- a field the call had not read, on capold
+-- capold: per write of ops 6 and 7, newest last, what undo needs (the
+-- field's value before; the delta), so that the journal makes no table.
+local capold = {}
+local SHARED = {"count", "expire", "a", "fb", "lv", "sf", "wc", "x", "cl"}
+local CHUNK = 1000 -- fields per HMGET or HSET (Lua's unpack has a limit)
+
+-- hc_load reads the fields of e that the call does not know yet, one HMGET
+-- (per CHUNK fields).
+local function hc_load(e, fields)
+  local miss, seen, v = {}, {}, e.v
+  for _, f in ipairs(fields) do
+    if v[f] == nil and not seen[f] then
+      miss[#miss + 1] = f
+      seen[f] = true
+    end
   end
-  return st
+  local i = 1
+  while i <= #miss do
+    local j = math.min(#miss, i + CHUNK - 1)
+    cur = e.key
+    local got = redis.call("HMGET", e.key, unpack(miss, i, j))
+    for m = i, j do
+      local raw, x = got[m - i + 1], false
+      if raw then
+        x = tonumber(raw) or BAD
+      end
+      v[miss[m]], e.o[miss[m]] = x, x
+    end
+    i = j + 1
+  end
+end
+
+-- hc_num returns field f of e (loaded), 0 when absent; a value that is not
+-- a number is the failure of the tenant that uses it.
+local function hc_num(e, f)
+  local x = e.v[f]
+  if x == nil then
+    hc_load(e, {f})
+    x = e.v[f]
+  end
+  if x == BAD then
+    error({key = e.key, why = "holds a count that is not an integer"})
+  end
+  return x or 0
+end
+
+-- hc_put sets field f of e to x in the call's view, journaled (op 6); the
+-- call's end writes it (cap_flush).
+local function hc_put(e, f, x)
+  note(6, e.key, f)
+  capold[#capold + 1] = e.v[f]
+  if capold[#capold] == nil then
+    capold[#capold] = NIL
+  end
+  e.v[f] = x
+  if not e.dirty[f] then
+    e.dirty[f] = true
+    e.dl[#e.dl + 1] = f
+  end
+end
+
+local function hc_add(e, f, by)
+  hc_put(e, f, hc_num(e, f) + by)
+end
+
+-- The capacity's per-tenant fields of the call's tenants, made once.
+local function tenant_fields(a, b)
+  local l = {}
+  for i = 1, #a do
+    l[#l + 1] = a[i]
+    if b then
+      l[#l + 1] = b[i]
+    end
+  end
+  return l
+end
+
+-- cap_state returns the call's entry of the capacity window key of rule d
+-- starting at s, read once per call: its shared fields, and with them the
+-- fields of every tenant of the call that the call will use there (the
+-- current window: t and r; the next: q), one HMGET for all.
+local function cap_state(key, s, d)
+  local e = hc[key]
+  if e == nil then
+    e = {key = key, v = {}, o = {}, dl = {}, dirty = {}, wend = false, ret = 0, hkey = false}
+    hc_load(e, SHARED)
+    if d and s == d.cs then
+      hc_load(e, tenant_fields(capt, capr))
+    elseif d and s == d.ce then
+      hc_load(e, tenant_fields(capq))
+    end
+    hc[key] = e -- only once read: a failed read is tried again
+    hkeys[#hkeys + 1] = key
+    counts[key] = e -- a window the call has read (reserve's budget)
+  end
+  return e
+end
+
+-- cap_win returns the entry of r's capacity window starting at s (the
+-- current and the next are kept on the rule's descriptor).
+local function cap_win(r, s)
+  local d = r.cap
+  local slot = (s == d.cs and "scur") or (s == d.ce and "snext")
+  if not slot then
+    return cap_state(wkey(d.key, s), s, d)
+  end
+  local e = d[slot]
+  if not e then
+    e = cap_state(wkey(d.key, s), s, d)
+    d[slot] = e
+  end
+  return e
+end
+
+-- cap_tenant loads, when the call does not know field f ("t:<tenant>" or
+-- "q:<tenant>") of e, the tenant's fields there (a window neither current
+-- nor next: one HMGET).
+local function cap_tenant(e, f)
+  if e.v[f] == nil then
+    local name = string.sub(f, 3)
+    hc_load(e, {"t:" .. name, "r:" .. name, "q:" .. name})
+  end
 end
 
 -- cap_booked returns what the tenant of capacity rule r booked in the
--- window key, false when it has no field there.
-local function cap_booked(r, key)
-  local b = r.b[key]
-  if b == nil then
-    cur = key
-    b = tonumber(redis.call("HGET", key, "t:" .. r.field)) or false
-    r.b[key] = b
+-- window e, false when it has no field there.
+local function cap_booked(r, e)
+  local tf = r.tf
+  cap_tenant(e, tf)
+  local b = e.v[tf]
+  if b == BAD then
+    error({key = e.key, why = "holds a count that is not an integer"})
   end
   return b
 end
 
--- cap_touch gives a window key that does not exist yet its end e and its
--- physical expiry; the journal deletes it on undo.
-local function cap_touch(r, key, e, st)
-  if not st.live then
-    cur = key
-    redis.call("HSET", key, "expire", e)
-    redis.call("PEXPIRE", key, e - now + r.retention)
-    note(1, key, false)
-    st.live = true
+-- cap_touch gives a window e that has no end yet its end we; the call's end
+-- gives it its physical expiry (cap_flush).
+local function cap_touch(r, e, we)
+  if type(e.v.expire) ~= "number" then
+    hc_put(e, "expire", we)
+    e.wend, e.ret = we, r.retention
   end
-end
-
--- cap_hincr adds by to field of window key and journals it.
-local function cap_hincr(key, field, by)
-  cur = key
-  redis.call("HINCRBY", key, field, by)
-  note(4, key, {field, -by})
 end
 
 -- dkey is the key of the demand histogram of r's window starting at s.
@@ -199,52 +333,53 @@ local function bucket_lo(k)
   return HB * math.exp((k - HB) * HLOG)
 end
 
--- hmove adds the packed delta by to bucket k of the demand histogram key,
--- and journals it.
-local function hmove(key, k, by)
+-- hmove adds the packed delta by to field f (a bucket, or fm) of the demand
+-- histogram key, in the call's view, journaled (op 7); the call's end
+-- writes the sums (cap_flush).
+local function hmove(key, f, by)
   if by ~= 0 then
-    local f = num(k)
-    redis.call("HINCRBY", key, f, string.format("%d", by))
-    note(4, key, {f, string.format("%d", -by)})
+    local h = hd[key]
+    if not h then
+      h = {}
+      hd[key] = h
+      hdl[#hdl + 1] = key
+    end
+    h[f] = (h[f] or 0) + by
+    note(7, key, f)
+    capold[#capold + 1] = by
   end
 end
 
--- cap_demand moves the entry of r's tenant in the demand histogram of its
--- window [s, e) from demand d0 to d1 >= d0 (see Demand): one HINCRBY when
+-- cap_demand moves the entry of r's tenant in the demand histogram key
+-- from demand d0 to d1 >= d0 (see Demand): one bucket when
 -- its bucket stays, two when it changes (and, for a tenant with a floor,
 -- up to three more while its demand is under its floor).
-local function cap_demand(r, s, e, d0, d1)
+local function cap_demand(r, key, d0, d1)
   if d0 == d1 then
     return
   end
-  local key = wkey(r.cap.dprefix, s)
   local w = r.w
-  cur = key
   local k1 = bucket(d1 / w)
   if d0 > 0 then
     local k0 = bucket(d0 / w)
     if k0 == k1 then
-      hmove(key, k1, d1 - d0)
+      hmove(key, num(k1), d1 - d0)
     else
-      hmove(key, k0, -(w * HP + d0))
-      hmove(key, k1, w * HP + d1)
+      hmove(key, num(k0), -(w * HP + d0))
+      hmove(key, num(k1), w * HP + d1)
     end
   else
-    hmove(key, k1, w * HP + d1)
+    hmove(key, num(k1), w * HP + d1)
   end
   if r.f > 0 then
     local m0, m1 = math.min(d0, r.f), math.min(d1, r.f)
     if m0 ~= m1 then
       if m0 > 0 then
-        hmove(key, bucket(m0 / w), w * HP + m0)
+        hmove(key, num(bucket(m0 / w)), w * HP + m0)
       end
-      hmove(key, bucket(m1 / w), -(w * HP + m1))
-      cap_hincr(key, "fm", m1 - m0)
+      hmove(key, num(bucket(m1 / w)), -(w * HP + m1))
+      hmove(key, "fm", m1 - m0)
     end
-  end
-  if not r.cap.hlive[key] then
-    redis.call("PEXPIRE", key, num(e - now + r.retention))
-    r.cap.hlive[key] = true
   end
 end
 
@@ -255,13 +390,21 @@ end
 -- active weight a.
 local function cap_solve(key, C, a)
   local v = redis.call("HGETALL", key)
-  local ks, ds, ws, fm = {}, {}, {}, 0
+  local vals, pend = {}, hd[key] or none
   for i = 1, #v, 2 do
-    local val = tonumber(v[i + 1])
-    if v[i] == "fm" then
+    vals[v[i]] = (tonumber(v[i + 1]) or 0) + (pend[v[i]] or 0)
+  end
+  for f, by in pairs(pend) do
+    if vals[f] == nil then
+      vals[f] = by
+    end
+  end
+  local ks, ds, ws, fm = {}, {}, {}, 0
+  for f, val in pairs(vals) do
+    local k = tonumber(f)
+    if f == "fm" then
       fm = val
-    elseif val ~= 0 then
-      local k = tonumber(v[i])
+    elseif k and val ~= 0 then
       local w = math.floor((val + HP / 2) / HP)
       ks[#ks + 1] = k
       ds[k], ws[k] = val - w * HP, w
@@ -299,14 +442,12 @@ end
 -- a cut are kept). Every replica then uses the same capacity for the whole
 -- window; a future window's bookings are bounded by the limit of their call.
 local function cap_fix(r, key, st)
-  if st.cl then
-    return st.cl
+  if st.v.cl then
+    return hc_num(st, "cl")
   end
-  local cl = math.max(st.c, r.cap.limit)
-  cap_touch(r, key, r.cap.ce, st)
-  cur = key
-  redis.call("HSET", key, "cl", cl)
-  st.cl = cl
+  local cl = math.max(hc_num(st, "count"), r.cap.limit)
+  cap_touch(r, st, r.cap.ce)
+  hc_put(st, "cl", cl)
   return cl
 end
 
@@ -318,33 +459,59 @@ local function cap_level(r)
     return d.lv
   end
   local key = wkey(r.key, d.cs)
-  local st = cap_state(key)
-  local lv = st.lv
+  local st = cap_win(r, d.cs)
+  local lv = st.v.lv
+  if type(lv) ~= "number" then
+    lv = false
+  end
   d.cl = cap_fix(r, key, st)
   if not lv then
-    local p = cap_state(wkey(r.key, d.cs - d.step))
+    local p = cap_state(wkey(r.key, d.cs - d.step), d.cs - d.step, d)
+    local plv, pwc = p.v.lv, hc_num(p, "wc")
+    if type(plv) ~= "number" then
+      plv = 0
+    end
     local sf, wc
-    lv, sf, wc = cap_solve(dkey(r, d.cs), d.cl, p.a)
+    lv, sf, wc = cap_solve(dkey(r, d.cs), d.cl, hc_num(p, "a"))
     if not lv then
       lv, sf, wc = 0, 0, 0 -- no history: the equal share (cap_room)
-    elseif wc > 0 and p.lv and p.lv > 0 and p.wc > 0 then
+    elseif wc > 0 and plv > 0 and pwc > 0 then
       -- Damped: the mean with the level before, against bursts of
       -- arrivals (a consumer that lags sends a window late what it
       -- stalled on), when both windows had capped tenants.
-      lv = (lv + p.lv) / 2
+      lv = (lv + plv) / 2
     end
-    cap_touch(r, key, d.ce, st)
-    redis.call("HSET", key, "lv", string.format("%.6f", lv), "sf", num(math.floor(sf + 0.5)), "wc", num(wc))
-    st.lv, st.sf, st.wc = lv, math.floor(sf + 0.5), wc
+    cap_touch(r, st, d.ce)
+    lv = tonumber(string.format("%.6f", lv))
+    hc_put(st, "lv", lv)
+    hc_put(st, "sf", math.floor(sf + 0.5))
+    hc_put(st, "wc", wc)
   end
-  d.lv, d.sf, d.wc = lv, st.sf, st.wc
+  d.lv, d.sf, d.wc = lv, hc_num(st, "sf"), hc_num(st, "wc")
   return lv
+end
+
+-- cap_mark reads what r's tenant booked and was refused in the current
+-- window, fixes the window's level, and marks the tenant active there at
+-- its first call.
+local function cap_mark(r)
+  local st = cap_win(r, r.cur_start)
+  cap_booked(r, st)
+  cap_level(r)
+  local rf = r.rf
+  hc_num(st, rf) -- loaded (cap_state), or read now
+  if st.v[rf] == false then
+    cap_touch(r, st, r.cur_end)
+    hc_put(st, rf, 0)
+    hc_add(st, "a", r.w)
+  end
 end
 
 -- cap_rules appends to rules the capacity rules of the ti-th tenant, reads
 -- what it booked and was refused in the current windows, and marks it
 -- active there at its first call.
 local function cap_rules(rules, ti)
+  cap_ti = ti
   local base = (ti - 1) * (1 + ncap)
   for ci = 1, ncap do
     local d = capd[ci]
@@ -352,23 +519,10 @@ local function cap_rules(rules, ti)
       limit = d.limit, kind = "a", step = d.step, base = d.cs, retention = d.retention,
       bounds = none, key = d.key, bound_at = 1, counted_until = 0, chain_cached = false,
       chain_end = 0, cur_start = d.cs, cur_end = d.ce, at_start = 0, at_end = 0, costs = false, anchor_read = none,
-      room = 0, take = 0, cap = d, field = capn[ti],
-      w = caps[base + 1], f = caps[base + 1 + ci], b = {},
+      room = 0, take = 0, cap = d, field = capn[ti], tf = capt[ti], rf = capr[ti], qf = capq[ti],
+      w = caps[base + 1], f = caps[base + 1 + ci],
     }
-    local key = wkey(r.key, r.cur_start)
-    cur = key
-    local v = redis.call("HMGET", key, "t:" .. r.field, "r:" .. r.field)
-    r.b[key] = tonumber(v[1]) or false
-    r.b0, r.r0 = tonumber(v[1]) or 0, tonumber(v[2])
-    cap_level(r)
-    if not r.r0 then
-      local st = cap_state(key)
-      cap_touch(r, key, r.cur_end, st)
-      redis.call("HSET", key, "r:" .. r.field, 0)
-      note(5, key, "r:" .. r.field)
-      cap_hincr(key, "a", r.w)
-      st.a = st.a + r.w
-    end
+    cap_mark(r)
     rules[#rules + 1] = r
   end
 end
@@ -377,12 +531,16 @@ end
 -- q:<tenant>, see Demand) and moves its entry in that window's demand
 -- histogram.
 local function cap_ask(r, s, e, by)
-  local key = wkey(r.key, s)
-  cap_touch(r, key, e, cap_state(key))
-  cur = key
-  local q = redis.call("HINCRBY", key, "q:" .. r.field, by)
-  note(4, key, {"q:" .. r.field, -by})
-  cap_demand(r, s, e, q - by, q)
+  local st = cap_win(r, s)
+  cap_touch(r, st, e)
+  local f = r.qf
+  cap_tenant(st, f)
+  local q0 = hc_num(st, f)
+  hc_put(st, f, q0 + by)
+  if not st.hkey then
+    st.hkey = dkey(r, s)
+  end
+  cap_demand(r, st.hkey, q0, q0 + by)
 end
 
 -- cap_done records, after a tenant's decision of n events of which admitted
@@ -391,9 +549,8 @@ end
 local function cap_done(rules, n, admitted)
   for _, r in ipairs(rules) do
     if r.cap then
-      local key = wkey(r.key, r.cur_start)
       if n > admitted then
-        cap_hincr(key, "r:" .. r.field, n - admitted)
+        hc_add(cap_win(r, r.cur_start), r.rf, n - admitted)
       end
       cap_ask(r, r.cur_end, r.cur_end + r.step, n)
     end
@@ -404,17 +561,17 @@ end
 -- starting at s: its entitlement less what it booked there, at most what
 -- the capacity has left (less the floors it must leave).
 local function cap_room(r, s)
-  local key = wkey(r.key, s)
-  local st = cap_state(key)
-  local b = cap_booked(r, key) or 0
   local d = r.cap
+  local st = cap_win(r, s)
+  local b = cap_booked(r, st) or 0
   local C, lv = r.limit, d.lv
   if s == d.cs then
     C = d.cl -- cap_fix
   end
   if lv == 0 then
-    lv = C / math.max(1, cap_state(wkey(r.key, d.cs)).a)
+    lv = C / math.max(1, hc_num(cap_win(r, d.cs), "a"))
   end
+  local c = hc_num(st, "count")
   local e, protect = 0, true
   if s == d.cs then
     local phi = (now - s) / r.step
@@ -423,7 +580,7 @@ local function cap_room(r, s)
       -- What is spare, shared by the capped (see Entitlement): counted
       -- as if none had taken its part yet (x: what they took above the
       -- level), so that each gets the same part.
-      local spare = C - (st.c - st.x) - (1 - phi) * d.sf
+      local spare = C - (c - hc_num(st, "x")) - (1 - phi) * d.sf
       if spare > 0 then
         lv = lv + spare / d.wc
       end
@@ -437,9 +594,9 @@ local function cap_room(r, s)
   if r.f > e then
     e = r.f
   end
-  local room, free = e - b, C - st.c
+  local room, free = e - b, C - c
   if protect and d.ffloor > 0 then
-    local others = d.ffloor - st.fb - math.max(0, r.f - b)
+    local others = d.ffloor - hc_num(st, "fb") - math.max(0, r.f - b)
     if others > 0 then
       free = free - others
     end
@@ -462,21 +619,11 @@ end
 -- future window it moves the tenant's demand there (in the current window
 -- cap_done does, with what it was refused).
 local function cap_add(r, s, e, by)
-  local key = wkey(r.key, s)
-  local st = cap_state(key)
-  cap_touch(r, key, e, st)
-  local b = cap_booked(r, key)
-  cap_hincr(key, "count", by)
-  st.c = st.c + by
-  cur = key
-  redis.call("HINCRBY", key, "t:" .. r.field, by)
-  if b == false then
-    note(5, key, "t:" .. r.field)
-    b = 0
-  else
-    note(4, key, {"t:" .. r.field, -by})
-  end
-  r.b[key] = b + by
+  local st = cap_win(r, s)
+  cap_touch(r, st, e)
+  local b = cap_booked(r, st) or 0
+  hc_add(st, "count", by)
+  hc_put(st, r.tf, b + by)
   if s ~= r.cur_start then
     cap_ask(r, s, e, by)
   elseif r.cap.lv > 0 then
@@ -484,15 +631,13 @@ local function cap_add(r, s, e, by)
     local base = math.max(r.f, math.floor(r.w * r.cap.lv + 1e-9))
     local over = math.max(0, b + by - base) - math.max(0, b - base)
     if over > 0 then
-      cap_hincr(key, "x", over)
-      st.x = st.x + over
+      hc_add(st, "x", over)
     end
   end
   if r.f > 0 then
     local under = math.min(b + by, r.f) - math.min(b, r.f)
     if under > 0 then
-      cap_hincr(key, "fb", under)
-      st.fb = st.fb + under
+      hc_add(st, "fb", under)
     end
   end
 end
@@ -506,7 +651,149 @@ add = function(r, s, e, by)
   return count_add(r, s, e, by)
 end
 
--- A shared window read before an undo is read again after it.
-on_undo = function(key)
+-- cap_quick returns, for the ti-th tenant and its n events, the state of
+-- its capacity rules (marked active, as cap_rules does; one table per rule
+-- for the whole call, valid until the next tenant's) when every one has
+-- room for all n events in its current window, else false: then run
+-- (90_run.lua) decides the tenant in the fast path, and cap_book books the
+-- events in the capacity, without the tables of a decision (rules_of).
+local quick = {} -- per capacity rule, cap_quick's state, made once per call
+local function cap_quick(ti, n)
+  local base = (ti - 1) * (1 + ncap)
+  local qs = quick
+  for ci = 1, ncap do
+    local d = capd[ci]
+    local r = qs[ci]
+    if not r then
+      r = {
+        key = d.key, cap = d, cur_start = d.cs, cur_end = d.ce, step = d.step,
+        retention = d.retention, limit = d.limit,
+      }
+      qs[ci] = r
+    end
+    r.field, r.tf, r.rf, r.qf = capn[ti], capt[ti], capr[ti], capq[ti]
+    r.w, r.f = caps[base + 1], caps[base + 1 + ci]
+    cap_mark(r)
+    if cap_room(r, d.cs) < n then
+      return false
+    end
+  end
+  return qs
+end
+
+-- cap_book books n events admitted in the fast path in the capacity rules
+-- qs (cap_quick), and adds them to what the tenant asks of the next window
+-- (cap_add, cap_done).
+local function cap_book(qs, n)
+  for _, r in ipairs(qs) do
+    cap_add(r, r.cur_start, r.cur_end, n)
+    cap_ask(r, r.cur_end, r.cur_end + r.step, n)
+  end
+end
+
+-- undo (20_journal.lua) takes back a write of the call's view (ops 6 and
+-- 7) there alone: Redis has not seen it yet. A window read before any
+-- other undone write is read again after it.
+on_undo = function(op, key, arg)
+  if op == 6 or op == 7 then
+    local old = capold[#capold]
+    capold[#capold] = nil
+    if op == 6 then
+      if old == NIL then
+        old = nil
+      end
+      hc[key].v[arg] = old
+    else
+      hd[key][arg] = hd[key][arg] - old
+    end
+    return true
+  end
   counts[key] = nil
+  return false
+end
+
+-- fmt writes a field's value as Redis takes it: whole numbers as such, a
+-- level with six decimals. (Numbers passed to redis.call as they are, the
+-- fields' whole numbers below 2^53, Redis writes as whole numbers too, and
+-- the cost of a string.format each is spared.)
+local function fmt(x)
+  if x % 1 == 0 then
+    return string.format("%d", x)
+  end
+  return string.format("%.6f", x)
+end
+
+-- hset writes the field-value pairs of args to key, CHUNK pairs a command.
+local function hset(key, args)
+  local i = 1
+  while i <= #args do
+    local j = math.min(#args, i + 2 * CHUNK - 1)
+    redis.call("HSET", key, unpack(args, i, j))
+    i = j + 1
+  end
+end
+
+-- cap_flush writes what the call changed in the capacity's hashes, at its
+-- end (90_run.lua's finish): per window one HSET of every field written
+-- (and a PEXPIRE for a window the call gave an end, with its histogram);
+-- per demand histogram, each bucket moved: one HINCRBY each for one or two
+-- buckets, else one HMGET and one HSET.
+local function cap_flush()
+  for _, key in ipairs(hdl) do
+    local h, fs = hd[key], {}
+    for f, by in pairs(h) do
+      if by ~= 0 then
+        fs[#fs + 1] = f
+      end
+    end
+    table.sort(fs)
+    if #fs <= 2 then
+      for _, f in ipairs(fs) do
+        redis.call("HINCRBY", key, f, h[f])
+      end
+    else
+      local args = {}
+      local i = 1
+      while i <= #fs do
+        local j = math.min(#fs, i + CHUNK - 1)
+        local got = redis.call("HMGET", key, unpack(fs, i, j))
+        for m = i, j do
+          args[#args + 1] = fs[m]
+          args[#args + 1] = (tonumber(got[m - i + 1]) or 0) + h[fs[m]]
+        end
+        i = j + 1
+      end
+      hset(key, args)
+    end
+  end
+  for _, key in ipairs(hkeys) do
+    local e = hc[key]
+    local args, v, o = {}, e.v, e.o
+    for _, f in ipairs(e.dl) do
+      local x = v[f]
+      if x and x ~= BAD and x ~= o[f] then
+        args[#args + 1] = f
+        if x % 1 ~= 0 then
+          x = fmt(x) -- a level, with six decimals
+        end
+        args[#args + 1] = x
+      end
+    end
+    if #args > 0 then
+      local fresh = e.wend and type(o.expire) ~= "number"
+      if fresh and type(v.expire) ~= "number" then
+        -- The tenant that gave it an end was taken back; another wrote here.
+        args[#args + 1] = "expire"
+        args[#args + 1] = fmt(e.wend)
+      end
+      hset(key, args)
+      if fresh then
+        local ttl = num(e.wend - now + e.ret)
+        redis.call("PEXPIRE", key, ttl)
+        if e.hkey and hd[e.hkey] then
+          redis.call("PEXPIRE", e.hkey, ttl)
+        end
+      end
+    end
+  end
 end

@@ -64,24 +64,35 @@ local made_key, made_by, made_end, made_d, made_c = {}, {}, {}, {}, {}
 -- its counts back.)
 local function admit_made(rules, n)
   for ri, r in ipairs(rules) do
-    r.room = r.limit - (made_c[ri] - made_by[ri])
+    if r.cap then -- 35_capacity.lua: not counted by the fast path
+      r.room = room_of(r, r.cur_start)
+    else
+      r.room = r.limit - (made_c[ri] - made_by[ri])
+    end
   end
   local admitted = fit(rules, 1, n)
   for ri, r in ipairs(rules) do
-    local key, by, c, take = made_key[ri], made_by[ri], made_c[ri], r.take
-    if take ~= by then
-      incr(key, take - by)
-    end
-    counts[key] = c - by + take
-    if made_end[ri] then
+    local take = r.take
+    if r.cap then
       if take > 0 then
-        opened(key, made_end[ri], r.retention)
-      else
-        redis.call("DEL", key)
+        add(r, r.cur_start, r.cur_end, take)
       end
-    end
-    if take > 0 and r.cur_end > r.counted_until then
-      r.counted_until = r.cur_end
+    else
+      local key, by, c = made_key[ri], made_by[ri], made_c[ri]
+      if take ~= by then
+        incr(key, take - by)
+      end
+      counts[key] = c - by + take
+      if made_end[ri] then
+        if take > 0 then
+          opened(key, made_end[ri], r.retention)
+        else
+          redis.call("DEL", key)
+        end
+      end
+      if take > 0 and r.cur_end > r.counted_until then
+        r.counted_until = r.cur_end
+      end
     end
   end
   return admitted

@@ -136,7 +136,7 @@ end
 -- then, as when a cached chain is gone, it takes the counts back, leaves
 -- the counts as they were in counts (admit_all then reads no window again)
 -- and returns false alone.
-local function fast_many(ti, p, k, nrules, n, o)
+local function fast_many(ti, p, k, nrules, n, o, capok)
   local recs, descs, keys = recs, descs, KEYS
   local costs = cost_at[ti] -- the tenant has costs
   local ttl = false -- a rule has ttl windows
@@ -191,7 +191,7 @@ local function fast_many(ti, p, k, nrules, n, o)
       counts[made_key[ri]] = made_c[ri] - made_by[ri]
     end
     return false
-  elseif over then
+  elseif over or (ncap > 0 and not capok) then -- a capacity: decide goes on (admit_made)
     return false, true
   end
   for ri = 1, nrules do
@@ -235,7 +235,20 @@ local function run(first)
       -- Every event of the tenant was replayed: nothing to decide.
       done = idle(ti, o)
     elseif ncap > 0 then
-      -- A capacity (35_capacity.lua): no fast path; decide below.
+      -- A capacity (35_capacity.lua): the tenant's own rules are counted
+      -- as in fast_many; when every capacity rule has room for all n
+      -- events (cap_quick) and so have its own rules, that is the whole
+      -- decision (cap_book books them); otherwise decide goes on from
+      -- those counts.
+      slow[ti] = true
+      if cap_fast then
+        at[1], at[2], at[3] = ti, mark, o
+        local qs = cap_quick(ti, n)
+        done, c = fast_many(ti, p, k, nrules, n, o, qs)
+        if done then
+          cap_book(qs, n)
+        end
+      end
     elseif nrules == 1 then
       local d, chain_start, chain_end = descs[recs[p + 2]], recs[p + 3], recs[p + 4]
       local cs, ce = nil, nil -- the current window, when known
@@ -329,6 +342,9 @@ local function finish()
       undo_call()
       return redis.error_reply(tostring(type(e) == "table" and (e.err or e.msg) or e))
     end
+  end
+  if ncap > 0 then
+    cap_flush() -- the capacity's writes, kept until now (35_capacity.lua)
   end
   local o = #out
   out[o + 1] = #replayed / 4
