@@ -22,21 +22,3 @@ func Tenants(events []Event) []string {
 	}
 	return tenants
 }
-
-// split returns the tenants and costs of events, index-aligned with them,
-// and src with their offsets.
-func split(src Source, events []Event) (tenants []string, costs []Cost, at positions) {
-	tenants = make([]string, len(events))
-	costs = make([]Cost, len(events))
-	at = positions{Source: src}
-	if src.Topic != "" {
-		at.offsets = make([]int64, len(events))
-	}
-	for i, e := range events {
-		tenants[i], costs[i] = e.Tenant, e.Cost
-		if at.offsets != nil {
-			at.offsets[i] = e.Offset
-		}
-	}
-	return tenants, costs, at
-}

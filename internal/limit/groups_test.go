@@ -20,7 +20,20 @@ func TestGroupsPerBatch(t *testing.T) {
 		tenants[i] = fmt.Sprintf("t%d", (i*7)%150)
 	}
 	tenants[3], tenants[400] = "vip", "vip"
-	order, err := l.groups(tenants, true)
+	// The scratch was used by a batch of other tenants before: nothing of
+	// it may leak into this one.
+	s := getScratch()
+	other := make([]string, 700)
+	for i := range other {
+		other[i] = fmt.Sprintf("o%d", i%300)
+	}
+	if _, err := l.groups(s, other, true); err != nil {
+		t.Fatal(err)
+	}
+	s.release()
+	s = getScratch()
+	defer s.release()
+	order, err := l.groups(s, tenants, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,12 +56,18 @@ func TestGroupsPerBatch(t *testing.T) {
 		t.Errorf("got %d groups of %d events, want 151 of %d", len(order), seen, len(tenants))
 	}
 	allocs := testing.AllocsPerRun(20, func() {
-		if _, err := l.groups(tenants, true); err != nil {
+		s := getScratch()
+		defer s.release()
+		if _, err := l.groups(s, tenants, true); err != nil {
 			t.Fatal(err)
 		}
 	})
-	if allocs > 40 {
-		t.Errorf("groups of 500 events, 151 tenants: got %.0f allocations, want at most 40 (it was 626)", allocs)
+	bound := 12.0
+	if raceEnabled {
+		bound = 40 // the pool drops scratches at random
+	}
+	if allocs > bound {
+		t.Errorf("groups of 500 events, 151 tenants: got %.0f allocations, want at most %.0f: the rule sets' names (it was 626, then 23 before the scratch was reused)", allocs, bound)
 	}
 	t.Logf("%.0f allocations per batch", allocs)
 }

@@ -278,13 +278,17 @@ type group struct {
 // tenant with a byte or unit rule is then an error), and a replay of it is
 // counted again.
 func (l *Limiter) Admit(ctx context.Context, tenants []string) ([]Decision, error) {
-	return l.admitFrom(ctx, positions{}, tenants, nil, false, time.Time{})
+	s := getScratch()
+	defer s.release()
+	return l.admitFrom(ctx, s, positions{}, tenants, nil, false, time.Time{})
 }
 
 // AdmitCosts decides a batch that names no source: it is AdmitFrom with a
 // zero Source.
 func (l *Limiter) AdmitCosts(ctx context.Context, tenants []string, costs []Cost) ([]Decision, error) {
-	return l.admitFrom(ctx, positions{}, tenants, costs, false, time.Time{})
+	s := getScratch()
+	defer s.release()
+	return l.admitFrom(ctx, s, positions{}, tenants, costs, false, time.Time{})
 }
 
 // AdmitFrom decides a batch of events. The result is index-aligned with
@@ -306,15 +310,17 @@ func (l *Limiter) AdmitCosts(ctx context.Context, tenants []string, costs []Cost
 // see Source) gets that decision back and counts nothing; the others are
 // decided as above, in order.
 func (l *Limiter) AdmitFrom(ctx context.Context, src Source, events []Event) ([]Decision, error) {
-	tenants, costs, at := split(src, events)
-	return l.admitFrom(ctx, at, tenants, costs, false, time.Time{})
+	s := getScratch()
+	defer s.release()
+	tenants, costs, at := s.split(src, events)
+	return l.admitFrom(ctx, s, at, tenants, costs, false, time.Time{})
 }
 
 // admitFrom is AdmitFrom, or when short AdmitNow (before zero) or
 // AdmitBefore, over the events' tenants and costs (nil: every event costs
 // its count only, and a tenant with a byte or unit rule is an error) and
-// positions.
-func (l *Limiter) admitFrom(ctx context.Context, src positions, tenants []string, costs []Cost, short bool, before time.Time) ([]Decision, error) {
+// positions, in s.
+func (l *Limiter) admitFrom(ctx context.Context, s *scratch, src positions, tenants []string, costs []Cost, short bool, before time.Time) ([]Decision, error) {
 	if err := checkSource(src); err != nil {
 		return nil, err
 	}
@@ -323,7 +329,7 @@ func (l *Limiter) admitFrom(ctx context.Context, src positions, tenants []string
 	}
 	now := l.opts.Clock()
 	out := make([]Decision, len(tenants))
-	order, err := l.groups(tenants, costs == nil)
+	order, err := l.groups(s, tenants, costs == nil)
 	if err != nil {
 		return nil, err
 	}
@@ -392,15 +398,15 @@ func (l *Limiter) admitFrom(ctx context.Context, src positions, tenants []string
 
 // groups returns the events of tenants grouped by tenant, in the order of
 // their first events, with their rules; an error when noCosts and a tenant
-// has a rule counting bytes or units. It allocates per batch, not per
+// has a rule counting bytes or units. It works in s's slices, not per
 // tenant: the groups share one slice, and their idx lists one array (each
 // group's a full-capacity part of it).
-func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
+func (l *Limiter) groups(s *scratch, tenants []string, noCosts bool) ([]*group, error) {
 	rules := l.rules.Load()
 	// First pass: number the tenants in order of first event, count their events.
-	byTenant := make(map[string]int32, len(tenants)/2)
-	gid := make([]int32, len(tenants))
-	sizes := make([]int32, 0, len(tenants))
+	byTenant := s.byTenant
+	gid := grow(s.gid, len(tenants))
+	sizes := s.sizes[:0]
 	for i, t := range tenants {
 		n, ok := byTenant[t]
 		if !ok {
@@ -411,9 +417,13 @@ func (l *Limiter) groups(tenants []string, noCosts bool) ([]*group, error) {
 		gid[i] = n
 		sizes[n]++
 	}
-	slab := make([]group, len(sizes))
-	order := make([]*group, len(sizes))
-	idx := make([]int, len(tenants))
+	s.gid, s.sizes = gid, sizes
+	slab := grow(s.slab, len(sizes))
+	clear(slab)
+	order := grow(s.order, len(sizes))
+	clear(order)
+	idx := grow(s.idx, len(tenants))
+	s.slab, s.order, s.idx = slab, order, idx
 	// Most tenants share a few rule lists (the "*" rules, one slice; live
 	// overrides with the same rules share one slice too): name each once
 	// per batch rather than once per tenant.

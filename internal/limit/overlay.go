@@ -244,8 +244,10 @@ const NowReason = "no room in the current window"
 // checked early after its tenant's rules were raised: admitted now if the
 // rules in force have room now, else left to its reserved slot.
 func (l *Limiter) AdmitNow(ctx context.Context, src Source, events []Event) ([]Decision, error) {
-	tenants, costs, at := split(src, events)
-	return l.admitFrom(ctx, at, tenants, costs, true, time.Time{})
+	s := getScratch()
+	defer s.release()
+	tenants, costs, at := s.split(src, events)
+	return l.admitFrom(ctx, s, at, tenants, costs, true, time.Time{})
 }
 
 // AdmitBefore decides a batch as AdmitFrom does, except that it reserves
@@ -256,8 +258,10 @@ func (l *Limiter) AdmitNow(ctx context.Context, src Source, events []Event) ([]D
 // event deferred under lower rules moves forward after its tenant's rules
 // were raised: to a slot the rules in force allow before its old one.
 func (l *Limiter) AdmitBefore(ctx context.Context, src Source, events []Event, before time.Time) ([]Decision, error) {
-	tenants, costs, at := split(src, events)
-	return l.admitFrom(ctx, at, tenants, costs, true, before)
+	s := getScratch()
+	defer s.release()
+	tenants, costs, at := s.split(src, events)
+	return l.admitFrom(ctx, s, at, tenants, costs, true, before)
 }
 
 // markOverrides gives every decision of a tenant under an override the
