@@ -3,7 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -142,18 +142,8 @@ func TestGateCapacityFair(t *testing.T) {
 	for k := 1; k <= 999; k++ {
 		rates[fmt.Sprintf("t%04d", k)] = zipfRate / h / float64(k)
 	}
-	names := slices.Sorted(func(yield func(string) bool) {
-		for n := range rates {
-			if !yield(n) {
-				return
-			}
-		}
-	})
-	partOf := func(tenant string) int {
-		h := fnv.New32a()
-		h.Write([]byte(tenant))
-		return int(h.Sum32() % parts)
-	}
+	names := slices.Sorted(maps.Keys(rates))
+	partOf := func(tenant string) int { return partitionOf(tenant, parts) }
 
 	// Produce in real time: every 20ms each tenant's events due by then.
 	w := partitionWriter(f.Source)
@@ -189,31 +179,10 @@ func TestGateCapacityFair(t *testing.T) {
 	t.Logf("produced %d events from %d tenants in %v", n, len(rates), end.Sub(start).Round(time.Millisecond))
 
 	// Wait until every event is downstream, deferred or dead-lettered.
-	idOf := func(m kafka.Message) int {
-		f := strings.Fields(string(m.Value))
-		if len(f) != 3 || f[0] != "cap" {
-			return -1
-		}
-		i, _ := strconv.Atoi(f[1])
-		return i
-	}
-	var o outputs
-	waitFor(t, 2*time.Minute, "every event routed", func() (bool, string) {
-		o = readOutputs(t, f)
-		seen := map[int]bool{}
-		for _, m := range o.all() {
-			seen[idOf(m)] = true
-		}
-		missing := 0
-		for i := 0; i < n; i++ {
-			if !seen[i] {
-				missing++
-			}
-		}
-		return missing == 0, fmt.Sprintf("%s, %d of %d missing", o, missing, n)
-	})
+	idOf := idOfKind("cap")
+	awaitRouted(t, f, n, idOf)
 	time.Sleep(3 * time.Second) // deferred events due by now come back
-	o = readOutputs(t, f)
+	o := readOutputs(t, f)
 
 	// Lost 0, early 0, copies.
 	down := map[int]int{}
@@ -239,22 +208,7 @@ func TestGateCapacityFair(t *testing.T) {
 			}
 		}
 	}
-	inRetry := map[int]bool{}
-	for _, m := range o.retry {
-		inRetry[idOf(m)] = true
-	}
-	lost, copies := 0, 0
-	for _, m := range o.dlq {
-		down[idOf(m)]++
-	}
-	for i := 0; i < n; i++ {
-		switch {
-		case down[i] == 0 && !inRetry[i]:
-			lost++
-		case down[i] > 1:
-			copies += down[i] - 1
-		}
-	}
+	lost, copies := lostAndCopies(o, down, n, idOf)
 	t.Logf("routed: %s; lost %d, early %d, copies downstream %d", o, lost, early, copies)
 	if lost != 0 || early != 0 {
 		t.Errorf("lost %d, early %d; want 0 and 0", lost, early)

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"html"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -176,18 +176,8 @@ func runPaceHarness(t *testing.T, phases []pacePhase, procsN int, ceiling int64,
 	for i := 0; i < 18; i++ {
 		shares[fmt.Sprintf("t%02d", i)] = 0.55 / 18
 	}
-	names := slices.Sorted(func(yield func(string) bool) {
-		for n := range shares {
-			if !yield(n) {
-				return
-			}
-		}
-	})
-	partOf := func(tenant string) int {
-		h := fnv.New32a()
-		h.Write([]byte(tenant))
-		return int(h.Sum32() % parts)
-	}
+	names := slices.Sorted(maps.Keys(shares))
+	partOf := func(tenant string) int { return partitionOf(tenant, parts) }
 	type win struct{ count, cl int64 }
 	wins := map[int64]win{}
 	readWin := func(s int64) (win, bool) {
@@ -259,29 +249,8 @@ func runPaceHarness(t *testing.T, phases []pacePhase, procsN int, ceiling int64,
 	}
 
 	// Every event downstream, deferred (in a retry tier) or dead-lettered.
-	idOf := func(m kafka.Message) int {
-		fs := strings.Fields(string(m.Value))
-		if len(fs) != 3 || fs[0] != "pace" {
-			return -1
-		}
-		i, _ := strconv.Atoi(fs[1])
-		return i
-	}
-	var o outputs
-	waitFor(t, 2*time.Minute, "every event routed", func() (bool, string) {
-		o = readOutputs(t, f)
-		seen := map[int]bool{}
-		for _, m := range o.all() {
-			seen[idOf(m)] = true
-		}
-		missing := 0
-		for i := 0; i < out.n; i++ {
-			if !seen[i] {
-				missing++
-			}
-		}
-		return missing == 0, fmt.Sprintf("%s, %d of %d missing", o, missing, out.n)
-	})
+	idOf := idOfKind("pace")
+	o := awaitRouted(t, f, out.n, idOf)
 	down := map[int]int{}
 	early, copies, lost := 0, 0, 0
 	var admittedAt []time.Time
@@ -302,21 +271,7 @@ func runPaceHarness(t *testing.T, phases []pacePhase, procsN int, ceiling int64,
 			}
 		}
 	}
-	inRetry := map[int]bool{}
-	for _, m := range o.retry {
-		inRetry[idOf(m)] = true
-	}
-	for _, m := range o.dlq {
-		down[idOf(m)]++
-	}
-	for i := 0; i < out.n; i++ {
-		switch {
-		case down[i] == 0 && !inRetry[i]:
-			lost++
-		case down[i] > 1:
-			copies += down[i] - 1
-		}
-	}
+	lost, copies = lostAndCopies(o, down, out.n, idOf)
 	t.Logf("routed: %s; lost %d, early %d, copies downstream %d", o, lost, early, copies)
 	if lost != 0 || early != 0 {
 		t.Errorf("lost %d, early %d; want 0 and 0", lost, early)
