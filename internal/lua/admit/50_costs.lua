@@ -59,12 +59,12 @@ local function costs_of(ti)
   return lists_of
 end
 
--- total returns the cost of the first n events of cost list c, or more
--- than most when it passes most (the sum stops there: a sum of costs
--- could pass 2^53, past which Lua's numbers are not whole).
-local function total(c, n, most)
+-- total returns the sum of c[at + 1] to c[at + n], the costs of n events,
+-- or more than most when it passes most (the sum stops there: a sum of
+-- costs could pass 2^53, past which Lua's numbers are not whole).
+local function total(c, at, n, most)
   local s = 0
-  for j = 1, n do
+  for j = at + 1, at + n do
     s = s + c[j]
     if s > most then
       return s
@@ -80,22 +80,14 @@ local function cost_total(ti, ri, n, most)
   local lists_of = cost_lists[ti]
   if lists_of then
     local c = lists_of[ri]
-    return c and total(c, n, most) or n
+    return c and total(c, 0, n, most) or n
   end
   local p = cost_at[ti]
-  local nrules = recs[rec_at[ti]]
   local l = recs[p + ri]
   if l == 0 then
     return n
   end
-  local at, s = p + nrules + (l - 1) * cost_n[ti], 0
-  for j = 1, n do
-    s = s + recs[at + j]
-    if s > most then
-      return s
-    end
-  end
-  return s
+  return total(recs, p + recs[rec_at[ti]] + (l - 1) * cost_n[ti], n, most)
 end
 
 -- fit returns how many of a tenant's events from the pos-th on, at most k,
