@@ -65,8 +65,9 @@ func report(t *testing.T, o outcome) {
 	for _, b := range f.Backs {
 		ls := latenessAfter(o.out, o.flow.Downstream, b.at)
 		bp99, bmax, _ := lateness(ls, 0)
-		t.Logf("figures: after %s at %s: %d deferred events due before it came back %v after it at p99, %v at most (target: 2s)",
-			b.name, b.at.UTC().Format("15:04:05.000"), len(ls), bp99.Round(10*time.Millisecond), bmax.Round(10*time.Millisecond))
+		t.Logf("figures: after %s at %s: %d deferred events due before it came back %v after it at p99, %v at most (target: 2s; first %v, p50 %v)",
+			b.name, b.at.UTC().Format("15:04:05.000"), len(ls), bp99.Round(10*time.Millisecond), bmax.Round(10*time.Millisecond),
+			quantile(ls, 0).Round(10*time.Millisecond), quantile(ls, 0.5).Round(10*time.Millisecond))
 	}
 	t.Logf("figures: count diff: Redis window counts %d - events counted once %d = %+d (%+.2f%% of the events)",
 		f.RedisCounted, f.Once, f.RedisCounted-f.Once, 100*float64(f.RedisCounted-f.Once)/float64(max(f.Once, 1)))

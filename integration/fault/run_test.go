@@ -5,6 +5,7 @@ package fault
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,8 +83,18 @@ func (f flow) env() map[string]string {
 		"GATEKEEPER_BATCH_WAIT":            "20ms",
 		"GATEKEEPER_SHUTDOWN_GRACE":        shutdownGrace.String(),
 		"GATEKEEPER_KAFKA_SESSION_TIMEOUT": sessionTimeout.String(),
-		"GATEKEEPER_LOG_LEVEL":             "info",
+		"GATEKEEPER_LOG_LEVEL":             logLevel(),
 	}
+}
+
+// logLevel is the gatekeepers' log level: GATEKEEPER_FAULT_LOG_LEVEL when
+// set (debug shows kafka-go's joins and the partitions' fetches, to read a
+// scenario's phases from GATEKEEPER_FAULT_LOG_DIR), else info.
+func logLevel() string {
+	if l := os.Getenv("GATEKEEPER_FAULT_LOG_LEVEL"); l != "" {
+		return l
+	}
+	return "info"
 }
 
 // run is one scenario while it runs. Its methods other than those taking
@@ -120,9 +131,12 @@ func (r *run) mark(name string) {
 }
 
 // markBack records the end of a fault's cause (the broker serving again).
-func (r *run) markBack(name string) {
+func (r *run) markBack(name string) { r.markBackAt(name, time.Now()) }
+
+// markBackAt records the end of a fault's cause at a time seen earlier.
+func (r *run) markBackAt(name string, at time.Time) {
 	r.mu.Lock()
-	r.backs = append(r.backs, faultMark{name: name, at: time.Now()})
+	r.backs = append(r.backs, faultMark{name: name, at: at})
 	r.mu.Unlock()
 }
 

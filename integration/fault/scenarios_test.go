@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
@@ -242,12 +243,47 @@ func brokerRestart(r *run, at time.Duration) dupParams {
 		r.t.Fatalf("%v\n%s", err, out)
 	}
 	r.t.Logf("fault: broker stopped (+%v)", r.since())
+	// kafka.sh returns once a tool it starts (a JVM) has had an answer, one
+	// to several seconds after the broker answers a client: the time the
+	// broker first answers is kept too ("kafka answering").
+	actx, acancel := context.WithCancel(ctx)
+	answered := make(chan time.Time, 1)
+	go func() { answered <- firstAnswer(actx, kafkaAddr()) }()
 	if out, err := servers.broker.script(ctx, "start"); err != nil {
+		acancel()
 		r.t.Fatalf("%v\n%s", err, out)
 	}
 	r.markBack("kafka back")
+	acancel()
+	if at := <-answered; !at.IsZero() {
+		r.markBackAt("kafka answering", at)
+		r.t.Logf("fault: broker answered a client at %s, %v before kafka.sh returned", at.UTC().Format("15:04:05.000"),
+			time.Since(at).Round(10*time.Millisecond))
+	}
 	r.t.Logf("fault: broker serving again (+%v)", r.since())
 	return dupParams{SourceOwned: sourcePartitions, RetryOwned: retryPartitions, BatchSize: batchSize}
+}
+
+// firstAnswer returns when the broker at addr first answers a client (an
+// ApiVersions request on a new connection, tried every 50ms), or the zero
+// time when ctx ends first.
+func firstAnswer(ctx context.Context, addr string) time.Time {
+	d := &kafka.Dialer{Timeout: time.Second}
+	for {
+		if conn, err := d.DialContext(ctx, "tcp", addr); err == nil {
+			_ = conn.SetDeadline(time.Now().Add(time.Second))
+			_, err = conn.ApiVersions()
+			conn.Close()
+			if err == nil {
+				return time.Now()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // rollingUpdate replaces the live replicas one at a time, the first at the

@@ -126,6 +126,7 @@ func stopServers() {
 			b.killPid()
 		}
 		cancel()
+		b.keepLogs(os.Getenv("GATEKEEPER_FAULT_LOG_DIR"))
 	}
 	if r := servers.redis; r != nil {
 		r.Stop()
@@ -210,6 +211,25 @@ func (b *broker) killPid() {
 		if p, err := os.FindProcess(n); err == nil {
 			fmt.Fprintf(os.Stderr, "fault: killing private kafka pid %d\n", n)
 			p.Kill()
+		}
+	}
+}
+
+// keepLogs copies the broker's logs (kafka.log since the last start,
+// kafka.log.1 the run before, that is before a restart) into dir when dir is
+// set, so that the broker's side of a scenario (listening again, groups
+// loaded) can be read beside the gatekeepers' logs.
+func (b *broker) keepLogs(dir string) {
+	if dir == "" {
+		return
+	}
+	for _, name := range []string{"kafka.log", "kafka.log.1"} {
+		data, err := os.ReadFile(filepath.Join(b.dir, name))
+		if err != nil {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, "broker-"+name), data, 0o644); err != nil {
+			fmt.Fprintf(os.Stderr, "fault: keep broker log: %v\n", err)
 		}
 	}
 }

@@ -301,6 +301,15 @@ func lateness(ls []time.Duration, over time.Duration) (p99, worst time.Duration,
 	return ls[min(int(0.99*float64(len(ls))), len(ls)-1)], ls[len(ls)-1], n
 }
 
+// quantile returns the q-quantile of ls (0: the least), or 0 when ls is empty.
+func quantile(ls []time.Duration, q float64) time.Duration {
+	if len(ls) == 0 {
+		return 0
+	}
+	ls = slices.Sorted(slices.Values(ls))
+	return ls[min(int(q*float64(len(ls))), len(ls)-1)]
+}
+
 // latenessAfter returns, for the deferred events due before back and
 // appended after it, how long after back they were appended: a deferred
 // event due while the broker was down should be back within two seconds of
