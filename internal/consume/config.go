@@ -78,6 +78,11 @@ type Config struct {
 	RebalanceTimeout  time.Duration
 	HeartbeatInterval time.Duration
 	JoinGroupBackoff  time.Duration
+	// CoordinatorJoinBackoff, if set below JoinGroupBackoff, is the wait
+	// between join attempts while the coordinator answers that it has not
+	// loaded the group yet (after a broker restart); other failed joins are
+	// still tried again every JoinGroupBackoff (see joinwait.go).
+	CoordinatorJoinBackoff time.Duration
 	// RetentionTime is passed to kafka-go's consumer group. The commits
 	// themselves go out as OffsetCommit requests of the newest version both
 	// sides know, which carry no retention: the broker keeps the offsets for
@@ -202,7 +207,8 @@ func (c Config) Validate() error {
 		{"backoff max", c.BackoffMax}, {"session timeout", c.SessionTimeout},
 		{"rebalance timeout", c.RebalanceTimeout},
 		{"heartbeat interval", c.HeartbeatInterval},
-		{"join group backoff", c.JoinGroupBackoff}, {"lease ttl", c.LeaseTTL},
+		{"join group backoff", c.JoinGroupBackoff}, {"coordinator join backoff", c.CoordinatorJoinBackoff},
+		{"lease ttl", c.LeaseTTL},
 		{"retention time", c.RetentionTime},
 	} {
 		if d.v < 0 {

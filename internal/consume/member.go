@@ -76,7 +76,7 @@ func (m *member) groupConfig() kafka.ConsumerGroupConfig {
 		SessionTimeout:        c.SessionTimeout,
 		RebalanceTimeout:      c.RebalanceTimeout,
 		HeartbeatInterval:     c.HeartbeatInterval,
-		JoinGroupBackoff:      c.JoinGroupBackoff,
+		JoinGroupBackoff:      c.kafkaJoinBackoff(),
 		RetentionTime:         c.RetentionTime,
 		StartOffset:           kafka.FirstOffset,
 		Timeout:               c.Timeout,
@@ -115,6 +115,7 @@ func (m *member) consume(ctx context.Context, cg *kafka.ConsumerGroup) (missing 
 	var lastGen time.Time // when the last generation started
 	short := 0            // generations in a row that lasted under minGeneration
 	lastMember := ""      // this member's ID in the last generation, until kafka-go drops it
+	var joinLog joinFailures
 	for {
 		// A guard against any other cause of a rejoin loop: after a
 		// generation that lasted under minGeneration, the next one is taken
@@ -136,7 +137,7 @@ func (m *member) consume(ctx context.Context, cg *kafka.ConsumerGroup) (missing 
 				continue
 			}
 			m.ready.Store(false)
-			m.log.Warn("join consumer group failed; retrying", "err", err)
+			joinLog.failed(m.log, err)
 			if lastMember != "" {
 				// kafka-go rejoins under a new member ID after a failed
 				// join (it tried to leave under the old one, which fails
@@ -144,8 +145,12 @@ func (m *member) consume(ctx context.Context, cg *kafka.ConsumerGroup) (missing 
 				go m.leaveStale(ctx, m.client, lastMember, m.staleGone(time.Now()))
 				lastMember = ""
 			}
+			if !sleep(ctx, m.cfg.joinRetryWait(err)) {
+				break
+			}
 			continue
 		}
+		joinLog = joinFailures{}
 		lastMember = gen.MemberID
 		m.lastGenStart.Store(time.Now().UnixNano())
 		if !lastGen.IsZero() && time.Since(lastGen) < minGeneration {

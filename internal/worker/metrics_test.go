@@ -234,6 +234,12 @@ func TestRetryGroupSessionTimeout(t *testing.T) {
 		if dc.JoinGroupBackoff != retryJoinBackoff || dc.BackoffMax != recoverBackoff || dc.Leases != nil {
 			t.Errorf("retry group: join backoff %v, backoff max %v, leases %v; want %v, %v, none", dc.JoinGroupBackoff, dc.BackoffMax, dc.Leases, retryJoinBackoff, recoverBackoff)
 		}
+		// While the restarted coordinator loads the group, the retry group
+		// tries to join again every 100 ms (consume/joinwait.go), so that
+		// its members' joins reach it soon after the load.
+		if dc.CoordinatorJoinBackoff != retryLoadingJoinBackoff || retryLoadingJoinBackoff > 100*time.Millisecond {
+			t.Errorf("retry group: join backoff while the coordinator loads %v, want %v (at most 100ms)", dc.CoordinatorJoinBackoff, retryLoadingJoinBackoff)
+		}
 		p.Leases = redisLeases{}
 		if dc := p.retryConfig(m, retrier); dc.Leases == nil || dc.HeartbeatInterval != retryLeaseHeartbeat {
 			t.Errorf("retry group with leases: leases %v, heartbeat %v; want set, %v", dc.Leases, dc.HeartbeatInterval, retryLeaseHeartbeat)

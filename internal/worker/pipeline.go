@@ -272,11 +272,15 @@ const retrySessionTimeout = 10 * time.Second
 const retryLeaseHeartbeat = 500 * time.Millisecond
 
 // retryJoinBackoff is the retry group's wait between failed joins (kafka-go's
-// default is 5s), and recoverBackoff the longest wait between attempts of a
-// failed write or batch of the retry role (consume's default is 5s).
+// default is 5s), retryLoadingJoinBackoff its wait while the coordinator
+// answers that it has not loaded the group yet (consume.joinwait.go: right
+// after a broker restart), and recoverBackoff the longest wait between
+// attempts of a failed write or batch of the retry role (consume's default
+// is 5s).
 const (
-	retryJoinBackoff = 500 * time.Millisecond
-	recoverBackoff   = time.Second
+	retryJoinBackoff        = 500 * time.Millisecond
+	retryLoadingJoinBackoff = 100 * time.Millisecond
+	recoverBackoff          = time.Second
 )
 
 // retryGroup returns the consumer group of the retry tiers with the retrier
@@ -344,7 +348,7 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, retrier *route.Retrier) consum
 	// Deferred events due while the broker was away go out within about
 	// two seconds of its return: the group rejoins, and a failing batch is
 	// tried again, at least that often.
-	dc.JoinGroupBackoff, dc.BackoffMax = retryJoinBackoff, recoverBackoff
+	dc.JoinGroupBackoff, dc.CoordinatorJoinBackoff, dc.BackoffMax = retryJoinBackoff, retryLoadingJoinBackoff, recoverBackoff
 	if p.Leases != nil {
 		dc.Leases = p.Leases
 		dc.OnLeaseEnded = func() { m.leasesEnded.Inc() }
