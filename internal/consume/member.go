@@ -142,7 +142,11 @@ func (m *member) consume(ctx context.Context, cg *kafka.ConsumerGroup) (missing 
 				// kafka-go rejoins under a new member ID after a failed
 				// join (it tried to leave under the old one, which fails
 				// while the broker is away): see leaveStale.
-				go m.leaveStale(ctx, m.client, lastMember, m.staleGone(time.Now()))
+				go func(id string, gone func() bool) {
+					l := m.newStaleLeaver()
+					defer l.close()
+					m.leaveStale(ctx, l, id, gone)
+				}(lastMember, m.staleGone(time.Now()))
 				lastMember = ""
 			}
 			if !sleep(ctx, m.cfg.joinRetryWait(err)) {

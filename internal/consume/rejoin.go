@@ -14,6 +14,39 @@ type groupLeaver interface {
 	LeaveGroup(ctx context.Context, req *kafka.LeaveGroupRequest) (*kafka.LeaveGroupResponse, error)
 }
 
+// staleLeaver is leaveStale's client: one of its own, whose connections are
+// dropped after every failure that is not an answer of Kafka's, so that the
+// next try dials afresh. Right after a broker restart a pooled connection from
+// before it fails once used ("unexpected EOF"), and a transport that has many
+// (the writers' share Config.Transport) handed one to try after try: a leave
+// failed six times in a row for 1.3 s after the group was loaded, and the
+// rebalance waited for it (TestBrokerRestart on Kafka 4.4, 2026-12-02).
+type staleLeaver struct {
+	c *kafka.Client
+	t interface{ CloseIdleConnections() }
+}
+
+// newStaleLeaver returns a staleLeaver with a transport of its own, built
+// from the Dialer's TLS, SASL and client ID as Config's default is.
+func (m *member) newStaleLeaver() *staleLeaver {
+	d := m.cfg.Dialer
+	t := &kafka.Transport{ClientID: d.ClientID, DialTimeout: m.cfg.Timeout, TLS: d.TLS, SASL: d.SASLMechanism}
+	return &staleLeaver{c: &kafka.Client{Addr: m.client.Addr, Timeout: m.cfg.Timeout, Transport: t}, t: t}
+}
+
+// LeaveGroup sends req; after a failure other than Kafka's answer it drops
+// the transport's connections.
+func (l *staleLeaver) LeaveGroup(ctx context.Context, req *kafka.LeaveGroupRequest) (*kafka.LeaveGroupResponse, error) {
+	res, err := l.c.LeaveGroup(ctx, req)
+	if err != nil && !errors.As(err, new(kafka.Error)) {
+		l.t.CloseIdleConnections()
+	}
+	return res, err
+}
+
+// close drops the transport's connections.
+func (l *staleLeaver) close() { l.t.CloseIdleConnections() }
+
 // staleLeaveEvery is how often leaveStale tries again (in ns; a variable
 // for tests, atomic since a leaveStale of an earlier test may still read it).
 var staleLeaveEvery atomic.Int64

@@ -2,12 +2,16 @@ package consume
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol/leavegroup"
 )
 
 // fakeLeaver fails the first fails LeaveGroup calls as an unreachable broker
@@ -98,5 +102,54 @@ func TestLeaveStaleEndsAfterANewGeneration(t *testing.T) {
 	m.leaveStale(context.Background(), l, "old-member", gone)
 	if len(l.ids) != 0 {
 		t.Errorf("LeaveGroup calls once gone: got %d, want 0", len(l.ids))
+	}
+}
+
+// fakeLeaveTransport answers LeaveGroup requests with errs in turn (nil: a
+// response with code), and counts CloseIdleConnections.
+type fakeLeaveTransport struct {
+	mu     sync.Mutex
+	errs   []error
+	code   kafka.Error
+	resets []int // the call after which the connections were dropped
+	calls  int
+}
+
+func (f *fakeLeaveTransport) RoundTrip(_ context.Context, _ net.Addr, _ kafka.Request) (kafka.Response, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if err := f.errs[f.calls-1]; err != nil {
+		return nil, err
+	}
+	return &leavegroup.Response{ErrorCode: int16(f.code)}, nil
+}
+
+func (f *fakeLeaveTransport) CloseIdleConnections() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.resets = append(f.resets, f.calls)
+}
+
+// A leave that fails on the connection (a pooled one from before the broker
+// restart: unexpected EOF; a refused dial) drops the leaver's connections,
+// so that the next try dials afresh; Kafka's answers (UNKNOWN_MEMBER_ID, or
+// none) keep them.
+func TestStaleLeaverDropsConnectionsAfterAFailedConnection(t *testing.T) {
+	f := &fakeLeaveTransport{errs: []error{io.ErrUnexpectedEOF, syscall.ECONNREFUSED, nil, nil}, code: kafka.UnknownMemberId}
+	l := &staleLeaver{c: &kafka.Client{Addr: kafka.TCP("127.0.0.1:1"), Transport: f}, t: f}
+	req := &kafka.LeaveGroupRequest{GroupID: "g", Members: []kafka.LeaveGroupRequestMember{{ID: "old"}}}
+	for i := range 3 {
+		_, err := l.LeaveGroup(context.Background(), req)
+		if (err != nil) != (i < 2) {
+			t.Fatalf("call %d: err %v", i+1, err)
+		}
+	}
+	f.code = 0
+	if res, err := l.LeaveGroup(context.Background(), req); err != nil || res.Error != nil {
+		t.Fatalf("call 4: %v, %v", res, err)
+	}
+	if fmt.Sprint(f.resets) != "[1 2]" {
+		t.Errorf("connections dropped after calls %v, want [1 2] (after each failed connection, not after Kafka's answers)", f.resets)
 	}
 }
