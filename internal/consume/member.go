@@ -43,6 +43,9 @@ type member struct {
 	running atomic.Bool
 	// lastGenStart is when the last generation started (unix ns; 0: none yet).
 	lastGenStart atomic.Int64
+	// routesRefreshed is when refreshRoutes last dropped the transport's
+	// metadata (unix ns).
+	routesRefreshed atomic.Int64
 
 	// onGeneration, if set, is called with each new generation (tests).
 	onGeneration func(gen *kafka.Generation)
@@ -341,6 +344,7 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 		committed:     pa.Offset,
 		committedMeta: meta,
 		hwm:           -1,
+		staleRoutes:   m.refreshRoutes,
 	}
 	p.gaps = newGapCheck(p, pa.Offset, m.client)
 	if meta != "" {

@@ -34,6 +34,7 @@ type partition struct {
 	inflight      *pendingCommit  // Group: the commit in flight, nil when none
 	recommit      func()          // run while a batch fails: sends again a failed commit (nil: none)
 	gaps          *gapCheck       // watches for offsets deleted before they were consumed; nil in unit tests
+	staleRoutes   func()          // refreshes the transport's metadata after a fetch found no leader (routes.go); nil: none
 }
 
 // handle calls the Handler with msgs (and their release clock's notes, nil
@@ -162,6 +163,9 @@ func (p *partition) finishCommit(pc *pendingCommit) {
 // fetchFailed logs a fetch error and waits before the next attempt; it
 // reports false if stop ended the wait.
 func (p *partition) fetchFailed(stop context.Context, attempt int, err error) bool {
+	if p.staleRoutes != nil && staleRoute(err) {
+		p.staleRoutes()
+	}
 	d := p.cfg.backoff(attempt)
 	p.log.Warn("fetch failed; retrying", "attempt", attempt+1, "retry_in", d, "err", err)
 	return sleep(stop, d)
