@@ -237,8 +237,12 @@ func TestRetryGroupSessionTimeout(t *testing.T) {
 		// While the restarted coordinator loads the group, the retry group
 		// tries to join again every 100 ms (consume/joinwait.go), so that
 		// its members' joins reach it soon after the load.
-		if dc.CoordinatorJoinBackoff != retryLoadingJoinBackoff || retryLoadingJoinBackoff > 100*time.Millisecond {
-			t.Errorf("retry group: join backoff while the coordinator loads %v, want %v (at most 100ms)", dc.CoordinatorJoinBackoff, retryLoadingJoinBackoff)
+		if dc.CoordinatorJoinBackoff != loadingJoinBackoff || loadingJoinBackoff > 100*time.Millisecond {
+			t.Errorf("retry group: join backoff while the coordinator loads %v, want %v (at most 100ms)", dc.CoordinatorJoinBackoff, loadingJoinBackoff)
+		}
+		// So does the source group (its other failed joins every 5s, as before).
+		if gc := p.groupConfig(m); gc.CoordinatorJoinBackoff != loadingJoinBackoff || gc.JoinGroupBackoff != sourceJoinBackoff {
+			t.Errorf("source group: join backoff %v, while the coordinator loads %v; want %v, %v", gc.JoinGroupBackoff, gc.CoordinatorJoinBackoff, sourceJoinBackoff, loadingJoinBackoff)
 		}
 		p.Leases = redisLeases{}
 		if dc := p.retryConfig(m, retrier); dc.Leases == nil || dc.HeartbeatInterval != retryLeaseHeartbeat {

@@ -203,10 +203,15 @@ func (p Pipeline) groupConfig(m *pipelineMetrics) consume.Config {
 		SessionTimeout:   cfg.KafkaSessionTimeout,
 		// kafka-go's default heartbeat is 3s; a short session needs more.
 		HeartbeatInterval: min(3*time.Second, cfg.KafkaSessionTimeout/5),
-		Dialer:            p.Dialer,
-		Transport:         p.Transport,
-		Logger:            p.Log,
-		OnOffsetsLost:     func(topic string, _ int, n int64) { m.offsetsLost.WithLabelValues(topic).Add(float64(n)) },
+		// After a broker restart, join again soon after the coordinator
+		// has loaded the group: deferred events whose trip to a retry tier
+		// is decided again by the source group come back only then.
+		JoinGroupBackoff:       sourceJoinBackoff,
+		CoordinatorJoinBackoff: loadingJoinBackoff,
+		Dialer:                 p.Dialer,
+		Transport:              p.Transport,
+		Logger:                 p.Log,
+		OnOffsetsLost:          func(topic string, _ int, n int64) { m.offsetsLost.WithLabelValues(topic).Add(float64(n)) },
 		OnLag: func(topic string, partition int, n int64) {
 			if n < 0 {
 				m.lag.DeleteLabelValues(topic, fmt.Sprint(partition))
@@ -271,16 +276,17 @@ const retrySessionTimeout = 10 * time.Second
 // at their next heartbeat.
 const retryLeaseHeartbeat = 500 * time.Millisecond
 
-// retryJoinBackoff is the retry group's wait between failed joins (kafka-go's
-// default is 5s), retryLoadingJoinBackoff its wait while the coordinator
-// answers that it has not loaded the group yet (consume.joinwait.go: right
-// after a broker restart), and recoverBackoff the longest wait between
-// attempts of a failed write or batch of the retry role (consume's default
-// is 5s).
+// sourceJoinBackoff and retryJoinBackoff are the groups' waits between
+// failed joins (the source group's is kafka-go's default), loadingJoinBackoff
+// both groups' wait while the coordinator answers that it has not loaded the
+// group yet (consume/joinwait.go: right after a broker restart), and
+// recoverBackoff the longest wait between attempts of a failed write or batch
+// of the retry role (consume's default is 5s).
 const (
-	retryJoinBackoff        = 500 * time.Millisecond
-	retryLoadingJoinBackoff = 100 * time.Millisecond
-	recoverBackoff          = time.Second
+	sourceJoinBackoff  = 5 * time.Second
+	retryJoinBackoff   = 500 * time.Millisecond
+	loadingJoinBackoff = 100 * time.Millisecond
+	recoverBackoff     = time.Second
 )
 
 // retryGroup returns the consumer group of the retry tiers with the retrier
@@ -348,7 +354,7 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, retrier *route.Retrier) consum
 	// Deferred events due while the broker was away go out within about
 	// two seconds of its return: the group rejoins, and a failing batch is
 	// tried again, at least that often.
-	dc.JoinGroupBackoff, dc.CoordinatorJoinBackoff, dc.BackoffMax = retryJoinBackoff, retryLoadingJoinBackoff, recoverBackoff
+	dc.JoinGroupBackoff, dc.BackoffMax = retryJoinBackoff, recoverBackoff
 	if p.Leases != nil {
 		dc.Leases = p.Leases
 		dc.OnLeaseEnded = func() { m.leasesEnded.Inc() }
