@@ -231,8 +231,8 @@ func TestRetryGroupSessionTimeout(t *testing.T) {
 		// Back soon after the broker returns; with leases, a crashed
 		// member is noticed within a lease and the survivors learn of the
 		// rebalance within a short heartbeat.
-		if dc.JoinGroupBackoff != retryJoinBackoff || dc.BackoffMax != recoverBackoff || dc.Leases != nil {
-			t.Errorf("retry group: join backoff %v, backoff max %v, leases %v; want %v, %v, none", dc.JoinGroupBackoff, dc.BackoffMax, dc.Leases, retryJoinBackoff, recoverBackoff)
+		if dc.JoinGroupBackoff != joinBackoff || dc.BackoffMax != recoverBackoff || dc.Leases != nil {
+			t.Errorf("retry group: join backoff %v, backoff max %v, leases %v; want %v, %v, none", dc.JoinGroupBackoff, dc.BackoffMax, dc.Leases, joinBackoff, recoverBackoff)
 		}
 		// While the restarted coordinator loads the group, the retry group
 		// tries to join again every 100 ms (consume/joinwait.go), so that
@@ -240,9 +240,10 @@ func TestRetryGroupSessionTimeout(t *testing.T) {
 		if dc.CoordinatorJoinBackoff != loadingJoinBackoff || loadingJoinBackoff > 100*time.Millisecond {
 			t.Errorf("retry group: join backoff while the coordinator loads %v, want %v (at most 100ms)", dc.CoordinatorJoinBackoff, loadingJoinBackoff)
 		}
-		// So does the source group (its other failed joins every 5s, as before).
-		if gc := p.groupConfig(m); gc.CoordinatorJoinBackoff != loadingJoinBackoff || gc.JoinGroupBackoff != sourceJoinBackoff {
-			t.Errorf("source group: join backoff %v, while the coordinator loads %v; want %v, %v", gc.JoinGroupBackoff, gc.CoordinatorJoinBackoff, sourceJoinBackoff, loadingJoinBackoff)
+		// So does the source group, whose other failed joins are tried again
+		// every 0.5s as the retry group's (kafka-go's default: 5s).
+		if gc := p.groupConfig(m); gc.CoordinatorJoinBackoff != loadingJoinBackoff || gc.JoinGroupBackoff != joinBackoff {
+			t.Errorf("source group: join backoff %v, while the coordinator loads %v; want %v, %v", gc.JoinGroupBackoff, gc.CoordinatorJoinBackoff, joinBackoff, loadingJoinBackoff)
 		}
 		p.Leases = redisLeases{}
 		if dc := p.retryConfig(m, retrier); dc.Leases == nil || dc.HeartbeatInterval != retryLeaseHeartbeat {

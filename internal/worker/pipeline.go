@@ -205,8 +205,9 @@ func (p Pipeline) groupConfig(m *pipelineMetrics) consume.Config {
 		HeartbeatInterval: min(3*time.Second, cfg.KafkaSessionTimeout/5),
 		// After a broker restart, join again soon after the coordinator
 		// has loaded the group: deferred events whose trip to a retry tier
-		// is decided again by the source group come back only then.
-		JoinGroupBackoff:       sourceJoinBackoff,
+		// is decided again by the source group come back only then (with
+		// kafka-go's 5s, up to 5s after the retry group).
+		JoinGroupBackoff:       joinBackoff,
 		CoordinatorJoinBackoff: loadingJoinBackoff,
 		Dialer:                 p.Dialer,
 		Transport:              p.Transport,
@@ -276,15 +277,13 @@ const retrySessionTimeout = 10 * time.Second
 // at their next heartbeat.
 const retryLeaseHeartbeat = 500 * time.Millisecond
 
-// sourceJoinBackoff and retryJoinBackoff are the groups' waits between
-// failed joins (the source group's is kafka-go's default), loadingJoinBackoff
-// both groups' wait while the coordinator answers that it has not loaded the
-// group yet (consume/joinwait.go: right after a broker restart), and
-// recoverBackoff the longest wait between attempts of a failed write or batch
-// of the retry role (consume's default is 5s).
+// joinBackoff is both groups' wait between failed joins (kafka-go's default
+// is 5s), loadingJoinBackoff their wait while the coordinator answers that
+// it has not loaded the group yet (consume/joinwait.go: right after a broker
+// restart), and recoverBackoff the longest wait between attempts of a failed
+// write or batch of the retry role (consume's default is 5s).
 const (
-	sourceJoinBackoff  = 5 * time.Second
-	retryJoinBackoff   = 500 * time.Millisecond
+	joinBackoff        = 500 * time.Millisecond
 	loadingJoinBackoff = 100 * time.Millisecond
 	recoverBackoff     = time.Second
 )
@@ -354,7 +353,7 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, retrier *route.Retrier) consum
 	// Deferred events due while the broker was away go out within about
 	// two seconds of its return: the group rejoins, and a failing batch is
 	// tried again, at least that often.
-	dc.JoinGroupBackoff, dc.BackoffMax = retryJoinBackoff, recoverBackoff
+	dc.BackoffMax = recoverBackoff
 	if p.Leases != nil {
 		dc.Leases = p.Leases
 		dc.OnLeaseEnded = func() { m.leasesEnded.Inc() }
