@@ -51,7 +51,7 @@ do
     at = arg_recs + 6
   end
   local a = ARGV[at + 1]
-  if a and a ~= "" and string.sub(a, 1, 4) ~= "cap:" then
+  if a and string.sub(a, 1, 1) == "[" then -- (else a capacity's arguments, or none)
     local v = cjson.decode(a)
     take = v[1] == 1
     claims = {}
