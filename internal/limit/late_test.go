@@ -143,3 +143,60 @@ func TestLateWithoutTake(t *testing.T) {
 		t.Errorf("got %v due %s and %v, want defer to t0+4m (the first free slot) and keep", ds[0].Kind, ds[0].Due.Format("15:04:05"), ds[1].Kind)
 	}
 }
+
+// The worst case of a take (G11): a batch of late events of a tenant whose
+// windows are full far ahead, every slot in them taken already. The take
+// scan reads windows against the call's budget like a deferral search and
+// stops when it is spent: the events are deferred unreserved to where it
+// stopped, nothing is counted or taken, and the call's work stays bounded.
+func TestBoundedLateTake(t *testing.T) {
+	ctx := context.Background()
+	rdb := privateRedis(t)
+	m := newWorkMeter(t, rdb)
+	l := newTestLimiter(t, rdb, "*=1/1s", Options{Clock: func() time.Time { return t0 }})
+	r, err := parseRule("1/1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ahead = 2000
+	p := rdb.Pipeline()
+	for i := range ahead + 1 {
+		s := t0.Add(time.Duration(i) * time.Second)
+		key := l.keys.window("hot", r, s)
+		p.HSet(ctx, key, "count", 1, "taken", 1, "expire", s.Add(time.Second).UnixMilli())
+		p.PExpire(ctx, key, time.Hour)
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	evs := make([]Event, boundedBatch)
+	for i := range evs {
+		evs[i] = Event{Tenant: "hot", Offset: int64(i)}
+	}
+	m.reset()
+	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, evs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.check("500 late events, every slot ahead taken", 1, int64(DefaultMaxScan)+1)
+	stop := t0.Add(time.Duration(DefaultMaxScan+1) * time.Second)
+	for i, d := range ds {
+		if d.Kind != Defer || d.Took || !d.Due.Equal(d.Until) || d.Due.After(stop) || !d.Due.After(t0) {
+			t.Fatalf("event %d: got %+v, want deferred unreserved to where the scan stopped (at most %s)", i, d, stop.Format("15:04:05"))
+		}
+	}
+	// Nothing counted or taken: every window holds count 1 and taken 1.
+	p = rdb.Pipeline()
+	cmds := make([]*redis.SliceCmd, ahead+1)
+	for i := range cmds {
+		cmds[i] = p.HMGet(ctx, l.keys.window("hot", r, t0.Add(time.Duration(i)*time.Second)), "count", "taken")
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range cmds {
+		if v := c.Val(); v[0] != "1" || v[1] != "1" {
+			t.Fatalf("window t0+%ds: count %v taken %v, want 1 and 1", i, v[0], v[1])
+		}
+	}
+}
