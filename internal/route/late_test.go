@@ -101,3 +101,44 @@ func TestRetrierClaims(t *testing.T) {
 		}
 	}
 }
+
+// releaser is a lateAdmitter that is also a SlotReleaser: it records the
+// slots given back.
+type releaser struct {
+	*lateAdmitter
+	slots []limit.MissedSlot
+}
+
+func (r *releaser) Release(_ context.Context, slots []limit.MissedSlot) (int, error) {
+	r.slots = append(r.slots, slots...)
+	return len(slots), nil
+}
+
+// A late event gives its missed slot back, but one deferred unreserved
+// (gk-reserved = gk-due: the search's budget ran out) counted nothing and
+// gives nothing back: taking a count off its window would let that window
+// admit one more than its limit.
+func TestRetrierUnreservedGivesNothingBack(t *testing.T) {
+	past := t0.Add(-time.Minute)
+	missed := retryMsg("down.retry", 1, deferral("acme", 1, past, past.Add(time.Second)))
+	ud := deferral("acme", 1, past, past)
+	ud.OriginOffset = 78
+	unreserved := retryMsg("down.retry", 2, ud)
+	w, m := &fakeWriter{}, newTestMetrics(t)
+	rel := &releaser{lateAdmitter: &lateAdmitter{fakeAdmitter: &fakeAdmitter{}, answer: func(evs []limit.Event) []limit.Decision {
+		ds := make([]limit.Decision, len(evs))
+		for i := range ds {
+			ds[i] = limit.Decision{Kind: limit.Admit}
+		}
+		return ds
+	}}}
+	adm := testAdmission(w, rel.fakeAdmitter, m, &readyLog{})
+	adm.Admitter = rel
+	r := mustRetrier(t, Retrier{Admission: adm})
+	if err := r.Handle(context.Background(), batchOf([]kafka.Message{missed, unreserved})); err != nil {
+		t.Fatal(err)
+	}
+	if len(rel.slots) != 1 || !rel.slots[0].Due.Equal(past) {
+		t.Fatalf("slots given back: got %+v, want one (the reserved event's)", rel.slots)
+	}
+}

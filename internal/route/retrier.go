@@ -351,10 +351,14 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, no
 		j = len(b.events)
 		b.trips[k] = j
 		b.events = append(b.events, limit.Event{Tenant: d.Tenant, Cost: cost, Offset: m.Offset, InSlot: claim})
-		if claim {
+		switch {
+		case claim:
 			b.claims++
-		} else {
+		case d.Reserved.After(d.Due):
 			b.missed = append(b.missed, missedSlot(d, cost))
+		default:
+			// Deferred unreserved (the search's budget ran out: gk-reserved =
+			// gk-due): it counted nothing, so it has no slot to give back.
 		}
 	}
 	b.readmit = append(b.readmit, pendingRetry{i: i, j: j, d: d, claim: claim})
