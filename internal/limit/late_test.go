@@ -13,14 +13,15 @@ func TestLateKeepsPlaceRedisCluster(t *testing.T) { testLateKeepsPlace(t, testCl
 
 // A deferred event that missed its slot goes ahead of what its tenant
 // deferred after it: it takes the slot of the earliest later reservation,
-// whose own event, back in its slot, finds it taken and is placed again;
-// no window counts more than its limit, and a replay decides the same.
+// whose own event, back in its slot, finds it taken and is placed again at
+// the first free slot (taking none in turn); no window counts more than its
+// limit, and a replay decides the same.
 func testLateKeepsPlace(t *testing.T, rdb redis.UniversalClient) {
 	ctx := context.Background()
 	clk := newFakeClock(t0)
 	l := newTestLimiter(t, rdb, "acme=2/1m", Options{Clock: clk.Now})
 	src := Source{Topic: "events", Partition: 0}
-	evs := make([]Event, 8)
+	evs := make([]Event, 10)
 	for i := range evs {
 		evs[i] = Event{Tenant: "acme", Offset: int64(i)}
 	}
@@ -28,7 +29,8 @@ func testLateKeepsPlace(t *testing.T, rdb redis.UniversalClient) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []time.Duration{0, 0, time.Minute, time.Minute, 2 * time.Minute, 2 * time.Minute, 3 * time.Minute, 3 * time.Minute}
+	want := []time.Duration{0, 0, time.Minute, time.Minute, 2 * time.Minute, 2 * time.Minute, 3 * time.Minute, 3 * time.Minute,
+		4 * time.Minute, 4 * time.Minute}
 	for i, d := range ds {
 		if w := want[i]; (w == 0 && d.Kind != Admit) || (w > 0 && !d.Due.Equal(t0.Add(w))) {
 			t.Fatalf("event %d: got %v due %s, want due t0+%s", i, d.Kind, d.Due.Format("15:04:05"), w)
@@ -90,21 +92,26 @@ func testLateKeepsPlace(t *testing.T, rdb redis.UniversalClient) {
 	}
 
 	// At t0+3m, events 6 and 7 come back in their slot: the last finds it
-	// taken and is placed at the next window with room.
+	// taken and is placed at the first window with room, t0+5m (it takes
+	// no slot of t0+4m in turn).
 	clk.Set(t0.Add(3*time.Minute + 5*time.Second))
 	claims := []Event{{Tenant: "acme", Offset: 103, InSlot: true}, {Tenant: "acme", Offset: 104, InSlot: true}}
 	ds, err = l.AdmitLate(ctx, retry, claims, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ds[0].Kind != Keep || ds[1].Kind != Defer || !ds[1].Due.Equal(t0.Add(4*time.Minute)) {
-		t.Fatalf("claims of t0+3m: got %v and %v due %s, want keep, then defer to t0+4m", ds[0].Kind, ds[1].Kind, ds[1].Due.Format("15:04:05"))
+	if ds[0].Kind != Keep || ds[1].Kind != Defer || !ds[1].Due.Equal(t0.Add(5*time.Minute)) || ds[1].Took {
+		t.Fatalf("claims of t0+3m: got %v and %v due %s took %v, want keep, then defer to t0+5m, not taken",
+			ds[0].Kind, ds[1].Kind, ds[1].Due.Format("15:04:05"), ds[1].Took)
 	}
 	if c, tk := count(3 * time.Minute); c != 2 || tk != 0 {
 		t.Errorf("window t0+3m after the claims: count %d taken %d, want 2 and 0", c, tk)
 	}
-	if c, _ := count(4 * time.Minute); c != 1 {
-		t.Errorf("window t0+4m: count %d, want 1 (the displaced event)", c)
+	if c, tk := count(4 * time.Minute); c != 2 || tk != 0 {
+		t.Errorf("window t0+4m: count %d taken %d, want 2 and 0", c, tk)
+	}
+	if c, _ := count(5 * time.Minute); c != 1 {
+		t.Errorf("window t0+5m: count %d, want 1 (the displaced event)", c)
 	}
 	// A replay of the claims' batch decides the same.
 	again, err = l.AdmitLate(ctx, retry, claims, true)
@@ -114,8 +121,8 @@ func testLateKeepsPlace(t *testing.T, rdb redis.UniversalClient) {
 	if again[0] != ds[0] || again[1] != ds[1] {
 		t.Errorf("replayed claims: got %+v, want %+v", again, ds)
 	}
-	if c, _ := count(4 * time.Minute); c != 1 {
-		t.Errorf("window t0+4m after the replay: count %d, want 1", c)
+	if c, _ := count(5 * time.Minute); c != 1 {
+		t.Errorf("window t0+5m after the replay: count %d, want 1", c)
 	}
 }
 
@@ -139,8 +146,9 @@ func TestLateWithoutTake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ds[0].Kind != Defer || !ds[0].Due.Equal(t0.Add(4*time.Minute)) || ds[1].Kind != Keep {
-		t.Errorf("got %v due %s and %v, want defer to t0+4m (the first free slot) and keep", ds[0].Kind, ds[0].Due.Format("15:04:05"), ds[1].Kind)
+	if ds[0].Kind != Defer || !ds[0].Due.Equal(t0.Add(4*time.Minute)) || ds[0].Took || ds[1].Kind != Keep {
+		t.Errorf("got %v due %s took %v and %v, want defer to t0+4m (the first free slot) and keep",
+			ds[0].Kind, ds[0].Due.Format("15:04:05"), ds[0].Took, ds[1].Kind)
 	}
 }
 

@@ -66,7 +66,11 @@ local function decide(ti, n, c, costs)
   local keep = math.min(keep_most, near * (ntenants - ti))
   -- Late events first take the slots of later reservations (85_late.lua).
   local took, left, from = take_slots(ti, rules, n - admitted, first, admitted + 1)
-  local res, rest, t = reserve(rules, fkey, left, from, n - left + 1, costs, keep)
+  local taken = 0
+  for i = 2, #took, 3 do
+    taken = taken + took[i]
+  end
+  local res, rest, t = reserve(rules, fkey, n - admitted - taken, from, admitted + taken + 1, costs, keep)
   if #took > 0 then
     for i = 1, #res do
       took[#took + 1] = res[i]
