@@ -32,7 +32,7 @@
 -- tenant's late events, at its first free slot: they take no slot in turn
 -- (a displaced event taking the next window's slot would shift the whole
 -- queue by one, exact but one more deferral per window of backlog: in the
--- fault suite's mix, 7,568 events took a slot against some hundreds late). The other claims keep their slot: they
+-- fault suite's mix, 7,568 events took a slot, most of them displaced). The other claims keep their slot: they
 -- are taken out of the call (like replayed events, so a replay checks them
 -- again, and finds the same: taken only grows while the window is in the
 -- future, and a claim's window holds now) and reported in the reply's
