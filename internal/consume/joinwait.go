@@ -23,6 +23,16 @@ import (
 // join: a join is tried again within CoordinatorJoinBackoff (plus its round
 // trips) while the coordinator says it is on its way, and no more often than
 // before otherwise (a broker that refuses connections, a denied group).
+//
+// The wait delays kafka-go's next attempt only through consume taking its
+// result later: kafka-go tries again CoordinatorJoinBackoff after a failure
+// was taken, so a result taken after the wait can be up to the wait old. Right
+// after the broker's return that costs up to JoinGroupBackoff minus
+// CoordinatorJoinBackoff: in TestFaultMix two members took a
+// COORDINATOR_LOAD_IN_PROGRESS 0.4 s after the group had loaded, and the group
+// rebalanced twice. Waiting only after errors that no retry mends (a denied
+// group) would remove it, at the price of a dial every CoordinatorJoinBackoff
+// while the broker is away.
 
 // coordinatorNotReady reports whether a failed join says the coordinator is
 // there but has not loaded the group yet (or is moving): worth trying again
