@@ -2,6 +2,9 @@ package consume
 
 import (
 	"errors"
+	"io"
+	"net"
+	"syscall"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -19,20 +22,19 @@ import (
 // arrived 0.5 to 1.3 s after the load and far apart, so that on 3.9 the group
 // rebalanced twice (one member, then three). So with
 // Config.CoordinatorJoinBackoff set, kafka-go is given that shorter wait, and
-// consume waits the rest of JoinGroupBackoff itself after any other failed
-// join: a join is tried again within CoordinatorJoinBackoff (plus its round
-// trips) while the coordinator says it is on its way, and no more often than
-// before otherwise (a broker that refuses connections, a denied group).
+// consume waits the rest of JoinGroupBackoff itself only after a join the
+// broker refused for another reason (a denied group, a bad configuration:
+// trying sooner mends nothing). While the broker is away (refused or broken
+// connections) or its coordinator says it is on its way, a join is tried
+// again within CoordinatorJoinBackoff plus its round trips: a dial every 0.1 s
+// that a stopped broker refuses at once.
 //
-// The wait delays kafka-go's next attempt only through consume taking its
-// result later: kafka-go tries again CoordinatorJoinBackoff after a failure
-// was taken, so a result taken after the wait can be up to the wait old. Right
-// after the broker's return that costs up to JoinGroupBackoff minus
-// CoordinatorJoinBackoff: in TestFaultMix two members took a
-// COORDINATOR_LOAD_IN_PROGRESS 0.4 s after the group had loaded, and the group
-// rebalanced twice. Waiting only after errors that no retry mends (a denied
-// group) would remove it, at the price of a dial every CoordinatorJoinBackoff
-// while the broker is away.
+// The wait cannot come before kafka-go's attempt, only before consume takes
+// its result: kafka-go tries again CoordinatorJoinBackoff after a failure was
+// taken, so a result taken after a wait is up to the wait old. So no wait
+// follows the errors of a broker's return: with one after connection errors,
+// two members of TestFaultMix took a COORDINATOR_LOAD_IN_PROGRESS 0.4 s after
+// the group had loaded, and the group rebalanced twice.
 
 // coordinatorNotReady reports whether a failed join says the coordinator is
 // there but has not loaded the group yet (or is moving): worth trying again
@@ -56,11 +58,20 @@ func (c *Config) fastJoin() bool {
 	return c.CoordinatorJoinBackoff > 0 && c.CoordinatorJoinBackoff < c.JoinGroupBackoff
 }
 
+// brokerAway reports whether a failed join found no broker to answer it: a
+// refused, broken or timed-out connection (a broker stopped or restarting).
+func brokerAway(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
 // joinRetryWait is how long consume waits, after the join failure err,
 // before it takes kafka-go's next attempt: nothing beyond kafka-go's own wait
-// while the coordinator loads, the rest of JoinGroupBackoff otherwise.
+// while the broker is away or its coordinator loads, the rest of
+// JoinGroupBackoff after any other answer.
 func (c *Config) joinRetryWait(err error) time.Duration {
-	if !c.fastJoin() || coordinatorNotReady(err) {
+	if !c.fastJoin() || coordinatorNotReady(err) || brokerAway(err) {
 		return 0
 	}
 	return c.JoinGroupBackoff - c.CoordinatorJoinBackoff

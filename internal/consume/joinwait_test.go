@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"syscall"
 	"testing"
 	"time"
@@ -11,12 +13,13 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// Right after a broker restart the coordinator answers joins with
-// NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE or COORDINATOR_LOAD_IN_PROGRESS
-// until it has loaded the group: the next join then goes out after
-// CoordinatorJoinBackoff, so that it reaches the coordinator soon after the
-// load. Any other failure (a broker that refuses connections, a denied
-// group) still waits JoinGroupBackoff in all: kafka-go's wait plus consume's.
+// While the broker is away (refused or broken connections) and, right after
+// its restart, while the coordinator answers joins with NOT_COORDINATOR,
+// COORDINATOR_NOT_AVAILABLE or COORDINATOR_LOAD_IN_PROGRESS until it has
+// loaded the group, the next join goes out after CoordinatorJoinBackoff, so
+// that it reaches the coordinator soon after the load. A join the broker
+// refuses for another reason (a denied group) still waits JoinGroupBackoff in
+// all: kafka-go's wait plus consume's.
 func TestJoinRetryWait(t *testing.T) {
 	const slow, fast = 500 * time.Millisecond, 100 * time.Millisecond
 	refused := fmt.Errorf("failed to dial: %w", syscall.ECONNREFUSED)
@@ -31,7 +34,11 @@ func TestJoinRetryWait(t *testing.T) {
 		{"coordinator not available", fast, kafka.GroupCoordinatorNotAvailable, fast, fast},
 		{"load in progress", fast, kafka.GroupLoadInProgress, fast, fast},
 		{"load in progress, wrapped", fast, fmt.Errorf("join group: %w", kafka.GroupLoadInProgress), fast, fast},
-		{"connection refused", fast, refused, fast, slow},
+		{"connection refused", fast, refused, fast, fast},
+		{"connection refused (the dial's own error)", fast, fmt.Errorf("failed to dial: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}), fast, fast},
+		{"connection broken", fast, fmt.Errorf("join: %w", io.ErrUnexpectedEOF), fast, fast},
+		{"invalid session timeout", fast, kafka.InvalidSessionTimeout, fast, slow},
+		{"another error", fast, errors.New("tls: handshake failure"), fast, slow},
 		{"group authorization failed", fast, kafka.GroupAuthorizationFailed, fast, slow},
 		{"no coordinator backoff: as before", 0, kafka.GroupLoadInProgress, slow, slow},
 		{"coordinator backoff not below the join backoff: ignored", slow + time.Millisecond, kafka.GroupLoadInProgress, slow, slow},
