@@ -97,7 +97,7 @@ func (l *Limiter) capacityArgs(av []any, groups []*group, now time.Time, first i
 	inForce := l.CapacityInForce()
 	for i, r := range c {
 		s, _ := WindowBounds(r, now, l.opts.Location)
-		av = append(av, inForce[i].Limit, r.Length().Milliseconds(), s.UnixMilli(), retention(r, l.opts.Retention).Milliseconds(), sums[i])
+		av = append(av, inForce[i].Limit, r.Length().Milliseconds(), s.UnixMilli(), retention(r, l.opts.Retention).Milliseconds(), sums[i], int(r.Measure))
 	}
 	return append(av, "cap:"+strconv.Itoa(at))
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/rand"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,7 +51,15 @@ func TestParseCapacityAndShares(t *testing.T) {
 		{"5000/1s", "*=100/1m;a=weight:3,floor:200/1s", ""},
 		{"5000/1s,200000/1m", "a=1000/1m,weight:2,floor:100/1s,floor:1000/1m;*=weight:1", ""},
 		{"5000/1h", "*=100/1m", "seconds or minutes"},
-		{"5MiB/1s", "*=100/1m", "counts events"},
+		{"5MiB/1s", "*=100/1m", ""},
+		{"5MiB/1s,200MiB/1m", "a=1000/1m,floor:1MiB/1s,floor:20MiB/1m", ""},
+		{"2000u/1s", "a=floor:500u/1s", ""},
+		{"5MiB/1s,1000/1m", "*=100/1m", "count one measure"},
+		{"5MiB/1s", "a=floor:200/1s", "floor 200/1s counts events, the capacity 5MiB/1s counts bytes"},
+		{"5000/1s", "a=floor:1MiB/1s", "floor 1MiB/1s counts bytes, the capacity 5000/1s counts events"},
+		{"2000u/1s", "a=floor:1KiB/1s", "counts bytes, the capacity 2000u/1s counts units"},
+		{"5MiB/1s", "a=floor:3MiB/1s;b=floor:3MiB/1s", "sum to 6291456"},
+		{"5MiB/1s", "a=floor:1MiB/1s,floor:10/1s", "two floors for window 1s"},
 		{"5000/7s", "*=100/1m", "does not tile"},
 		{"100/1s", "a=floor:60/1s;b=floor:50/1s", "sum to 110"},
 		{"100/1s", "a=floor:10/1m", "no capacity rule of window 1m"},
@@ -144,37 +153,55 @@ func btoi(b bool) int {
 // TestCapacityExactAcrossLimiters has four limiters (replicas) decide
 // batches of 50 tenants at once under a capacity: no window's count
 // passes the capacity, and every window's count is what its tenants booked.
+// The bytes variant (capacity_cost_test.go) runs the same with events of
+// 1 to 2,000 bytes.
 func TestCapacityExactAcrossLimiters(t *testing.T) {
+	exactAcrossLimiters(t, "300/1s,5000/1m", "*=1000/1m;t0=weight:5;t1=floor:40/1s", func(*rand.Rand) Cost { return Cost{} })
+}
+
+// exactAcrossLimiters runs four limiters (replicas) under capacity (a rule
+// per second, then one per minute) for three seconds, on batches of 200
+// events of 50 tenants whose costs come from cost, and checks every window
+// of both rules within the capacity (capWindow: the count is what the
+// tenants booked).
+func exactAcrossLimiters(t *testing.T, capacity, limits string, cost func(*rand.Rand) Cost) {
 	rdb := testRedis(t)
-	c, _ := ParseCapacity("300/1s,5000/1m")
+	c, err := ParseCapacity(capacity)
+	if err != nil {
+		t.Fatal(err)
+	}
 	prefix := testPrefix(t)
 	var ls []*Limiter
 	for i := 0; i < 4; i++ {
-		ls = append(ls, newTestLimiter(t, rdb, "*=1000/1m;t0=weight:5;t1=floor:40/1s", Options{Prefix: prefix, Capacity: c, Horizon: 30 * time.Second}))
+		ls = append(ls, newTestLimiter(t, rdb, limits, Options{Prefix: prefix, Capacity: c, Horizon: 30 * time.Second}))
 	}
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	admitted := 0
+	admitted, booked := 0, int64(0)
 	deadline := time.Now().Add(3 * time.Second)
 	for i, l := range ls {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			rng := rand.New(rand.NewSource(int64(i)))
 			for j := 0; time.Now().Before(deadline); j++ {
 				batch := make([]string, 0, 200)
+				costs := make([]Cost, 0, 200)
 				for k := 0; k < 200; k++ {
 					batch = append(batch, fmt.Sprintf("t%d", (i*7+j*13+k*k)%50))
+					costs = append(costs, cost(rng))
 				}
-				ds, err := l.Admit(ctx, batch)
+				ds, err := l.AdmitCosts(ctx, batch, costs)
 				if err != nil {
 					t.Error(err)
 					return
 				}
 				mu.Lock()
-				for _, d := range ds {
+				for k, d := range ds {
 					if d.Kind == Admit {
 						admitted++
+						booked += costs[k].of(c.Measure())
 					}
 				}
 				mu.Unlock()
@@ -186,19 +213,19 @@ func TestCapacityExactAcrossLimiters(t *testing.T) {
 	checked := 0
 	for s := now.Add(-5 * time.Second).Truncate(time.Second); s.Before(now.Add(31 * time.Second)); s = s.Add(time.Second) {
 		count, _, _ := capWindow(t, ls[0], c[0], s)
-		if count > 300 {
-			t.Errorf("window %v: count %d over the capacity 300", s, count)
+		if count > c[0].Limit {
+			t.Errorf("window %v: count %d over the capacity %s", s, count, c[0])
 		}
 		if count > 0 {
 			checked++
 		}
 	}
 	for s := now.Add(-2 * time.Minute).Truncate(time.Minute); s.Before(now.Add(time.Minute)); s = s.Add(time.Minute) {
-		if count, _, _ := capWindow(t, ls[0], c[1], s); count > 5000 {
-			t.Errorf("minute %v: count %d over the capacity 5000", s, count)
+		if count, _, _ := capWindow(t, ls[0], c[1], s); count > c[1].Limit {
+			t.Errorf("minute %v: count %d over the capacity %s", s, count, c[1])
 		}
 	}
-	t.Logf("%d events admitted, %d one-second windows with bookings", admitted, checked)
+	t.Logf("%d events admitted (%d %s), %d one-second windows with bookings", admitted, booked, c.Measure(), checked)
 	if checked < 10 {
 		t.Errorf("only %d windows booked: the test did not load the capacity", checked)
 	}
