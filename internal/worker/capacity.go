@@ -19,6 +19,9 @@ func (c *Config) checkCapacity() error {
 	if len(c.RedisAddrs) > 1 || strings.EqualFold(c.RedisCluster, "true") {
 		return bad("CAPACITY", "%v", limit.ErrCapacityCluster)
 	}
+	if capacity.Measure() == limit.Units && c.CostFrom == "" {
+		return bad("CAPACITY", "%s counts units, and COST_FROM is not set (where an event's units are)", capacity)
+	}
 	if c.limits != nil {
 		if err := limit.CheckCapacity(c.limits.rules, capacity); err != nil {
 			if c.LimitsFile != "" {
