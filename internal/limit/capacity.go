@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // A capacity is one budget for the service behind Gatekeeper, shared by every
@@ -38,7 +39,8 @@ func (c Capacity) Measure() Measure {
 }
 
 // ParseCapacity parses GATEKEEPER_CAPACITY: comma-separated rules per aligned
-// second or minute window, of events, bytes or units as LIMITS writes them
+// second, minute or hour window (hours: a count dividing 24, in a time zone
+// without daylight saving: see CheckCapacityZone), of events, bytes or units as LIMITS writes them
 // (e.g. "5000/1s", "5000/1s,200000/1m", "10MiB/1s", "2000u/1s"), all of one
 // measure; empty means no capacity. Errors quote the bad part.
 func ParseCapacity(spec string) (Capacity, error) {
@@ -67,8 +69,8 @@ func ParseCapacity(spec string) (Capacity, error) {
 
 func checkCapacityRule(r Rule) error {
 	switch {
-	case r.Unit != Second && r.Unit != Minute:
-		return fmt.Errorf("a capacity window is seconds or minutes (e.g. 5000/1s, 200000/1m)")
+	case r.Unit != Second && r.Unit != Minute && r.Unit != Hour:
+		return fmt.Errorf("a capacity window is seconds, minutes or hours (e.g. 5000/1s, 200000/1m, 5000000/1h)")
 	case r.Limit < 1:
 		return fmt.Errorf("a capacity must be at least 1")
 	}
@@ -434,4 +436,25 @@ func ShareRaised(before, now Share) bool {
 		}
 	}
 	return false
+}
+
+// CheckCapacityZone reports whether the windows of capacity c tile time
+// with a fixed step in zone loc, as the admission script keeps them (a
+// capacity window is base + i × its length): always for seconds and
+// minutes; for hours, when loc's offset from UTC does not change in the
+// two years from now (UTC, or a zone without daylight saving), since a
+// change of offset moves local hour boundaries against that step.
+func CheckCapacityZone(c Capacity, loc *time.Location, now time.Time) error {
+	for _, r := range c {
+		if r.Unit != Hour {
+			continue
+		}
+		_, off := now.In(loc).Zone()
+		for d := 0; d <= 2*366; d++ {
+			if _, o := now.AddDate(0, 0, d).In(loc).Zone(); o != off {
+				return fmt.Errorf("capacity %s: hour windows need a time zone without daylight saving (TIMEZONE %s changes its offset from UTC)", r, loc)
+			}
+		}
+	}
+	return nil
 }

@@ -37,6 +37,9 @@ func checkCapacityUse(rules *Rules, opts Options, cluster bool) error {
 			return err
 		}
 	}
+	if err := CheckCapacityZone(opts.Capacity, opts.Location, opts.Clock()); err != nil {
+		return err
+	}
 	return CheckCapacity(rules, opts.Capacity)
 }
 

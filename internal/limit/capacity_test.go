@@ -50,7 +50,10 @@ func TestParseCapacityAndShares(t *testing.T) {
 	for _, tc := range []struct{ capacity, limits, err string }{
 		{"5000/1s", "*=100/1m;a=weight:3,floor:200/1s", ""},
 		{"5000/1s,200000/1m", "a=1000/1m,weight:2,floor:100/1s,floor:1000/1m;*=weight:1", ""},
-		{"5000/1h", "*=100/1m", "seconds or minutes"},
+		{"5000/1h", "*=100/1m", ""},
+		{"5000/1h,100000/24h", "*=100/1m;a=floor:100/1h", ""},
+		{"5000/5h", "*=100/1m", "does not tile"},
+		{"5000/1d", "*=100/1m", "seconds, minutes or hours"},
 		{"5MiB/1s", "*=100/1m", ""},
 		{"5MiB/1s,200MiB/1m", "a=1000/1m,floor:1MiB/1s,floor:20MiB/1m", ""},
 		{"2000u/1s", "a=floor:500u/1s", ""},
@@ -103,15 +106,32 @@ func TestParseCapacityAndShares(t *testing.T) {
 // water level of the demand predicted for it) every second is the
 // water-filling answer within 5%: a 10, b 30, c 60.
 func TestCapacityWorkedExample(t *testing.T) {
+	workedExample(t, "100/1s", "*=100000/1m;c=100000/1m,weight:2,floor:30/1s", time.Second)
+}
+
+// TestCapacityWorkedExampleHours is the worked example with hour windows
+// (CAPACITY=100/1h, floor:30/1h; the horizon, 24h, is 24 windows): the model keeps its
+// times as fractions of the window, so every hour books the same answer.
+func TestCapacityWorkedExampleHours(t *testing.T) {
+	workedExample(t, "100/1h", "*=100000/1d;c=100000/1d,weight:2,floor:30/1h", time.Hour)
+}
+
+// workedExample runs the worked example under capacity (100 a window)
+// with windows of length window: every window a sends 10, b 200 and c
+// (weight 2, floor 30 a window) 100, spread over it.
+func workedExample(t *testing.T, capacity, limits string, window time.Duration) {
 	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	c, _ := ParseCapacity("100/1s")
-	l := newTestLimiter(t, testRedis(t), "*=100000/1m;c=100000/1m,weight:2,floor:30/1s", Options{Clock: clk.Now, Capacity: c})
+	c, err := ParseCapacity(capacity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newTestLimiter(t, testRedis(t), limits, Options{Clock: clk.Now, Capacity: c})
 	ctx := context.Background()
 	start := clk.Now()
 	const steps = 20
 	for sec := 0; sec < 14; sec++ {
 		for k := 0; k < steps; k++ {
-			clk.Set(start.Add(time.Duration(sec)*time.Second + time.Duration(k)*time.Second/steps))
+			clk.Set(start.Add(time.Duration(sec)*window + time.Duration(k)*window/steps))
 			var batch []string
 			batch = append(batch, repeat("a", 10/steps+btoi(k%2 == 0))...)
 			batch = append(batch, repeat("b", 200/steps)...)
@@ -130,8 +150,8 @@ func TestCapacityWorkedExample(t *testing.T) {
 func checkBooked(t *testing.T, l *Limiter, r Rule, start time.Time, from, to int, want map[string]int64) {
 	t.Helper()
 	for sec := from; sec < to; sec++ {
-		count, _, got := capWindow(t, l, r, start.Add(time.Duration(sec)*time.Second))
-		t.Logf("second %d: count %d, booked %v", sec, count, got)
+		count, _, got := capWindow(t, l, r, start.Add(time.Duration(sec)*r.Length()))
+		t.Logf("window %d: count %d, booked %v", sec, count, got)
 		if count != r.Limit {
 			t.Errorf("second %d: count %d, want %d (work-conserving)", sec, count, r.Limit)
 		}
@@ -444,4 +464,35 @@ func capRefused(t testing.TB, l *Limiter, r Rule, start time.Time) map[string]in
 		}
 	}
 	return out
+}
+
+// TestCapacityZone: hour windows of a capacity need a zone whose offset
+// from UTC does not change (the script steps them by their length);
+// seconds and minutes go anywhere.
+func TestCapacityZone(t *testing.T) {
+	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	paris, err := time.LoadLocation("Europe/Paris")
+	if err != nil {
+		t.Skip(err)
+	}
+	kolkata, _ := time.LoadLocation("Asia/Kolkata")
+	for _, tc := range []struct {
+		capacity string
+		loc      *time.Location
+		ok       bool
+	}{
+		{"100/1h", time.UTC, true},
+		{"100/1h", kolkata, true},
+		{"100/1h", paris, false},
+		{"100/1s,6000/1m", paris, true},
+	} {
+		c, err := ParseCapacity(tc.capacity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = CheckCapacityZone(c, tc.loc, now)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s in %s: got %v, want ok %v", tc.capacity, tc.loc, err, tc.ok)
+		}
+	}
 }
