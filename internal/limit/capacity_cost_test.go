@@ -146,6 +146,16 @@ func TestCapacityBytesBigEvents(t *testing.T) {
 	if ds[0].Kind == Reject || ds[2].Kind == Reject {
 		t.Errorf("the events beside it: %v, want decided as usual", kinds(ds))
 	}
+	// An operator's cap (or a paced rate) of 500 bytes a second: a 600-byte
+	// event is over the capacity in force, and fits again once it is lifted.
+	l.SetCapacityRate(500)
+	if ds, err := l.AdmitCosts(ctx, []string{"huge"}, []Cost{{Bytes: 600}}); err != nil || ds[0].Kind != Reject || !strings.Contains(ds[0].Reason, "over the whole capacity 500B/1s") {
+		t.Errorf("600 bytes under a cap of 500: %+v %v, want rejected naming the capacity in force", ds, err)
+	}
+	l.SetCapacityRate(0)
+	if ds, err := l.AdmitCosts(ctx, []string{"huge"}, []Cost{{Bytes: 600}}); err != nil || strings.Contains(ds[0].Reason, "over the whole capacity") {
+		t.Errorf("600 bytes once the cap is lifted: %+v %v, want decided by the capacity's room", ds, err)
+	}
 }
 
 // TestCapacityBytesExactAcrossLimiters is TestCapacityExactAcrossLimiters
