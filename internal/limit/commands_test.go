@@ -110,7 +110,7 @@ func TestCapacityCommands(t *testing.T) {
 		}
 		cpu0 := redisCPU(t, rdb)
 		for _, batch := range batches {
-			clk.Add(100 * time.Millisecond) // ten calls a window
+			clk.Add(100 * time.Millisecond)   // ten calls a window
 			costs := make([]Cost, len(batch)) // 100 to 499 bytes
 			for i := range costs {
 				costs[i].Bytes = int64(100 + (i*37)%400)
