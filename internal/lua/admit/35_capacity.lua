@@ -41,7 +41,9 @@
 --   entitlement there: the cost of its next event to place (for events, in
 --   a future window, 1), so that an event larger than a tenant's share is
 --   still placed, one a window, wherever the capacity has room for it
---   (fairness is then at the grain of one event a window). The caller
+--   (fairness is then at the grain of one event a window); and from
+--   ramp_hi on, one event over its part of what is spare, so that the
+--   spare is not left in pieces smaller than the events. The caller
 --   rejects an event that costs more than the capacity: no window could
 --   hold it.
 -- Reply: nothing of its own (the capacity is one more rule of each tenant).
@@ -671,6 +673,12 @@ local function cap_room(r, s, pos)
     e = math.floor(r.w * lv + 1e-9)
     if one > 1 and one > e then
       e = one -- bytes or units: one event at least (see Measures)
+    end
+    if one > 1 and not protect and b + one > e then
+      -- Bytes or units, from ramp_hi on: one event over its part of the
+      -- spare, so that what is left is not lost in pieces smaller than
+      -- the events (see Measures).
+      e = b + one
     end
   else
     e = math.max(one, math.floor(r.w * lv / 2 + 1e-9))
