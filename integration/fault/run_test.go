@@ -83,6 +83,7 @@ func (f flow) env() map[string]string {
 		"GATEKEEPER_SHUTDOWN_GRACE":        shutdownGrace.String(),
 		"GATEKEEPER_KAFKA_SESSION_TIMEOUT": sessionTimeout.String(),
 		"GATEKEEPER_LOG_LEVEL":             "info",
+		"GATEKEEPER_LATE_TAKES_SLOTS":      "true", // late events keep their place (#22): the whole fleet checks claims
 	}
 }
 

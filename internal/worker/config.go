@@ -157,6 +157,9 @@ type EventsConfig struct {
 type RetryConfig struct {
 	// MaxAttempts is how often one event may be deferred before it is dead-lettered.
 	MaxAttempts int `split_words:"true" default:"5" desc:"deferrals of one event before it is dead-lettered"`
+	// LateTakesSlots lets a deferred event that missed its slot take the
+	// slot of its tenant's earliest later reservation (route.Retrier.TakeSlots).
+	LateTakesSlots bool `split_words:"true" default:"false" desc:"a deferred event that missed its slot takes the slot of its tenant's earliest later reservation, ahead of what the tenant deferred after it (one-rule tenants of aligned windows counting events); turn on only once every replica runs a version that has this setting"`
 	// RetryLookahead bounds the deferred events the retry role holds in
 	// memory per retry-tier partition.
 	RetryLookahead int `split_words:"true" default:"10000" desc:"most deferred events held in memory per retry-tier partition while they wait for their release time (memory: about this many times the partitions of the retry tiers times the event size, with headers)"`
