@@ -83,7 +83,6 @@ func (f flow) env() map[string]string {
 		"GATEKEEPER_SHUTDOWN_GRACE":        shutdownGrace.String(),
 		"GATEKEEPER_KAFKA_SESSION_TIMEOUT": sessionTimeout.String(),
 		"GATEKEEPER_LOG_LEVEL":             "info",
-		"GATEKEEPER_LATE_TAKES_SLOTS":      "true", // late events keep their place (#22): the whole fleet checks claims
 	}
 }
 
@@ -154,6 +153,9 @@ func startRun(t *testing.T, sc scenario) *run {
 	r.fleet = &fleet{env: r.flow.env()}
 	if sc.capacity != "" {
 		r.fleet.env["GATEKEEPER_CAPACITY"] = sc.capacity
+	}
+	if sc.lateTakesSlots {
+		r.fleet.env["GATEKEEPER_LATE_TAKES_SLOTS"] = "on" // the whole fleet checks claims from the start
 	}
 	if sc.lastEnv != nil {
 		r.fleet.startReady(t, sc.replicas-1)

@@ -3,6 +3,7 @@ package route
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,7 +57,7 @@ func TestRetrierClaims(t *testing.T) {
 	}}
 	adm := testAdmission(w, la.fakeAdmitter, m, &readyLog{})
 	adm.Admitter = la
-	r := mustRetrier(t, Retrier{Admission: adm, MaxAttempts: 2, TakeSlots: true})
+	r := mustRetrier(t, Retrier{Admission: adm, MaxAttempts: 2, CheckClaims: true, TakeSlots: true})
 	if err := r.Handle(context.Background(), batchOf([]kafka.Message{kept, taken, took, late})); err != nil {
 		t.Fatal(err)
 	}
@@ -125,11 +126,15 @@ func TestRetrierUnreservedGivesNothingBack(t *testing.T) {
 	ud.OriginOffset = 78
 	unreserved := retryMsg("down.retry", 2, ud)
 	w, m := &fakeWriter{}, newTestMetrics(t)
-	rel := &releaser{lateAdmitter: &lateAdmitter{fakeAdmitter: &fakeAdmitter{}, answer: func(evs []limit.Event) []limit.Decision {
+	admitAll := func(_ int, _ limit.Source, evs []limit.Event) ([]limit.Decision, error) {
 		ds := make([]limit.Decision, len(evs))
 		for i := range ds {
 			ds[i] = limit.Decision{Kind: limit.Admit}
 		}
+		return ds, nil
+	}
+	rel := &releaser{lateAdmitter: &lateAdmitter{fakeAdmitter: &fakeAdmitter{from: admitAll}, answer: func(evs []limit.Event) []limit.Decision {
+		ds, _ := admitAll(0, limit.Source{}, evs)
 		return ds
 	}}}
 	adm := testAdmission(w, rel.fakeAdmitter, m, &readyLog{})
@@ -140,5 +145,17 @@ func TestRetrierUnreservedGivesNothingBack(t *testing.T) {
 	}
 	if len(rel.slots) != 1 || !rel.slots[0].Due.Equal(past) {
 		t.Fatalf("slots given back: got %+v, want one (the reserved event's)", rel.slots)
+	}
+}
+
+// Taking slots without checking claims would forward the slots this
+// replica takes: refused.
+func TestRetrierTakeSlotsNeedsClaims(t *testing.T) {
+	adm := testAdmission(&fakeWriter{}, &fakeAdmitter{}, newTestMetrics(t), &readyLog{})
+	if _, err := NewRetrier(Retrier{Admission: adm, TakeSlots: true}); err == nil || !strings.Contains(err.Error(), "CheckClaims") {
+		t.Errorf("TakeSlots without CheckClaims: got %v, want an error naming CheckClaims", err)
+	}
+	if _, err := NewRetrier(Retrier{Admission: adm, CheckClaims: true, TakeSlots: true}); err != nil {
+		t.Errorf("TakeSlots with CheckClaims: %v", err)
 	}
 }

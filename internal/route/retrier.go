@@ -62,17 +62,22 @@ type Retrier struct {
 	// not known); such a message is checked now (see early.go) instead of
 	// failing the batch with ErrEarly.
 	Expedited func(m kafka.Message) (before []limit.Rule, ok bool)
+	// CheckClaims: an event back inside its slot is checked in Redis (a
+	// claim, when the Admitter is a LateAdmitter) before it is forwarded:
+	// a late event may have taken its slot. Without it, such an event is
+	// forwarded uncounted without asking Redis.
+	CheckClaims bool
 	// TakeSlots: a late event takes the slot of its tenant's earliest later
 	// reservation (limit.Limiter.AdmitLate), so that it keeps its place.
-	// Turn it on only once every replica runs a version whose Retrier
-	// checks claims (an Admitter that is a LateAdmitter): an older one
+	// Turn it on only once every replica checks claims: one that does not
 	// forwards an event whose slot was taken, one over the window's limit.
 	TakeSlots bool
 }
 
 // LateAdmitter decides a batch of the first retry tier: late events and
 // claims (limit.Event.InSlot); *limit.Limiter implements it. When the
-// Retrier's Admitter is one, every event back inside its slot is checked
+// Retrier's Admitter is one and CheckClaims is set, every event back
+// inside its slot is checked
 // with it (a claim: kept, limit.Keep, unless a late event took its slot),
 // in the one call that decides the batch's late events. It must be safe
 // for concurrent use.
@@ -95,6 +100,9 @@ func (r *Retrier) Validate() error {
 	}
 	if r.MaxAttempts < 0 {
 		return fmt.Errorf("retrier: max attempts %d is negative", r.MaxAttempts)
+	}
+	if r.TakeSlots && !r.CheckClaims {
+		return errors.New("retrier: TakeSlots without CheckClaims: this replica would forward the slots it takes")
 	}
 	return nil
 }
@@ -194,7 +202,7 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 	// A re-check's identity is its position in the retry tier, unique per
 	// trip: deferred again and late again, it is a new decision.
 	call := r.Admitter.AdmitFrom
-	if la, ok := r.Admitter.(LateAdmitter); ok {
+	if la, ok := r.Admitter.(LateAdmitter); ok && r.CheckClaims {
 		call = func(ctx context.Context, src limit.Source, evs []limit.Event) ([]limit.Decision, error) {
 			return la.AdmitLate(ctx, src, evs, r.TakeSlots)
 		}
@@ -325,9 +333,9 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, no
 			m.Topic, m.Partition, m.Offset, ErrEarly, now.Format(time.RFC3339Nano), d.Due.Format(time.RFC3339Nano))
 	}
 	claim := now.Before(d.Reserved)
-	if _, late := r.Admitter.(LateAdmitter); claim && (!late || d.Took) {
-		// Inside its slot, and the slot is its own: it took it, or no
-		// late event can have taken it (the Admitter checks no claims).
+	if _, late := r.Admitter.(LateAdmitter); claim && (!late || !r.CheckClaims || d.Took) {
+		// Inside its slot, and the slot is its own: it took it, or claims
+		// are not checked (no replica takes slots, or the Admitter cannot).
 		b.counts[DecisionReserved]++
 		b.items[i] = Item{Msg: m, Outcome: Forward}
 		return nil

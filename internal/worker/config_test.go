@@ -123,6 +123,7 @@ func TestConfigDefaults(t *testing.T) {
 		},
 		RetryConfig: RetryConfig{
 			MaxAttempts:         5,
+			LateTakesSlots:      "off",
 			RetryLookahead:      10000,
 			RetryLookaheadBytes: 1 << 20,
 		},
@@ -340,6 +341,7 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "DEFER_HORIZON", "1 day"), "DEFER_HORIZON"},
 		{with(minimal(), "ON_REDIS_ERROR", "drop"), "ON_REDIS_ERROR"},
 		{with(minimal(), "MAX_ATTEMPTS", "0"), "MAX_ATTEMPTS"},
+		{with(minimal(), "LATE_TAKES_SLOTS", "true"), "LATE_TAKES_SLOTS"},
 		{with(minimal(), "MAX_ATTEMPTS", "five"), "MAX_ATTEMPTS"},
 		{with(minimal(), "SHADOW", "maybe"), "SHADOW"},
 		{with(minimal(), "HTTP_ADDR", "8080"), "HTTP_ADDR"},
