@@ -115,6 +115,12 @@ type Config struct {
 	// member stops): its last figure would otherwise stay reported forever.
 	// It is called from partition goroutines, concurrently.
 	OnLag func(topic string, partition int, lag int64)
+
+	// OnCommitted, if set, is called after each commit the broker accepted,
+	// with the offset committed (the next to read). It is called from
+	// partition goroutines, concurrently, and holds up the partition's next
+	// commit while it runs.
+	OnCommitted func(topic string, partition int, next int64)
 }
 
 // withDefaults returns a copy of c with every zero field set to its default.

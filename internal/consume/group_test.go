@@ -133,10 +133,11 @@ func TestRunBatchesRetriesSameBatch(t *testing.T) {
 	}
 	h := &recordingHandler{failures: 2}
 	c := &commits{}
-	var lags []int64
+	var lags, committed []int64
 	p := testPartition(f, h, c, func(cfg *Config) {
 		cfg.BatchSize = 4
 		cfg.OnLag = func(_ string, _ int, lag int64) { lags = append(lags, lag) }
+		cfg.OnCommitted = func(_ string, _ int, next int64) { committed = append(committed, next) }
 	})
 
 	stop, cancel := context.WithCancel(context.Background())
@@ -158,6 +159,9 @@ func TestRunBatchesRetriesSameBatch(t *testing.T) {
 	}
 	if diff := cmp.Diff([]int64{6, 2, 0}, lags); diff != "" {
 		t.Errorf("lags (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]int64{4, 8, 10}, committed); diff != "" {
+		t.Errorf("OnCommitted (-want +got):\n%s", diff)
 	}
 }
 

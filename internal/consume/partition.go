@@ -125,9 +125,10 @@ func (p *partition) startCommit(c offsetCommit) *pendingCommit {
 	return pc
 }
 
-// committedOrNot logs the outcome of a commit and reports the lag. A failed
-// commit is not retried: the next commit covers it, or the messages are
-// redelivered (at least once). Safe to call from any goroutine.
+// committedOrNot logs the outcome of a commit, reports the lag and calls
+// OnCommitted. A failed commit is not retried: the next commit covers it,
+// or the messages are redelivered (at least once). Safe to call from any
+// goroutine.
 func (p *partition) committedOrNot(next, hwm int64, err error) {
 	switch {
 	case errors.Is(err, kafka.IllegalGeneration), errors.Is(err, kafka.UnknownMemberId),
@@ -141,6 +142,9 @@ func (p *partition) committedOrNot(next, hwm int64, err error) {
 		p.log.Debug("committed", "offset", next)
 		if p.cfg.OnLag != nil && hwm >= 0 {
 			p.cfg.OnLag(p.topic, p.id, max(hwm-next, 0))
+		}
+		if p.cfg.OnCommitted != nil {
+			p.cfg.OnCommitted(p.topic, p.id, next)
 		}
 	}
 }

@@ -374,6 +374,24 @@ func (s *replaySweep) due(k sourceKey, low int64, max int) []string {
 	return out
 }
 
+// passed takes out of the sweep at most max records of the partition of
+// topic (whatever its topic ID) whose highest offset is below low.
+func (s *replaySweep) passed(topic string, partition int, low int64, max int) []string {
+	s.mu.Lock()
+	var ks []sourceKey
+	for k := range s.recs {
+		if k.topic == topic && k.partition == partition {
+			ks = append(ks, k)
+		}
+	}
+	s.mu.Unlock()
+	var out []string
+	for _, k := range ks {
+		out = append(out, s.due(k, low, max-len(out))...)
+	}
+	return out
+}
+
 // sweepReplays notes the records of a Cluster call's tenants and deletes
 // the records of src's partition that its Low has passed. A deletion that
 // fails is left to the record's lifetime: nothing is counted wrongly.
@@ -385,7 +403,28 @@ func (l *Limiter) sweepReplays(ctx context.Context, src Source, calls []*group, 
 	for i, g := range calls {
 		l.sweep.note(k, l.keys.tenantReplay(g.tenant, src), replies[i].recordHi)
 	}
-	keys := l.sweep.due(k, src.Low, sweepPerCall)
+	l.dropReplays(ctx, l.sweep.due(k, src.Low, sweepPerCall), src.Low)
+}
+
+// Committed tells the Limiter that the offsets of a source partition below
+// next are committed. On Redis Cluster it deletes the replay records that
+// commit has passed (at most sweepPerCall, one pipelined round trip, within
+// Options.Timeout): a partition that receives nothing after a batch of
+// made-up tenants would otherwise keep their records for ReplayRecordTTL,
+// since only a later call of the partition sweeps them. Elsewhere it finds
+// nothing to do. It is safe for concurrent use; a deletion that fails is
+// left to the record's lifetime.
+func (l *Limiter) Committed(topic string, partition int, next int64) {
+	keys := l.sweep.passed(topic, partition, next, sweepPerCall)
+	if len(keys) == 0 {
+		return
+	}
+	l.dropReplays(context.Background(), keys, next)
+}
+
+// dropReplays deletes the replay records keys whose decisions are all
+// below low (replay_drop.lua checks that again), in one pipeline.
+func (l *Limiter) dropReplays(ctx context.Context, keys []string, low int64) {
 	if len(keys) == 0 {
 		return
 	}
@@ -394,7 +433,7 @@ func (l *Limiter) sweepReplays(ctx context.Context, src Source, calls []*group, 
 	cmds := make([]*redis.Cmd, len(keys))
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, key := range keys {
-			cmds[i] = l.drop.EvalSha(ctx, p, []string{key}, src.Low)
+			cmds[i] = l.drop.EvalSha(ctx, p, []string{key}, low)
 		}
 		return nil
 	})
@@ -402,7 +441,7 @@ func (l *Limiter) sweepReplays(ctx context.Context, src Source, calls []*group, 
 		_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, key := range keys {
 				if redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
-					cmds[i] = l.drop.Eval(ctx, p, []string{key}, src.Low)
+					cmds[i] = l.drop.Eval(ctx, p, []string{key}, low)
 				}
 			}
 			return nil

@@ -91,17 +91,32 @@ func TestReplayRecordBounded(t *testing.T) {
 // later call of the partition names a Low past them, not after
 // ReplayRecordTTL. A record that another owner has since written to at or
 // above that Low is kept.
-func TestReplayRecordClusterSweep(t *testing.T) {
+// sweepCase is the start of the Cluster sweep tests: two owners of one
+// partition on a real Cluster, and a batch of 200 made-up tenants and x
+// (offsets 0 to 200) decided by a.
+type sweepCase struct {
+	rdb    redis.UniversalClient
+	prefix string
+	a, b   *Limiter
+	made   []string
+	first  testSource
+}
+
+func newSweepCase(t *testing.T) sweepCase {
+	t.Helper()
 	rdb := testCluster(t)
-	ctx := context.Background()
 	clk := newFakeClock(t0.Add(10 * time.Second))
-	prefix := testPrefix(t)
-	a := newTestLimiter(t, rdb, "*=1/1m", Options{Clock: clk.Now, Prefix: prefix, ReplayScope: "g"})
-	b := newTestLimiter(t, rdb, "*=1/1m", Options{Clock: clk.Now, Prefix: prefix, ReplayScope: "g"})
-	made := madeUp(200, "made-up")
-	first := src(0, 0)
-	first.TopicID = "AAAAAAAAAAAAAAAAAAAAAA"
-	admitFrom(t, a, first, append(append([]string{}, made...), "x"))
+	c := sweepCase{rdb: rdb, prefix: testPrefix(t), made: madeUp(200, "made-up"), first: src(0, 0)}
+	c.a = newTestLimiter(t, rdb, "*=1/1m", Options{Clock: clk.Now, Prefix: c.prefix, ReplayScope: "g"})
+	c.b = newTestLimiter(t, rdb, "*=1/1m", Options{Clock: clk.Now, Prefix: c.prefix, ReplayScope: "g"})
+	c.first.TopicID = "AAAAAAAAAAAAAAAAAAAAAA"
+	admitFrom(t, c.a, c.first, append(append([]string{}, c.made...), "x"))
+	return c
+}
+
+func TestReplayRecordClusterSweep(t *testing.T) {
+	c := newSweepCase(t)
+	rdb, ctx, prefix, a, b, made, first := c.rdb, context.Background(), c.prefix, c.a, c.b, c.made, c.first
 	exists := func(tenant string) bool {
 		return rdb.Exists(ctx, a.keys.tenantReplay(tenant, first.Source)).Val() == 1
 	}
@@ -156,4 +171,52 @@ func TestReplayRecordClusterSweep(t *testing.T) {
 		}
 	}
 	t.Logf("replay records left after the sweep: %d (good's and x's)", n)
+}
+
+// A partition that receives nothing after a batch of made-up tenants: the
+// commit past the batch deletes their records on Cluster (Committed), not
+// their lifetime; a record holding another owner's decisions above the
+// commit stays, and so does every record of another partition.
+func TestReplayRecordClusterSweepOnCommit(t *testing.T) {
+	c := newSweepCase(t)
+	rdb, ctx, a, b, made, first := c.rdb, context.Background(), c.a, c.b, c.made, c.first
+	elsewhere := src(0, 0)
+	elsewhere.Partition = 4
+	elsewhere.TopicID = first.TopicID
+	admitFrom(t, a, elsewhere, []string{"other-partition"})
+	other := src(0, 500)
+	other.TopicID = first.TopicID
+	firstX := kinds(admitFrom(t, b, other, []string{"x", "x"}))
+	exists := func(tenant string, s Source) bool {
+		return rdb.Exists(ctx, a.keys.tenantReplay(tenant, s)).Val() == 1
+	}
+	live := func() (n int) {
+		for _, m := range made {
+			if exists(m, first.Source) {
+				n++
+			}
+		}
+		return n
+	}
+	if n := live(); n != len(made) {
+		t.Fatalf("after the batch: %d of %d made-up records; want all", n, len(made))
+	}
+	// A commit inside the batch passes the records of offsets 0 to 149 only.
+	a.Committed(first.Topic, first.Partition, 150)
+	if n := live(); n != len(made)-150 {
+		t.Errorf("after a commit at 150: %d of %d made-up records; want %d", n, len(made), len(made)-150)
+	}
+	a.Committed(first.Topic, first.Partition, 201)
+	if n := live(); n != 0 {
+		t.Errorf("after the commit past the batch: %d of %d made-up records; want 0", n, len(made))
+	}
+	if !exists("x", first.Source) {
+		t.Fatalf("x's record, which holds another owner's decisions above the commit, is gone")
+	}
+	if !exists("other-partition", elsewhere.Source) {
+		t.Errorf("the record of partition 4 is gone after a commit of partition 3")
+	}
+	if got := kinds(admitFrom(t, b, other, []string{"x", "x"})); got != firstX {
+		t.Errorf("x replayed by the other owner: got %s, want %s", got, firstX)
+	}
 }

@@ -254,6 +254,11 @@ func (p Pipeline) sourceConfig(m *pipelineMetrics) consume.Config {
 	// BATCH_BYTES (4 MiB) held six partitions' 24 MiB decoded at once for
 	// nothing: a 1 MiB response still holds several 500-event batches.
 	gc.MaxBytes = min(p.Config.BatchBytes, consume.DefaultMaxBytes)
+	if p.Limiter != nil {
+		// Redis Cluster: the replay records a commit has passed go at
+		// once, not at the partition's next batch.
+		gc.OnCommitted = p.Limiter.Committed
+	}
 	return gc
 }
 
