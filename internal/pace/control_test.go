@@ -341,3 +341,48 @@ func TestControllerDropLateSamples(t *testing.T) {
 		t.Errorf("at the drop: drain %.0f/s, rate %.0f/s (before %.0f/s); want the drain at most 300 and the rate not raised", e.Drain, e.Rate, before)
 	}
 }
+
+// TestControllerSettleStages walks the response to a drop (settleLaw)
+// through its stages: a drop is a cut only when the drain stayed under 85%
+// of the estimate before it and the excess is at least L*/4 (else the law
+// alone: a stall whose commits came back, or noise); a cut drains the
+// excess in one interval down to the floor, lands on the first rate above
+// it, and takes the rest within 6% of the drain until the excess has been
+// under L*/8 twice running.
+func TestControllerSettleStages(t *testing.T) {
+	p := Params{TargetWait: 2 * time.Second, Floor: 50, Ceiling: 3000, Interval: time.Second, Hold: 10 * time.Second}
+	const tc = 2.0 // max(TargetWait, 2 intervals), seconds
+	type call struct {
+		d, excess, want float64
+		rate            float64 // want this rate (0: the law alone)
+		stage           int     // and this stage after the call
+	}
+	for _, x := range []struct {
+		name  string
+		calls []call
+	}{
+		{"the drain came back: not a cut", []call{{290, 200, 580, 0, settleNone}}},
+		{"a small excess: not a cut", []call{{150, 70, 300, 0, settleNone}}},
+		{"a cut", []call{
+			{150, 400, 300, -250, settleDrain}, // under the floor: Observe clamps it
+			{150, 180, 300, -30, settleDrain},
+			{150, 60, 300, 90, settleRest},  // lands: the first rate above the floor
+			{150, 60, 300, 141, settleRest}, // the rest: 6% under the drain at most (the law: 15 under)
+			{150, 20, 300, 145, settleRest}, // under L*/8 once: the law's half gain, within the band
+			{150, -10, 300, 0, settleNone},  // twice: the law alone
+		}},
+		{"a new backlog in the rest: the law alone", []call{{150, 400, 300, -250, settleDrain}, {150, 90, 300, 60, settleRest}, {150, 160, 300, 0, settleNone}}},
+		{"the drain overshot: the law alone", []call{{150, 400, 300, -250, settleDrain}, {150, -10, 300, 0, settleNone}}},
+	} {
+		t.Run(x.name, func(t *testing.T) {
+			c := NewController(p, 300)
+			c.settle, c.before = settlePending, 300
+			for i, k := range x.calls {
+				rate, ok := c.settleLaw(k.d, k.excess, k.want, tc)
+				if k.rate == 0 && ok || k.rate != 0 && (!ok || math.Abs(rate-k.rate) > 1e-9) || c.settle != k.stage {
+					t.Fatalf("call %d (drain %.0f, excess %.0f): rate %.1f (%v), stage %d; want %.1f, stage %d", i, k.d, k.excess, rate, ok, c.settle, k.rate, k.stage)
+				}
+			}
+		})
+	}
+}
