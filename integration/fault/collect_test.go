@@ -30,6 +30,7 @@ type outEvent struct {
 	reserved  time.Time // gk-reserved; zero if absent
 	attempt   string    // gk-attempt
 	reason    string    // gk-reason
+	took      bool      // gk-took: it took a later reservation's slot (#22)
 }
 
 func (e outEvent) String() string {
@@ -136,6 +137,8 @@ func outEventOf(r *kgo.Record) (e outEvent, ok bool) {
 			e.attempt = string(h.Value)
 		case "gk-reason":
 			e.reason = string(h.Value)
+		case "gk-took":
+			e.took = true
 		}
 	}
 	return e, true

@@ -21,6 +21,10 @@ const (
 	// affected, and retrying does not help: the event goes to the dead-letter
 	// topic.
 	Fail
+	// Keep: the event came back from the first retry tier inside its
+	// reserved slot, and the slot is still its own: forward it uncounted
+	// (AdmitLate only).
+	Keep
 )
 
 // String returns the kind's lower-case name, as used in metrics and logs.
@@ -34,6 +38,8 @@ func (k Kind) String() string {
 		return "reject"
 	case Fail:
 		return "fail"
+	case Keep:
+		return "keep"
 	}
 	return "unknown"
 }
@@ -48,6 +54,10 @@ type Decision struct {
 	// the windows it was counted in). An event that comes back in [Due, Until)
 	// is forwarded without being counted again; later, it is checked as new.
 	Until time.Time
+	// Took is, for Defer, that the slot was taken from a later reservation
+	// of the tenant (AdmitLate): the event must come back with it marked,
+	// so that its own claim is never taken for the reservation's.
+	Took bool
 	// Reason says why, for Reject and Fail.
 	Reason string
 	// Override is the version of the live override whose rules decided the

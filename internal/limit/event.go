@@ -12,6 +12,10 @@ type Event struct {
 	// Offset is the event's offset in the Source's partition; it is read
 	// only when the batch names a Source.
 	Offset int64
+	// InSlot: the event came back from the first retry tier inside its
+	// reserved slot (AdmitLate): it keeps the slot unless a late event of
+	// its tenant took it.
+	InSlot bool
 }
 
 // Tenants returns the tenants of events, index-aligned with them.

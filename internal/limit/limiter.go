@@ -345,10 +345,11 @@ func (l *Limiter) admitFrom(ctx context.Context, s *scratch, src positions, tena
 			for _, i := range g.idx {
 				out[i] = Decision{Kind: Admit}
 			}
-		case l.rejectNever(g, src, out):
+		case !src.hasClaims(g) && l.rejectNever(g, src, out):
 		default:
 			g.st = l.stateLocked(g, now)
-			if now.Before(g.st.full) && g.st.fullFor(g.costs) && !l.sent.mayReplay(src, g.idx) {
+			local := src.late == nil || !src.late.take && !src.hasClaims(g) // AdmitLate: a take or a claim needs Redis
+			if local && now.Before(g.st.full) && g.st.fullFor(g.costs) && !l.sent.mayReplay(src, g.idx) {
 				// Full up to the horizon: nothing can change before the
 				// horizon reaches a window that was not full.
 				l.metrics.cacheHits.Add(float64(len(g.idx)))

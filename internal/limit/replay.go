@@ -44,6 +44,9 @@ type Source struct {
 type positions struct {
 	Source
 	offsets []int64
+	// late: the batch was read back from the first retry tier (AdmitLate);
+	// nil for AdmitFrom.
+	late *lateCall
 }
 
 // ReplayRecordTTL is how long a partition's replay record lives after its
@@ -206,11 +209,13 @@ func (l *Limiter) replayDecision(code, due, until int64) (Decision, error) {
 	case replayAdmit:
 		return Decision{Kind: Admit}, nil
 	case replayDefer:
-		return Decision{Kind: Defer, Due: time.UnixMilli(due), Until: time.UnixMilli(until)}, nil
+		return deferral(due, until), nil
 	case replayRejectFull:
 		return Decision{Kind: Reject, Reason: l.fullReason}, nil
 	case replayRejectScan:
 		return Decision{Kind: Reject, Reason: scanReason}, nil
+	case replayKeep:
+		return Decision{Kind: Keep}, nil
 	}
 	return Decision{}, fmt.Errorf("%w: replayed decision %d", errReply, code)
 }
@@ -222,7 +227,13 @@ func (l *Limiter) applyReplayed(g *group, rs []replayed, out []Decision) []int {
 	if len(rs) == 0 {
 		return g.idx
 	}
-	l.metrics.replayed.Add(float64(len(rs)))
+	n := 0
+	for _, r := range rs {
+		if r.d.Kind != Keep { // a claim that keeps its slot is no replay
+			n++
+		}
+	}
+	l.metrics.replayed.Add(float64(n))
 	fresh := make([]int, 0, len(g.idx)-len(rs))
 	next := 0
 	for pos, i := range g.idx {

@@ -86,6 +86,9 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, bu
 	av = append(av, d.args...)
 	av = append(av, recs)
 	ks, av = l.replayArgs(ks, av, groups, src)
+	if src.late != nil {
+		av = append(av, lateArg(groups, src.late))
+	}
 	return ks, l.capacityArgs(av, groups, now, capFirst)
 }
 
@@ -242,7 +245,7 @@ func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision, nowO
 	give(r[0], Decision{Kind: Admit})
 	for i := int64(0); i < r[1]; i++ {
 		due, cnt, until := r[2+3*i], r[3+3*i], r[4+3*i]
-		give(cnt, Decision{Kind: Defer, Due: time.UnixMilli(due), Until: time.UnixMilli(until)})
+		give(cnt, deferral(due, until))
 	}
 	reason := scanReason
 	if nowOnly {

@@ -47,6 +47,7 @@ var AdmitParts = []string{
 	"60_replay.lua",
 	"70_admit.lua",
 	"80_reserve.lua",
+	"85_late.lua",
 	"90_run.lua",
 }
 

@@ -99,13 +99,19 @@ func validPolicy(p string) error {
 // (a timeout) is not counted again by the next. first locates the batch in
 // logs.
 func (a *Admission) admit(ctx context.Context, src limit.Source, events []limit.Event, first kafka.Message) (ds []limit.Decision, unchecked bool, err error) {
+	return a.admitWith(ctx, src, events, first, a.Admitter.AdmitFrom)
+}
+
+// admitWith is admit with call in place of the Admitter's AdmitFrom.
+func (a *Admission) admitWith(ctx context.Context, src limit.Source, events []limit.Event, first kafka.Message,
+	call func(context.Context, limit.Source, []limit.Event) ([]limit.Decision, error)) (ds []limit.Decision, unchecked bool, err error) {
 	if len(events) == 0 {
 		return nil, false, nil
 	}
 	log := a.logger()
 	failing := false
 	for attempt := 0; ; attempt++ {
-		ds, err := a.Admitter.AdmitFrom(ctx, src, events)
+		ds, err := call(ctx, src, events)
 		if err == nil {
 			if len(ds) != len(events) {
 				return nil, false, fmt.Errorf("admit: %d decisions for %d events", len(ds), len(events))

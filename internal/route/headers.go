@@ -39,6 +39,10 @@ const (
 	// Signer). It is the last header of events written to a retry tier, and
 	// stays on them downstream and in the dead-letter topic.
 	HeaderSig = "gk-sig"
+	// HeaderTook marks a deferred event that took the slot of a later
+	// reservation of its tenant (limit.Decision.Took): back inside that
+	// slot it keeps it, and is never taken for the reservation's own event.
+	HeaderTook = "gk-took"
 )
 
 // Deferral is what the gk- headers of a deferred event say. It is a value type.
@@ -55,6 +59,8 @@ type Deferral struct {
 	OriginTopic     string
 	OriginPartition int
 	OriginOffset    int64
+	// Took: the slot was taken from a later reservation (gk-took).
+	Took bool
 }
 
 // WithDeferral returns a copy of m that carries d in its gk- headers. Every
@@ -93,16 +99,20 @@ func WithDeferral(m kafka.Message, d Deferral) kafka.Message {
 		}
 		return b[start:end[i]:end[i]]
 	}
-	return withHeaders(m, isGK,
-		kafka.Header{Key: HeaderAttempt, Value: val(0)},
-		kafka.Header{Key: HeaderDue, Value: val(1)},
-		kafka.Header{Key: HeaderReserved, Value: val(2)},
-		kafka.Header{Key: HeaderTenant, Value: val(3)},
-		kafka.Header{Key: HeaderOriginTopic, Value: val(4)},
-		kafka.Header{Key: HeaderOriginPartition, Value: val(5)},
-		kafka.Header{Key: HeaderOriginOffset, Value: val(6)},
-		kafka.Header{Key: HeaderFirstSeen, Value: val(7)},
-	)
+	hs := []kafka.Header{
+		{Key: HeaderAttempt, Value: val(0)},
+		{Key: HeaderDue, Value: val(1)},
+		{Key: HeaderReserved, Value: val(2)},
+		{Key: HeaderTenant, Value: val(3)},
+		{Key: HeaderOriginTopic, Value: val(4)},
+		{Key: HeaderOriginPartition, Value: val(5)},
+		{Key: HeaderOriginOffset, Value: val(6)},
+		{Key: HeaderFirstSeen, Value: val(7)},
+	}
+	if d.Took {
+		hs = append(hs, kafka.Header{Key: HeaderTook, Value: []byte("1")})
+	}
+	return withHeaders(m, isGK, hs...)
 }
 
 // WithReason returns a copy of m with gk-reason set to reason, replacing any
@@ -266,6 +276,7 @@ func parseDeferral(m kafka.Message, due *time.Time) (Deferral, error) {
 	d.OriginTopic = get(HeaderOriginTopic)
 	d.OriginPartition = int(integer(HeaderOriginPartition, 32))
 	d.OriginOffset = integer(HeaderOriginOffset, 64)
+	_, d.Took = lastHeader(m.Headers, HeaderTook)
 	if err != nil {
 		return Deferral{}, err
 	}

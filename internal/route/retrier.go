@@ -62,6 +62,27 @@ type Retrier struct {
 	// not known); such a message is checked now (see early.go) instead of
 	// failing the batch with ErrEarly.
 	Expedited func(m kafka.Message) (before []limit.Rule, ok bool)
+	// CheckClaims: an event back inside its slot is checked in Redis (a
+	// claim, when the Admitter is a LateAdmitter) before it is forwarded:
+	// a late event may have taken its slot. Without it, such an event is
+	// forwarded uncounted without asking Redis.
+	CheckClaims bool
+	// TakeSlots: a late event takes the slot of its tenant's earliest later
+	// reservation (limit.Limiter.AdmitLate), so that it keeps its place.
+	// Turn it on only once every replica checks claims: one that does not
+	// forwards an event whose slot was taken, one over the window's limit.
+	TakeSlots bool
+}
+
+// LateAdmitter decides a batch of the first retry tier: late events and
+// claims (limit.Event.InSlot); *limit.Limiter implements it. When the
+// Retrier's Admitter is one and CheckClaims is set, every event back
+// inside its slot is checked
+// with it (a claim: kept, limit.Keep, unless a late event took its slot),
+// in the one call that decides the batch's late events. It must be safe
+// for concurrent use.
+type LateAdmitter interface {
+	AdmitLate(ctx context.Context, src limit.Source, events []limit.Event, take bool) ([]limit.Decision, error)
 }
 
 // NewRetrier returns a Retrier with r's parts once Validate accepts them.
@@ -79,6 +100,9 @@ func (r *Retrier) Validate() error {
 	}
 	if r.MaxAttempts < 0 {
 		return fmt.Errorf("retrier: max attempts %d is negative", r.MaxAttempts)
+	}
+	if r.TakeSlots && !r.CheckClaims {
+		return errors.New("retrier: TakeSlots without CheckClaims: this replica would forward the slots it takes")
 	}
 	return nil
 }
@@ -177,7 +201,13 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 
 	// A re-check's identity is its position in the retry tier, unique per
 	// trip: deferred again and late again, it is a new decision.
-	ds, unchecked, err := r.admit(ctx, source(batch), b.events, msgs[0])
+	call := r.Admitter.AdmitFrom
+	if la, ok := r.Admitter.(LateAdmitter); ok && r.CheckClaims {
+		call = func(ctx context.Context, src limit.Source, evs []limit.Event) ([]limit.Decision, error) {
+			return la.AdmitLate(ctx, src, evs, r.TakeSlots)
+		}
+	}
+	ds, unchecked, err := r.admitWith(ctx, source(batch), b.events, msgs[0], call)
 	if err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
@@ -205,7 +235,7 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 	if unchecked {
 		r.Metrics.unchecked(len(b.readmit))
 	}
-	r.Metrics.late(len(b.events))
+	r.Metrics.late(len(b.events) - b.claims)
 	return nil
 }
 
@@ -216,6 +246,7 @@ type retryBatch struct {
 	events      []limit.Event      // the distinct trips among them, in order, at their first copies' offsets
 	missed      []limit.MissedSlot // the slots they missed, one per trip
 	trips       map[trip]int       // the index in events of each trip
+	claims      int                // how many of events are claims (back inside their slot)
 	counts      map[string]int     // gatekeeper_decisions_total by label
 	sigFailures map[string]int     // gatekeeper_retry_sig_failures_total by reason
 	early       []earlyCheck       // events released early after a raise
@@ -224,8 +255,9 @@ type retryBatch struct {
 // pendingRetry is an event to admit again: msgs[i], deferred as d, whose
 // decision is the j-th of the Admit call.
 type pendingRetry struct {
-	i, j int
-	d    Deferral
+	i, j  int
+	d     Deferral
+	claim bool // back inside its slot (limit.Event.InSlot)
 }
 
 // trip names one trip of a deferred event through the retry tiers: its
@@ -300,7 +332,10 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, no
 		return fmt.Errorf("topic %s partition %d offset %d: %w: now %s, due %s",
 			m.Topic, m.Partition, m.Offset, ErrEarly, now.Format(time.RFC3339Nano), d.Due.Format(time.RFC3339Nano))
 	}
-	if now.Before(d.Reserved) {
+	claim := now.Before(d.Reserved)
+	if _, late := r.Admitter.(LateAdmitter); claim && (!late || !r.CheckClaims || d.Took) {
+		// Inside its slot, and the slot is its own: it took it, or claims
+		// are not checked (no replica takes slots, or the Admitter cannot).
 		b.counts[DecisionReserved]++
 		b.items[i] = Item{Msg: m, Outcome: Forward}
 		return nil
@@ -308,7 +343,9 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, no
 	// The cost is read again from the event as the source had it (its
 	// gk- headers are not counted); a changed COST_FROM may find none.
 	cost, err := r.CostFrom.Cost(m)
-	if err != nil {
+	if err != nil && claim {
+		cost = limit.Cost{} // only event rules give up slots: its cost is not read
+	} else if err != nil {
 		b.counts[DecisionInvalid]++
 		b.items[i] = r.deadLetter(m, err.Error())
 		return nil
@@ -321,10 +358,18 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, no
 		}
 		j = len(b.events)
 		b.trips[k] = j
-		b.events = append(b.events, limit.Event{Tenant: d.Tenant, Cost: cost, Offset: m.Offset})
-		b.missed = append(b.missed, missedSlot(d, cost))
+		b.events = append(b.events, limit.Event{Tenant: d.Tenant, Cost: cost, Offset: m.Offset, InSlot: claim})
+		switch {
+		case claim:
+			b.claims++
+		case d.Reserved.After(d.Due):
+			b.missed = append(b.missed, missedSlot(d, cost))
+		default:
+			// Deferred unreserved (the search's budget ran out: gk-reserved =
+			// gk-due): it counted nothing, so it has no slot to give back.
+		}
 	}
-	b.readmit = append(b.readmit, pendingRetry{i: i, j: j, d: d})
+	b.readmit = append(b.readmit, pendingRetry{i: i, j: j, d: d, claim: claim})
 	return nil
 }
 
@@ -344,19 +389,25 @@ func (r *Retrier) decide(b *retryBatch, msgs []kafka.Message, ds []limit.Decisio
 		}
 		d := ds[p.j]
 		switch d.Kind {
+		case limit.Keep:
+			// A claim whose slot is still its own.
+			b.counts[DecisionReserved]++
+			b.items[p.i] = Item{Msg: m, Outcome: Forward}
 		case limit.Admit:
 			b.counts[d.Kind.String()]++
 			b.items[p.i] = Item{Msg: m, Outcome: Forward}
 		case limit.Defer:
 			next := p.d
-			next.Attempt++
+			if !p.claim { // a claim whose slot was taken did not miss it: no new attempt
+				next.Attempt++
+			}
 			if next.Attempt > maxAttempts {
 				b.counts[DecisionMaxAttempts]++
 				b.items[p.i] = r.deadLetter(m, ReasonMaxAttempts)
 				continue
 			}
 			b.counts[d.Kind.String()]++
-			next.Due, next.Reserved = d.Due, d.Until
+			next.Due, next.Reserved, next.Took = d.Due, d.Until, d.Took
 			b.items[p.i] = Item{Msg: m, Outcome: Defer, Deferral: next}
 			r.logger().Debug("event deferred again", "tenant", next.Tenant, "topic", m.Topic, "partition", m.Partition,
 				"offset", m.Offset, "attempt", next.Attempt, "due", next.Due)

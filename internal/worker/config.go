@@ -154,9 +154,21 @@ type EventsConfig struct {
 }
 
 // RetryConfig is the Retry group of Config: the deferral of events: attempts, the retry role's lookahead, and the signature of deferred events.
+// The values of LATE_TAKES_SLOTS.
+const (
+	lateOff   = "off"
+	lateCheck = "check"
+	lateOn    = "on"
+)
+
 type RetryConfig struct {
 	// MaxAttempts is how often one event may be deferred before it is dead-lettered.
 	MaxAttempts int `split_words:"true" default:"5" desc:"deferrals of one event before it is dead-lettered"`
+	// LateTakesSlots: off, check (the Retrier checks claims,
+	// route.Retrier.CheckClaims) or on (a deferred event that missed its
+	// slot takes the slot of its tenant's earliest later reservation,
+	// route.Retrier.TakeSlots, and claims are checked).
+	LateTakesSlots string `split_words:"true" default:"off" desc:"on: a deferred event that missed its slot takes the slot of its tenant's earliest later reservation, ahead of what the tenant deferred after it (one-rule tenants of aligned windows counting events); check: take none, but check whether an event back in its slot lost it (one Redis call per retry batch); off: neither. Turn on only once every replica runs with check or on"`
 	// RetryLookahead bounds the deferred events the retry role holds in
 	// memory per retry-tier partition.
 	RetryLookahead int `split_words:"true" default:"10000" desc:"most deferred events held in memory per retry-tier partition while they wait for their release time (memory: about this many times the partitions of the retry tiers times the event size, with headers)"`

@@ -108,6 +108,13 @@ func (c *Config) routingChecks() []func() error {
 			return nil
 		},
 		func() error {
+			switch c.LateTakesSlots {
+			case lateOff, lateCheck, lateOn:
+				return nil
+			}
+			return bad("LATE_TAKES_SLOTS", "%q is not off, check or on", c.LateTakesSlots)
+		},
+		func() error {
 			if c.OnRedisError != route.RedisPause && c.OnRedisError != route.RedisForward {
 				return bad("ON_REDIS_ERROR", "%q is not pause or forward", c.OnRedisError)
 			}

@@ -290,7 +290,8 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 	if err != nil {
 		return nil, err
 	}
-	spec := route.Retrier{Admission: adm, MaxAttempts: cfg.MaxAttempts}
+	spec := route.Retrier{Admission: adm, MaxAttempts: cfg.MaxAttempts,
+		CheckClaims: cfg.LateTakesSlots != lateOff, TakeSlots: cfg.LateTakesSlots == lateOn}
 	if p.Live != nil && p.Live.Expediter != nil {
 		spec.Expedited = p.Live.Expediter.Expedited
 	}

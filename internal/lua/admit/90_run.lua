@@ -64,7 +64,19 @@ local function decide(ti, n, c, costs)
   -- 2. reserve the rest in the earliest future windows with room, leaving
   -- the tenants after it their near reads (see Budget).
   local keep = math.min(keep_most, near * (ntenants - ti))
-  local res, rest, t = reserve(rules, fkey, n - admitted, first, admitted + 1, costs, keep)
+  -- Late events first take the slots of later reservations (85_late.lua).
+  local took, left, from = take_slots(ti, rules, n - admitted, first, admitted + 1)
+  local taken = 0
+  for i = 2, #took, 3 do
+    taken = taken + took[i]
+  end
+  local res, rest, t = reserve(rules, fkey, n - admitted - taken, from, admitted + taken + 1, costs, keep)
+  if #took > 0 then
+    for i = 1, #res do
+      took[#took + 1] = res[i]
+    end
+    res = took
+  end
   keep_chains(rules)
   if ncap > 0 then -- what the tenant was refused now (35_capacity.lua)
     cap_done(rules, n, admitted)
@@ -361,6 +373,7 @@ if rkey then
     return redis.error_reply(full)
   end
 end
+claim_phase() -- 85_late.lua
 local ti = 1
 while true do
   local ok, e = pcall(run, ti)

@@ -1,0 +1,130 @@
+package limit
+
+import (
+	"context"
+	"strconv"
+	"time"
+)
+
+// lateCall is what a call of AdmitLate adds to a batch (admit.lua's late
+// argument, 85_late.lua): whether its late events may take the slots of
+// later reservations, and which events came back inside their slot.
+type lateCall struct {
+	take bool
+	// inSlot is index-aligned with the call's events: the event is a
+	// claim (Event.InSlot).
+	inSlot []bool
+}
+
+// replayKeep is the code of a claim that keeps its slot in admit.lua's
+// replayed list (85_late.lua): it is not a replay, and is not recorded.
+const replayKeep = 5
+
+// AdmitLate decides a batch read back from the first retry tier: events
+// that missed their reserved slot (late: checked again as new) and events
+// that came back inside it (Event.InSlot: claims). One Redis round trip,
+// as AdmitFrom.
+//
+// A claim gets Keep (forward it uncounted: its slot is its own) unless a
+// late event of its tenant took its slot; then it is decided as a late
+// event, after its tenant's late events of the batch. With take, a late
+// event that the current window has no room for takes the slot of its
+// tenant's earliest reservation in a later window that is full (one
+// starting at least a second after now), ahead of what the tenant deferred
+// after it: it is deferred there (Defer, Due the window's start), and the
+// reservation's own event, when it comes back, finds its slot taken and is
+// placed again (its claim is not Keep). A window's count never moves for a
+// take, so no window goes over its limit; late events that find no slot to
+// take are reserved as AdmitFrom does. Only tenants with one rule, of
+// aligned windows, counting events, in a limiter without a capacity take
+// or give up slots: the others' claims get Keep and their late events are
+// decided as by AdmitFrom.
+//
+// Every replica that may handle the first retry tier must check claims
+// (call AdmitLate for in-slot events) before any calls it with take: an
+// older one would forward a claim whose slot was taken, and its window
+// would get one event over its limit. The result is index-aligned with
+// events; a non-nil error means Redis trouble and nothing was decided.
+func (l *Limiter) AdmitLate(ctx context.Context, src Source, events []Event, take bool) ([]Decision, error) {
+	// Each tenant's claims go after its late events: the script reads the
+	// last events of a tenant as its claims.
+	order := make([]int, 0, len(events))
+	for i, e := range events {
+		if !e.InSlot {
+			order = append(order, i)
+		}
+	}
+	for i, e := range events {
+		if e.InSlot {
+			order = append(order, i)
+		}
+	}
+	sorted := make([]Event, len(events))
+	inSlot := make([]bool, len(events))
+	for j, i := range order {
+		sorted[j], inSlot[j] = events[i], events[i].InSlot
+	}
+	s := getScratch()
+	defer s.release()
+	tenants, costs, at := s.split(src, sorted)
+	at.late = &lateCall{take: take, inSlot: inSlot}
+	ds, err := l.admitFrom(ctx, s, at, tenants, costs, false, time.Time{})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Decision, len(events))
+	for j, i := range order {
+		out[i] = ds[j]
+	}
+	return out, nil
+}
+
+// deferral is the Defer decision of a reservation in admit.lua's reply:
+// a negated until marks a slot taken from a later reservation (85_late.lua).
+func deferral(due, until int64) Decision {
+	if until < 0 {
+		return Decision{Kind: Defer, Due: time.UnixMilli(due), Until: time.UnixMilli(-until), Took: true}
+	}
+	return Decision{Kind: Defer, Due: time.UnixMilli(due), Until: time.UnixMilli(until)}
+}
+
+// lateArg returns admit.lua's late argument for the call over groups:
+// [take, claims of each tenant] (85_late.lua), or "" for a call of
+// AdmitFrom.
+func lateArg(groups []*group, late *lateCall) string {
+	if late == nil {
+		return ""
+	}
+	b := make([]byte, 0, 4+2*len(groups))
+	b = append(b, '[')
+	if late.take {
+		b = append(b, '1')
+	} else {
+		b = append(b, '0')
+	}
+	for _, g := range groups {
+		n := 0
+		for _, i := range g.idx {
+			if late.inSlot[i] {
+				n++
+			}
+		}
+		b = append(b, ',')
+		b = strconv.AppendInt(b, int64(n), 10)
+	}
+	return string(append(b, ']'))
+}
+
+// hasClaims reports whether g holds a claim of a late call: such a group
+// goes to Redis, never decided locally (a claim is never rejected).
+func (p positions) hasClaims(g *group) bool {
+	if p.late == nil {
+		return false
+	}
+	for _, i := range g.idx {
+		if p.late.inSlot[i] {
+			return true
+		}
+	}
+	return false
+}
