@@ -97,16 +97,49 @@ func percentile(xs []float64, p float64) float64 {
 // index among the tenants held at the level, and the capacity used; the
 // light tenants' delay; one script call per batch; SLOWLOG's slowest call.
 func TestGateCapacityFair(t *testing.T) {
+	gateCapacityFair(t, false)
+}
+
+// TestGateCapacityFairBytes is TestGateCapacityFair with a capacity of
+// bytes: the tenants' events are of different sizes (40 to 240 bytes of
+// value by tenant, the heavy one's 200), the capacity is 145,000 bytes a
+// second (about 1,000 of these events), and every figure is in bytes: each
+// window within the capacity, allocations against water-filling of the
+// bytes asked (within 5% or one of the tenant's events), Jain's index and
+// the capacity used.
+func TestGateCapacityFairBytes(t *testing.T) {
+	gateCapacityFair(t, true)
+}
+
+// valueSize is the size of tenant's event values in gateCapacityFair's
+// byte variant: 40 to 239 bytes by tenant, 200 for heavy.
+func valueSize(tenant string) int {
+	if tenant == "heavy" {
+		return 200
+	}
+	k, _ := strconv.Atoi(strings.TrimPrefix(tenant, "t"))
+	return 40 + (k*37)%200
+}
+
+func gateCapacityFair(t *testing.T, bytes bool) {
 	if testing.Short() {
 		t.Skip("runs 25 seconds of traffic")
 	}
 	const (
-		capacity = 1000
 		parts    = 4
 		seconds  = 22
 		zipfRate = 1200.0
 		lightMax = 5.0 // a tenant sending at most this many a second is light
 	)
+	capacity := int64(1000)
+	spec, counter := "1000/1s", "1s" // counter: the rule's part of its keys
+
+	// grain is what one event of a tenant costs the capacity.
+	grain := func(string) int64 { return 1 }
+	if bytes {
+		capacity, spec, counter = 145000, "145000B/1s", "1s/bytes"
+		grain = func(tenant string) int64 { return int64(len(tenant) + valueSize(tenant)) }
+	}
 	rs := startRedisServer(t, "")
 	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	defer rdb.Close()
@@ -119,7 +152,7 @@ func TestGateCapacityFair(t *testing.T) {
 	f := newFlow(t, parts)
 	env := f.env(t,
 		"GATEKEEPER_REDIS_ADDRS", rs.Addr,
-		"GATEKEEPER_CAPACITY", fmt.Sprintf("%d/1s", capacity),
+		"GATEKEEPER_CAPACITY", spec,
 		"GATEKEEPER_LIMITS", "*=1000000/1m",
 		"GATEKEEPER_DEFER_HORIZON", "1h",
 		"GATEKEEPER_TENANT_FROM", "key")
@@ -165,8 +198,12 @@ func TestGateCapacityFair(t *testing.T) {
 			for credit[n] >= 1 {
 				credit[n]--
 				produced[id], sent[id] = n, now.UnixMilli()
-				msgs = append(msgs, kafka.Message{Key: []byte(n), Partition: partOf(n),
-					Value: fmt.Appendf(nil, "cap %d %d", id, now.UnixMilli())})
+				v := fmt.Appendf(nil, "cap %d %d", id, now.UnixMilli())
+				if bytes {
+					// Padded to the tenant's size, within the third word.
+					v = append(v, strings.Repeat("x", max(0, valueSize(n)-len(v)))...)
+				}
+				msgs = append(msgs, kafka.Message{Key: []byte(n), Partition: partOf(n), Value: v})
 				id++
 			}
 		}
@@ -218,7 +255,7 @@ func TestGateCapacityFair(t *testing.T) {
 	}
 
 	// Every window within the capacity; every routed event counted.
-	wins := readCapWindows(t, rdb, prefix, "1s")
+	wins := readCapWindows(t, rdb, prefix, counter)
 	var booked int64
 	over := 0
 	for _, w := range wins {
@@ -228,8 +265,22 @@ func TestGateCapacityFair(t *testing.T) {
 			t.Errorf("window %d: %d booked, over the capacity %d", w.start, w.count, capacity)
 		}
 	}
-	if routed := int64(len(o.down) - copies + countNotDown(o.retry, down, idOf)); booked < routed {
-		t.Errorf("booked %d in all windows, fewer than the %d events routed", booked, routed)
+	// Every routed event counted (bytes: at least its key and value).
+	var routed int64
+	for i, c := range down {
+		if c > 0 && i >= 0 {
+			routed += grain(produced[i])
+		}
+	}
+	notDown := map[int]bool{}
+	for _, m := range o.retry {
+		if i := idOf(m); i >= 0 && down[i] == 0 && !notDown[i] {
+			notDown[i] = true
+			routed += grain(produced[i])
+		}
+	}
+	if booked < routed {
+		t.Errorf("booked %d in all windows, less than the %d of the events routed", booked, routed)
 	}
 
 	// Fairness in the steady windows: from the fourth second of traffic
@@ -258,7 +309,7 @@ func TestGateCapacityFair(t *testing.T) {
 		for k, d := range demand {
 			got, want := float64(w.booked[k]), wf[k]
 			cells++
-			if math.Abs(got-want) <= math.Max(1, 0.05*want) {
+			if math.Abs(got-want) <= math.Max(float64(grain(k)), 0.05*want) {
 				within++
 			} else if worst == "" || len(worst) < 400 {
 				worst += fmt.Sprintf(" %s@%d got %v want %.1f (asked %d);", k, w.start%100000, got, want, d)
@@ -275,17 +326,17 @@ func TestGateCapacityFair(t *testing.T) {
 			}
 		}
 		if total >= capacity {
-			u := float64(w.count) / capacity
+			u := float64(w.count) / float64(capacity)
 			utils = append(utils, u)
 			if u < 0.98 {
 				utilLow++
 			}
 		}
 		if steady%5 == 1 {
-			v, _ := rdb.HMGet(ctx, fmt.Sprintf("%s:cap:1s:%d", prefix, w.start), "lv", "sf", "wc", "a").Result()
+			v, _ := rdb.HMGet(ctx, fmt.Sprintf("%s:cap:%s:%d", prefix, counter, w.start), "lv", "sf", "wc", "a").Result()
 			var top []string
 			for k, d := range demand {
-				if d > 20 || k == "heavy" {
+				if d > 20*grain(k) || k == "heavy" {
 					top = append(top, fmt.Sprintf("%s:%d/%d", k, w.booked[k], d))
 				}
 			}
@@ -348,18 +399,4 @@ func TestGateCapacityFair(t *testing.T) {
 	if slowest > 500*time.Millisecond {
 		t.Errorf("slowest script call %v, want under 500ms", slowest)
 	}
-}
-
-// countNotDown counts the events in retry that are not (yet) downstream.
-func countNotDown(retry []kafka.Message, down map[int]int, idOf func(kafka.Message) int) int {
-	n := 0
-	seen := map[int]bool{}
-	for _, m := range retry {
-		i := idOf(m)
-		if down[i] == 0 && !seen[i] {
-			seen[i] = true
-			n++
-		}
-	}
-	return n
 }

@@ -391,11 +391,12 @@ func TestGatePacedByDownstream(t *testing.T) {
 	// second (its append time: a window's writes that slip into the next
 	// second on a loaded machine show as swings), and what the gate booked
 	// per capacity window (admitted there, or reserved there and forwarded
-	// at its start).
+	// at its start); and the capacity in force per window, what the
+	// controller set (the gate books up to it).
 	for _, v := range []struct {
 		name string
 		xs   []float64
-	}{{"arrivals per second downstream", out.admitted}, {"booked per window", out.booked}} {
+	}{{"arrivals per second downstream", out.admitted}, {"booked per window", out.booked}, {"capacity in force per window", out.capacity}} {
 		cut := settle(v.xs, b1+1, b2, 0.9*d2, 1.1*d2)
 		up := settle(v.xs, b2+1, secs-1, 0.9*d3, math.Inf(1))
 		upFirst := -1

@@ -11,6 +11,16 @@ import (
 // (the admit script's capacity part in gopher-lua) and checks its summary:
 // every capacity window within the capacity.
 func TestDemoCapacity(t *testing.T) {
+	demoCapacity(t, "50/1s")
+}
+
+// TestDemoCapacityBytes is TestDemoCapacity with a capacity of bytes (the
+// script's unpacked demand histogram and the events' costs in gopher-lua).
+func TestDemoCapacityBytes(t *testing.T) {
+	demoCapacity(t, "4KB/1s")
+}
+
+func demoCapacity(t *testing.T, capacity string) {
 	var out, logs lockedBuffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -20,7 +30,7 @@ func TestDemoCapacity(t *testing.T) {
 		PlainEvery: time.Second,
 		Log:        &logs,
 		Drain:      time.Minute,
-		Capacity:   "50/1s",
+		Capacity:   capacity,
 	})
 	t.Logf("demo output:\n%s", out.String())
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // A capacity is one budget for the service behind Gatekeeper, shared by every
@@ -28,9 +29,20 @@ func (c Capacity) String() string {
 	return strings.Join(parts, ",")
 }
 
-// ParseCapacity parses GATEKEEPER_CAPACITY: comma-separated rules of events
-// per aligned second or minute window, e.g. "5000/1s" or "5000/1s,200000/1m";
-// empty means no capacity. Errors quote the bad part.
+// Measure returns what the capacity counts: events, bytes or units (all
+// its rules count the same; Events without a capacity).
+func (c Capacity) Measure() Measure {
+	if len(c) == 0 {
+		return Events
+	}
+	return c[0].Measure
+}
+
+// ParseCapacity parses GATEKEEPER_CAPACITY: comma-separated rules per aligned
+// second, minute or hour window (hours: a count dividing 24, in a time zone
+// without daylight saving: see CheckCapacityZone), of events, bytes or units as LIMITS writes them
+// (e.g. "5000/1s", "5000/1s,200000/1m", "10MiB/1s", "2000u/1s"), all of one
+// measure; empty means no capacity. Errors quote the bad part.
 func ParseCapacity(spec string) (Capacity, error) {
 	if strings.TrimSpace(spec) == "" {
 		return nil, nil
@@ -47,6 +59,9 @@ func ParseCapacity(spec string) (Capacity, error) {
 		if err := checkTwice(out, r); err != nil {
 			return nil, err
 		}
+		if len(out) > 0 && r.Measure != out[0].Measure {
+			return nil, fmt.Errorf("rule %q counts %s, rule %q %s: the rules of a capacity count one measure", s, r.Measure, out[0], out[0].Measure)
+		}
 		out = append(out, r)
 	}
 	return out, nil
@@ -54,10 +69,8 @@ func ParseCapacity(spec string) (Capacity, error) {
 
 func checkCapacityRule(r Rule) error {
 	switch {
-	case r.Measure != Events:
-		return fmt.Errorf("a capacity counts events (bytes and units are not supported yet)")
-	case r.Unit != Second && r.Unit != Minute:
-		return fmt.Errorf("a capacity window is seconds or minutes (e.g. 5000/1s, 200000/1m)")
+	case r.Unit != Second && r.Unit != Minute && r.Unit != Hour:
+		return fmt.Errorf("a capacity window is seconds, minutes or hours (e.g. 5000/1s, 200000/1m, 5000000/1h)")
 	case r.Limit < 1:
 		return fmt.Errorf("a capacity must be at least 1")
 	}
@@ -65,8 +78,10 @@ func checkCapacityRule(r Rule) error {
 }
 
 // Share is a tenant's part in the capacity: its weight (1 when not given) and
-// its floors, one per capacity window at most: events it may always book in
-// a window of that length, whatever the others do. It is a value type.
+// its floors, one per capacity window at most: what it may always book in a
+// window of that length, whatever the others do, in the capacity's measure
+// (events, bytes or units, written as in LIMITS: "200/1s", "1MiB/1s",
+// "500u/1s"). It is a value type.
 type Share struct {
 	Weight int64
 	Floors []Rule
@@ -113,8 +128,8 @@ func (rs *Rules) Share(tenant string) Share {
 
 // ParseShare parses a share as LIMITS writes it, e.g. "weight:3" and
 // "floor:200/1s" (the items of a tenant's rule list that are not rules):
-// a weight from 1 to MaxWeight (1 when not given), floors counting events,
-// one per window. Errors quote the bad item.
+// a weight from 1 to MaxWeight (1 when not given), floors of events, bytes
+// or units, one per window. Errors quote the bad item.
 func ParseShare(items []string) (Share, error) {
 	var s Share
 	for _, it := range items {
@@ -186,17 +201,26 @@ func shareItem(item string, s *Share) (bool, error) {
 		if err != nil {
 			return true, fmt.Errorf("%q: %w", item, err)
 		}
-		if r.Measure != Events {
-			return true, fmt.Errorf("%q: a floor counts events", item)
-		}
-		if err := checkTwice(s.Floors, r); err != nil {
-			return true, fmt.Errorf("%q: two floors for one window", item)
+		if err := checkFloorsWindow(s.Floors, r); err != nil {
+			return true, fmt.Errorf("%q: %w", item, err)
 		}
 		s.Floors = append(s.Floors, r)
 	default:
 		return true, fmt.Errorf("%q: unknown setting %q (want weight: or floor:)", item, k)
 	}
 	return true, nil
+}
+
+// checkFloorsWindow reports a floor over the window of one of floors,
+// whatever they count: a capacity counts one measure, so a tenant has one
+// floor per window at most.
+func checkFloorsWindow(floors []Rule, f Rule) error {
+	for _, o := range floors {
+		if o.WindowName() == f.WindowName() {
+			return fmt.Errorf("two floors for window %s", f.WindowName())
+		}
+	}
+	return nil
 }
 
 // splitShare separates a tenant's rule list into its rules and its share.
@@ -239,8 +263,8 @@ func CheckCapacity(rules *Rules, c Capacity) error {
 	}
 	for _, t := range sortedShareTenants(rules) {
 		for _, f := range rules.Share(t).Floors {
-			if !c.hasWindow(f) {
-				return fmt.Errorf("tenant %q: floor %s: no capacity rule of window %s (capacity %s)", t, f, f.WindowName(), c)
+			if err := c.checkFloor(f); err != nil {
+				return fmt.Errorf("tenant %q: %w", t, err)
 			}
 		}
 	}
@@ -253,14 +277,19 @@ func CheckCapacity(rules *Rules, c Capacity) error {
 	return nil
 }
 
-// hasWindow reports whether c has a rule of f's window.
-func (c Capacity) hasWindow(f Rule) bool {
+// checkFloor reports whether floor f names the window of a rule of c and
+// counts what it counts (a floor is in the capacity's measure).
+func (c Capacity) checkFloor(f Rule) error {
 	for _, r := range c {
-		if r.Counter() == f.Counter() {
-			return true
+		if r.WindowName() != f.WindowName() {
+			continue
 		}
+		if r.Measure != f.Measure {
+			return fmt.Errorf("floor %s counts %s, the capacity %s counts %s (a floor is in the capacity's measure)", f, f.Measure, r, r.Measure)
+		}
+		return nil
 	}
-	return false
+	return fmt.Errorf("floor %s: no capacity rule of window %s (capacity %s)", f, f.WindowName(), c)
 }
 
 // floorMemo is floorSums of one Rules for one capacity.
@@ -380,8 +409,8 @@ func BaseFloors(rs *Rules, c Capacity) map[string][]int64 {
 // always taken, so floors over the capacity never block a way back).
 func CheckShareChange(rules *Rules, c Capacity, tenant string, s Share) error {
 	for _, f := range s.Floors {
-		if !c.hasWindow(f) {
-			return fmt.Errorf("floor %s: no capacity rule of window %s (capacity %s)", f, f.WindowName(), c)
+		if err := c.checkFloor(f); err != nil {
+			return err
 		}
 	}
 	sums := floorSums(rules, c)
@@ -407,4 +436,25 @@ func ShareRaised(before, now Share) bool {
 		}
 	}
 	return false
+}
+
+// CheckCapacityZone reports whether the windows of capacity c tile time
+// with a fixed step in zone loc, as the admission script keeps them (a
+// capacity window is base + i × its length): always for seconds and
+// minutes; for hours, when loc's offset from UTC does not change in the
+// two years from now (UTC, or a zone without daylight saving), since a
+// change of offset moves local hour boundaries against that step.
+func CheckCapacityZone(c Capacity, loc *time.Location, now time.Time) error {
+	for _, r := range c {
+		if r.Unit != Hour {
+			continue
+		}
+		_, off := now.In(loc).Zone()
+		for d := 0; d <= 2*366; d++ {
+			if _, o := now.AddDate(0, 0, d).In(loc).Zone(); o != off {
+				return fmt.Errorf("capacity %s: hour windows need a time zone without daylight saving (TIMEZONE %s changes its offset from UTC)", r, loc)
+			}
+		}
+	}
+	return nil
 }

@@ -37,6 +37,9 @@ func checkCapacityUse(rules *Rules, opts Options, cluster bool) error {
 			return err
 		}
 	}
+	if err := CheckCapacityZone(opts.Capacity, opts.Location, opts.Clock()); err != nil {
+		return err
+	}
 	return CheckCapacity(rules, opts.Capacity)
 }
 
@@ -97,7 +100,7 @@ func (l *Limiter) capacityArgs(av []any, groups []*group, now time.Time, first i
 	inForce := l.CapacityInForce()
 	for i, r := range c {
 		s, _ := WindowBounds(r, now, l.opts.Location)
-		av = append(av, inForce[i].Limit, r.Length().Milliseconds(), s.UnixMilli(), retention(r, l.opts.Retention).Milliseconds(), sums[i])
+		av = append(av, inForce[i].Limit, r.Length().Milliseconds(), s.UnixMilli(), retention(r, l.opts.Retention).Milliseconds(), sums[i], int(r.Measure))
 	}
 	return append(av, "cap:"+strconv.Itoa(at))
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/rand"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,8 +50,19 @@ func TestParseCapacityAndShares(t *testing.T) {
 	for _, tc := range []struct{ capacity, limits, err string }{
 		{"5000/1s", "*=100/1m;a=weight:3,floor:200/1s", ""},
 		{"5000/1s,200000/1m", "a=1000/1m,weight:2,floor:100/1s,floor:1000/1m;*=weight:1", ""},
-		{"5000/1h", "*=100/1m", "seconds or minutes"},
-		{"5MiB/1s", "*=100/1m", "counts events"},
+		{"5000/1h", "*=100/1m", ""},
+		{"5000/1h,100000/24h", "*=100/1m;a=floor:100/1h", ""},
+		{"5000/5h", "*=100/1m", "does not tile"},
+		{"5000/1d", "*=100/1m", "seconds, minutes or hours"},
+		{"5MiB/1s", "*=100/1m", ""},
+		{"5MiB/1s,200MiB/1m", "a=1000/1m,floor:1MiB/1s,floor:20MiB/1m", ""},
+		{"2000u/1s", "a=floor:500u/1s", ""},
+		{"5MiB/1s,1000/1m", "*=100/1m", "count one measure"},
+		{"5MiB/1s", "a=floor:200/1s", "floor 200/1s counts events, the capacity 5MiB/1s counts bytes"},
+		{"5000/1s", "a=floor:1MiB/1s", "floor 1MiB/1s counts bytes, the capacity 5000/1s counts events"},
+		{"2000u/1s", "a=floor:1KiB/1s", "counts bytes, the capacity 2000u/1s counts units"},
+		{"5MiB/1s", "a=floor:3MiB/1s;b=floor:3MiB/1s", "sum to 6291456"},
+		{"5MiB/1s", "a=floor:1MiB/1s,floor:10/1s", "two floors for window 1s"},
 		{"5000/7s", "*=100/1m", "does not tile"},
 		{"100/1s", "a=floor:60/1s;b=floor:50/1s", "sum to 110"},
 		{"100/1s", "a=floor:10/1m", "no capacity rule of window 1m"},
@@ -94,15 +106,32 @@ func TestParseCapacityAndShares(t *testing.T) {
 // water level of the demand predicted for it) every second is the
 // water-filling answer within 5%: a 10, b 30, c 60.
 func TestCapacityWorkedExample(t *testing.T) {
+	workedExample(t, "100/1s", "*=100000/1m;c=100000/1m,weight:2,floor:30/1s", time.Second)
+}
+
+// TestCapacityWorkedExampleHours is the worked example with hour windows
+// (CAPACITY=100/1h, floor:30/1h; the horizon, 24h, is 24 windows): the model keeps its
+// times as fractions of the window, so every hour books the same answer.
+func TestCapacityWorkedExampleHours(t *testing.T) {
+	workedExample(t, "100/1h", "*=100000/1d;c=100000/1d,weight:2,floor:30/1h", time.Hour)
+}
+
+// workedExample runs the worked example under capacity (100 a window)
+// with windows of length window: every window a sends 10, b 200 and c
+// (weight 2, floor 30 a window) 100, spread over it.
+func workedExample(t *testing.T, capacity, limits string, window time.Duration) {
 	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	c, _ := ParseCapacity("100/1s")
-	l := newTestLimiter(t, testRedis(t), "*=100000/1m;c=100000/1m,weight:2,floor:30/1s", Options{Clock: clk.Now, Capacity: c})
+	c, err := ParseCapacity(capacity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newTestLimiter(t, testRedis(t), limits, Options{Clock: clk.Now, Capacity: c})
 	ctx := context.Background()
 	start := clk.Now()
 	const steps = 20
 	for sec := 0; sec < 14; sec++ {
 		for k := 0; k < steps; k++ {
-			clk.Set(start.Add(time.Duration(sec)*time.Second + time.Duration(k)*time.Second/steps))
+			clk.Set(start.Add(time.Duration(sec)*window + time.Duration(k)*window/steps))
 			var batch []string
 			batch = append(batch, repeat("a", 10/steps+btoi(k%2 == 0))...)
 			batch = append(batch, repeat("b", 200/steps)...)
@@ -121,8 +150,8 @@ func TestCapacityWorkedExample(t *testing.T) {
 func checkBooked(t *testing.T, l *Limiter, r Rule, start time.Time, from, to int, want map[string]int64) {
 	t.Helper()
 	for sec := from; sec < to; sec++ {
-		count, _, got := capWindow(t, l, r, start.Add(time.Duration(sec)*time.Second))
-		t.Logf("second %d: count %d, booked %v", sec, count, got)
+		count, _, got := capWindow(t, l, r, start.Add(time.Duration(sec)*r.Length()))
+		t.Logf("window %d: count %d, booked %v", sec, count, got)
 		if count != r.Limit {
 			t.Errorf("second %d: count %d, want %d (work-conserving)", sec, count, r.Limit)
 		}
@@ -144,37 +173,55 @@ func btoi(b bool) int {
 // TestCapacityExactAcrossLimiters has four limiters (replicas) decide
 // batches of 50 tenants at once under a capacity: no window's count
 // passes the capacity, and every window's count is what its tenants booked.
+// The bytes variant (capacity_cost_test.go) runs the same with events of
+// 1 to 2,000 bytes.
 func TestCapacityExactAcrossLimiters(t *testing.T) {
+	exactAcrossLimiters(t, "300/1s,5000/1m", "*=1000/1m;t0=weight:5;t1=floor:40/1s", func(*rand.Rand) Cost { return Cost{} })
+}
+
+// exactAcrossLimiters runs four limiters (replicas) under capacity (a rule
+// per second, then one per minute) for three seconds, on batches of 200
+// events of 50 tenants whose costs come from cost, and checks every window
+// of both rules within the capacity (capWindow: the count is what the
+// tenants booked).
+func exactAcrossLimiters(t *testing.T, capacity, limits string, cost func(*rand.Rand) Cost) {
 	rdb := testRedis(t)
-	c, _ := ParseCapacity("300/1s,5000/1m")
+	c, err := ParseCapacity(capacity)
+	if err != nil {
+		t.Fatal(err)
+	}
 	prefix := testPrefix(t)
 	var ls []*Limiter
 	for i := 0; i < 4; i++ {
-		ls = append(ls, newTestLimiter(t, rdb, "*=1000/1m;t0=weight:5;t1=floor:40/1s", Options{Prefix: prefix, Capacity: c, Horizon: 30 * time.Second}))
+		ls = append(ls, newTestLimiter(t, rdb, limits, Options{Prefix: prefix, Capacity: c, Horizon: 30 * time.Second}))
 	}
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	admitted := 0
+	admitted, booked := 0, int64(0)
 	deadline := time.Now().Add(3 * time.Second)
 	for i, l := range ls {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			rng := rand.New(rand.NewSource(int64(i)))
 			for j := 0; time.Now().Before(deadline); j++ {
 				batch := make([]string, 0, 200)
+				costs := make([]Cost, 0, 200)
 				for k := 0; k < 200; k++ {
 					batch = append(batch, fmt.Sprintf("t%d", (i*7+j*13+k*k)%50))
+					costs = append(costs, cost(rng))
 				}
-				ds, err := l.Admit(ctx, batch)
+				ds, err := l.AdmitCosts(ctx, batch, costs)
 				if err != nil {
 					t.Error(err)
 					return
 				}
 				mu.Lock()
-				for _, d := range ds {
+				for k, d := range ds {
 					if d.Kind == Admit {
 						admitted++
+						booked += costs[k].of(c.Measure())
 					}
 				}
 				mu.Unlock()
@@ -186,19 +233,19 @@ func TestCapacityExactAcrossLimiters(t *testing.T) {
 	checked := 0
 	for s := now.Add(-5 * time.Second).Truncate(time.Second); s.Before(now.Add(31 * time.Second)); s = s.Add(time.Second) {
 		count, _, _ := capWindow(t, ls[0], c[0], s)
-		if count > 300 {
-			t.Errorf("window %v: count %d over the capacity 300", s, count)
+		if count > c[0].Limit {
+			t.Errorf("window %v: count %d over the capacity %s", s, count, c[0])
 		}
 		if count > 0 {
 			checked++
 		}
 	}
 	for s := now.Add(-2 * time.Minute).Truncate(time.Minute); s.Before(now.Add(time.Minute)); s = s.Add(time.Minute) {
-		if count, _, _ := capWindow(t, ls[0], c[1], s); count > 5000 {
-			t.Errorf("minute %v: count %d over the capacity 5000", s, count)
+		if count, _, _ := capWindow(t, ls[0], c[1], s); count > c[1].Limit {
+			t.Errorf("minute %v: count %d over the capacity %s", s, count, c[1])
 		}
 	}
-	t.Logf("%d events admitted, %d one-second windows with bookings", admitted, checked)
+	t.Logf("%d events admitted (%d %s), %d one-second windows with bookings", admitted, booked, c.Measure(), checked)
 	if checked < 10 {
 		t.Errorf("only %d windows booked: the test did not load the capacity", checked)
 	}
@@ -348,8 +395,22 @@ func gathered(t *testing.T, reg *prometheus.Registry, name, window string) float
 // the same. (A level stepped from the window before, damped, was still
 // settling then.)
 func TestCapacityLevelFromDemand(t *testing.T) {
+	levelFromDemand(t, "200/1s", func(string) int64 { return 1 }, 0)
+}
+
+// levelFromDemand runs TestCapacityLevelFromDemand's tenants under
+// capacity, each event of a tenant costing size(tenant) in the capacity's
+// measure: from the third second on, every tenant books its water-filling
+// allocation of what it asked within 5% (or one of its events), give or
+// take slack more of its events, and every second is full to within one
+// event.
+func levelFromDemand(t *testing.T, capacity string, size func(string) int64, slack int64) {
 	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	c, _ := ParseCapacity("200/1s")
+	c, err := ParseCapacity(capacity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	C := c[0].Limit
 	l := newTestLimiter(t, testRedis(t), "*=1000000/1m", Options{Clock: clk.Now, Capacity: c, Horizon: time.Hour})
 	ctx := context.Background()
 	start := clk.Now()
@@ -366,13 +427,15 @@ func TestCapacityLevelFromDemand(t *testing.T) {
 		for k := 0; k < steps; k++ {
 			clk.Set(start.Add(time.Duration(sec)*time.Second + time.Duration(k)*time.Second/steps))
 			var batch []string
+			var costs []Cost
 			for _, ten := range slices.Sorted(maps.Keys(rate)) {
 				credit[ten] += float64(rate[ten]) / steps
 				for ; credit[ten] >= 1; credit[ten]-- {
 					batch = append(batch, ten)
+					costs = append(costs, Cost{Bytes: size(ten)})
 				}
 			}
-			if _, err := l.Admit(ctx, batch); err != nil {
+			if _, err := l.AdmitCosts(ctx, batch, costs); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -390,13 +453,13 @@ func TestCapacityLevelFromDemand(t *testing.T) {
 		for ten := range rate {
 			asked[ten] = booked[ten] + refused[ten]
 		}
-		want, level := testenv.WaterFill(asked, 200)
+		want, level := testenv.WaterFill(asked, C)
 		t.Logf("second %d: count %d, level %.1f, floods booked %d %d %d", sec, count, level, booked["f1"], booked["f2"], booked["f3"])
-		if count != 200 {
-			t.Errorf("second %d: count %d, want 200", sec, count)
+		if count > C || count < C-size("f1") {
+			t.Errorf("second %d: count %d, want %d (within one event)", sec, count, C)
 		}
 		for ten, w := range want {
-			if got := float64(booked[ten]); math.Abs(got-w) > math.Max(1, 0.05*w) {
+			if got := float64(booked[ten]); math.Abs(got-w) > math.Max(float64(size(ten)), 0.05*w)+float64(slack*size(ten)) {
 				t.Errorf("second %d: %s booked %v, want %.1f (asked %d)", sec, ten, got, w, asked[ten])
 			}
 		}
@@ -417,4 +480,35 @@ func capRefused(t testing.TB, l *Limiter, r Rule, start time.Time) map[string]in
 		}
 	}
 	return out
+}
+
+// TestCapacityZone: hour windows of a capacity need a zone whose offset
+// from UTC does not change (the script steps them by their length);
+// seconds and minutes go anywhere.
+func TestCapacityZone(t *testing.T) {
+	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	paris, err := time.LoadLocation("Europe/Paris")
+	if err != nil {
+		t.Skip(err)
+	}
+	kolkata, _ := time.LoadLocation("Asia/Kolkata")
+	for _, tc := range []struct {
+		capacity string
+		loc      *time.Location
+		ok       bool
+	}{
+		{"100/1h", time.UTC, true},
+		{"100/1h", kolkata, true},
+		{"100/1h", paris, false},
+		{"100/1s,6000/1m", paris, true},
+	} {
+		c, err := ParseCapacity(tc.capacity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = CheckCapacityZone(c, tc.loc, now)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s in %s: got %v, want ok %v", tc.capacity, tc.loc, err, tc.ok)
+		}
+	}
 }

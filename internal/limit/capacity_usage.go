@@ -18,10 +18,14 @@ import (
 const waitingWindows = 60
 
 // CapacityShare is a tenant's part of one capacity rule in its current
-// window. It is a value type.
+// window, in the rule's measure (Measure: events, bytes or units; the
+// counts below, floor, level and entitlement are of it, and Waiting and
+// Refused too). It is a value type.
 type CapacityShare struct {
-	// Capacity is the rule, as in GATEKEEPER_CAPACITY ("5000/1s").
+	// Capacity is the rule, as in GATEKEEPER_CAPACITY ("5000/1s", "10MiB/1s").
 	Capacity string `json:"capacity"`
+	// Measure is what the capacity counts: "events", "bytes" or "units".
+	Measure string `json:"measure"`
 	// Used is what all tenants booked in the current window (admitted or reserved).
 	Used int64 `json:"used"`
 	// Booked is what this tenant booked there, and Share its part of the capacity.
@@ -105,7 +109,7 @@ func (l *Limiter) CapacityUsageUnder(ctx context.Context, tenant string, share S
 		}
 		_, end := WindowBounds(r, now, l.opts.Location)
 		cs := CapacityShare{
-			Capacity: r.String(), Used: int64(num(0)), Level: num(1), ActiveWeight: int64(num(2)),
+			Capacity: r.String(), Measure: r.Measure.String(), Used: int64(num(0)), Level: num(1), ActiveWeight: int64(num(2)),
 			Booked: int64(num(3)), Refused: int64(num(4)), Weight: share.weight(), Floor: share.floor(r),
 			WaitingWindows: nwin[i], Reset: end,
 		}
@@ -140,9 +144,9 @@ type capacityCollector struct {
 func newCapacityCollector(l *Limiter) *capacityCollector {
 	return &capacityCollector{
 		l:      l,
-		limit:  prometheus.NewDesc("gatekeeper_capacity_limit", "The capacity: events per window that all tenants together may be admitted or have reserved (GATEKEEPER_CAPACITY).", []string{"capacity"}, nil),
-		used:   prometheus.NewDesc("gatekeeper_capacity_used", "Events booked (admitted or reserved) by all tenants in a capacity window: window=current (so far) or last (the window before, complete).", []string{"capacity", "window"}, nil),
-		level:  prometheus.NewDesc("gatekeeper_capacity_level", "The current capacity window's water level: the events a tenant of weight 1 is entitled to.", []string{"capacity"}, nil),
+		limit:  prometheus.NewDesc("gatekeeper_capacity_limit", "The capacity: events (bytes, units: see the capacity label) per window that all tenants together may be admitted or have reserved (GATEKEEPER_CAPACITY).", []string{"capacity"}, nil),
+		used:   prometheus.NewDesc("gatekeeper_capacity_used", "Events (bytes, units: the capacity's measure) booked (admitted or reserved) by all tenants in a capacity window: window=current (so far) or last (the window before, complete).", []string{"capacity", "window"}, nil),
+		level:  prometheus.NewDesc("gatekeeper_capacity_level", "The current capacity window's water level: what a tenant of weight 1 is entitled to, in the capacity's measure.", []string{"capacity"}, nil),
 		active: prometheus.NewDesc("gatekeeper_capacity_active_weight", "Summed weight of the tenants that sent events in the current capacity window.", []string{"capacity"}, nil),
 		capped: prometheus.NewDesc("gatekeeper_capacity_capped_weight", "Summed weight of the tenants held at the level in the current capacity window (predicted to ask more than their share).", []string{"capacity"}, nil),
 	}

@@ -93,26 +93,29 @@ func TestReplayRecordCommands(t *testing.T) {
 // window's) and written once at its end (one HSET per window, and the
 // demand histogram's moved buckets summed per call). The same skewed
 // batches, decided on a private redis-server over several one-second
-// windows, with and without a capacity; the version that wrote every
-// tenant's fields with commands of their own took 2.7x the commands.
+// windows, with and without a capacity, and with a capacity of bytes
+// (every event carries its bytes, 100 to 499); the version that wrote
+// every tenant's fields with commands of their own took 2.7x the commands.
 func TestCapacityCommands(t *testing.T) {
 	rdb := privateRedis(t)
 	ctx := context.Background()
 	batches := skewedBatches(60, benchBatch, benchTenants)
-	perK := func(capacity bool) (float64, float64) {
+	perK := func(capacity string) (float64, float64) {
 		clk := newFakeClock(t0)
 		opts := Options{Clock: clk.Now}
-		if capacity {
-			opts.Capacity, _ = ParseCapacity("100000000/1s")
-		}
+		opts.Capacity, _ = ParseCapacity(capacity)
 		l := newTestLimiter(t, rdb, "*=1000/1m", opts)
 		if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
 			t.Fatal(err)
 		}
 		cpu0 := redisCPU(t, rdb)
 		for _, batch := range batches {
-			clk.Add(100 * time.Millisecond) // ten calls a window
-			ds, err := l.Admit(ctx, batch)
+			clk.Add(100 * time.Millisecond)   // ten calls a window
+			costs := make([]Cost, len(batch)) // 100 to 499 bytes
+			for i := range costs {
+				costs[i].Bytes = int64(100 + (i*37)%400)
+			}
+			ds, err := l.AdmitCosts(ctx, batch, costs)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -125,12 +128,16 @@ func TestCapacityCommands(t *testing.T) {
 		k := float64(len(batches)*benchBatch) / 1000
 		return float64(c) / k, cpu.Seconds() * 1e6 / k
 	}
-	without, usecWithout := perK(false)
-	with, usecWith := perK(true)
-	t.Logf("Redis commands per 1,000 events: %.1f without a capacity, %.1f with one (%.2fx)", without, with, with/without)
-	t.Logf("Redis CPU per 1,000 events (not asserted): %.0f µs without a capacity, %.0f µs with one", usecWithout, usecWith)
+	without, usecWithout := perK("")
+	with, usecWith := perK("100000000/1s")
+	bytes, usecBytes := perK("100GB/1s") // every tenant's events carry their bytes
+	t.Logf("Redis commands per 1,000 events: %.1f without a capacity, %.1f with one (%.2fx), %.1f with one of bytes (%.2fx)", without, with, with/without, bytes, bytes/without)
+	t.Logf("Redis CPU per 1,000 events (not asserted): %.0f µs without a capacity, %.0f µs with one, %.0f µs with one of bytes", usecWithout, usecWith, usecBytes)
 	if with > 1.25*without {
 		t.Errorf("commands per 1,000 events with a capacity: got %.1f, want at most %.1f (125%% of %.1f)", with, 1.25*without, without)
+	}
+	if bytes > 1.25*without {
+		t.Errorf("commands per 1,000 events with a capacity of bytes: got %.1f, want at most %.1f (125%% of %.1f)", bytes, 1.25*without, without)
 	}
 }
 

@@ -334,7 +334,7 @@ func (l *Limiter) admitFrom(ctx context.Context, s *scratch, src positions, tena
 		return nil, err
 	}
 	if costs != nil {
-		takeCosts(order, costs, out)
+		takeCosts(order, costs, out, l.CapacityInForce())
 	}
 	var calls []*group
 	l.mu.Lock()
@@ -448,9 +448,10 @@ func (l *Limiter) groups(s *scratch, tenants []string, noCosts bool) ([]*group, 
 				}
 				g.set = set
 			}
-			g.byCost = CountsCosts(g.rules)
+			// A capacity of bytes or units counts every tenant's costs.
+			g.byCost = CountsCosts(g.rules) || l.opts.Capacity.Measure() != Events
 			if g.byCost && noCosts {
-				return nil, fmt.Errorf("admit: tenant %q has a rule counting bytes or units, and the events have no costs", t)
+				return nil, fmt.Errorf("admit: tenant %q has a rule or a capacity counting bytes or units, and the events have no costs", t)
 			}
 			order[n] = g
 		}

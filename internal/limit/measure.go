@@ -3,6 +3,7 @@ package limit
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -195,11 +196,24 @@ func overLimit(rules []Rule, c Cost) string {
 	return ""
 }
 
-// takeCosts keeps, for each group of a tenant whose rules count bytes or
-// units, the costs of its events in g.costs (all in one array), and takes
-// out of g.idx, with their decision in out, the events whose cost is not
-// valid or is over the whole limit of one of the rules.
-func takeCosts(groups []*group, costs []Cost, out []Decision) {
+// overCapacity returns the reason of an event whose cost is over the whole
+// limit of a capacity rule c of bytes or units in force (no window of a
+// call could hold it), or "".
+func overCapacity(c Capacity, cost Cost) string {
+	for _, r := range c {
+		if r.Measure != Events && cost.of(r.Measure) > r.Limit {
+			return fmt.Sprintf("cost of %d %s over the whole capacity %s", cost.of(r.Measure), r.Measure, r)
+		}
+	}
+	return ""
+}
+
+// takeCosts keeps, for each group of a tenant whose rules or capacity count
+// bytes or units, the costs of its events in g.costs (all in one array), and
+// takes out of g.idx, with their decision in out, the events whose cost is
+// not valid or is over the whole limit of one of the rules or of the
+// capacity in force c.
+func takeCosts(groups []*group, costs []Cost, out []Decision, c Capacity) {
 	var buf []Cost
 	for _, g := range groups {
 		if !g.byCost {
@@ -210,17 +224,21 @@ func takeCosts(groups []*group, costs []Cost, out []Decision) {
 		}
 		start, keep := len(buf), g.idx[:0]
 		for _, i := range g.idx {
-			c := costs[i]
-			if err := c.Check(); err != nil {
+			cost := costs[i]
+			if err := cost.Check(); err != nil {
 				out[i] = Decision{Kind: Reject, Reason: err.Error()}
 				continue
 			}
-			if why := overLimit(g.rules, c); why != "" {
+			why := overLimit(g.rules, cost)
+			if why == "" {
+				why = overCapacity(c, cost)
+			}
+			if why != "" {
 				out[i] = Decision{Kind: Reject, Reason: why}
 				continue
 			}
 			keep = append(keep, i)
-			buf = append(buf, c)
+			buf = append(buf, cost)
 		}
 		g.idx, g.costs = keep, buf[start:len(buf):len(buf)]
 	}
@@ -263,28 +281,30 @@ func anyCosts(groups []*group) bool {
 
 // appendCosts writes, with num, the costs of the events of g, the ti-th
 // tenant of a script call, for admit.lua (see "Costs" there): ti, then per
-// rule the list it counts by (0: none, an event rule; 1, 2: the lists that
-// follow), then the events' bytes if a rule counts bytes, then their units
-// if a rule counts units.
-func appendCosts(num func(int64), ti int, g *group) {
+// rule, and after them per rule of the capacity c, the list it counts by
+// (0: none, an event rule; 1, 2: the lists that follow), then the events'
+// bytes if a rule counts bytes, then their units if a rule counts units.
+func appendCosts(num func(int64), ti int, g *group, c Capacity) {
 	lists := []Measure{}
 	for _, m := range []Measure{Bytes, Units} {
-		for _, r := range g.rules {
-			if r.Measure == m {
-				lists = append(lists, m)
-				break
+		if c.Measure() == m || slices.ContainsFunc(g.rules, func(r Rule) bool { return r.Measure == m }) {
+			lists = append(lists, m)
+		}
+	}
+	listOf := func(m Measure) int64 {
+		for j, l := range lists {
+			if l == m {
+				return int64(j + 1)
 			}
 		}
+		return 0
 	}
 	num(int64(ti))
 	for _, r := range g.rules {
-		list := 0
-		for j, m := range lists {
-			if r.Measure == m {
-				list = j + 1
-			}
-		}
-		num(int64(list))
+		num(listOf(r.Measure))
+	}
+	for _, r := range c {
+		num(listOf(r.Measure))
 	}
 	for _, m := range lists {
 		for _, c := range g.costs {

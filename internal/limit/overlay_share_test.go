@@ -57,6 +57,9 @@ func TestOverlayShare(t *testing.T) {
 	if err := CheckShareChange(over, c, "b", *share("floor:5/1m")); err == nil || !strings.Contains(err.Error(), "no capacity rule of window 1m") {
 		t.Errorf("a floor of 1m: got %v, want refused", err)
 	}
+	if err := CheckShareChange(over, c, "b", *share("floor:5KiB/1s")); err == nil || !strings.Contains(err.Error(), "counts bytes, the capacity 100/1s counts events") {
+		t.Errorf("a floor of bytes under a capacity of events: got %v, want refused", err)
+	}
 	bad := base.WithOverlays(map[string]Overlay{"y": {KeepRules: true, Share: share("floor:31/1s")}}, 9)
 	if err := CheckCapacity(bad, c); err == nil || !strings.Contains(err.Error(), "sum to 101") {
 		t.Errorf("floors over the capacity through an override: got %v", err)
@@ -65,7 +68,7 @@ func TestOverlayShare(t *testing.T) {
 		ShareRaised(*share("weight:2", "floor:5/1s"), *share("weight:2", "floor:5/1s")) {
 		t.Error("ShareRaised")
 	}
-	for _, items := range [][]string{{"weight:0"}, {"weight:1001"}, {"floor:5MiB/1s"}, {"floor:1/1s", "floor:2/1s"}, {"5/1m"}} {
+	for _, items := range [][]string{{"weight:0"}, {"weight:1001"}, {"floor:5MiB/1s", "floor:5/1s"}, {"floor:1/1s", "floor:2/1s"}, {"5/1m"}} {
 		if _, err := ParseShare(items); err == nil {
 			t.Errorf("ParseShare(%q): no error", items)
 		}

@@ -75,7 +75,7 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, bu
 	if costsAt := nums + 1; anyCosts(groups) {
 		for i, g := range groups {
 			if g.costs != nil {
-				appendCosts(num, i+1, g)
+				appendCosts(num, i+1, g, l.opts.Capacity)
 			}
 		}
 		num(int64(-costsAt))

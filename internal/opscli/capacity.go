@@ -15,7 +15,8 @@ import (
 const CapacityUsage = `Usage:
   gatekeeper capacity                         the capacity in force, the paced rate, the cap and its audit
   gatekeeper capacity cap RATE --for 15m --reason WHY
-      RATE in events a second ("500") or as CAPACITY ("30000/1m"); or --until 2026-12-01T23:00:00Z
+      RATE in CAPACITY's measure a second ("500"; bytes or units for such a capacity) or as CAPACITY
+      ("30000/1m", "1MiB/1s"); or --until 2026-12-01T23:00:00Z
   gatekeeper capacity lift --reason WHY       remove the cap
 The API: GATEKEEPER_URL (default http://localhost:8080), token GATEKEEPER_TOKEN.
 `

@@ -193,7 +193,8 @@ func TestRecordCheck(t *testing.T) {
 		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: "x", Weight: 2, Floors: []string{"10/1s"}}, ""},
 		{Record{Tenant: "a", Rules: []string{}, KeepRules: true, Reason: "x", Weight: 2}, ""},
 		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: "x", Weight: 1001}, "weight: 1001"},
-		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: "x", Floors: []string{"5MiB/1s"}}, "floors:"},
+		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: "x", Floors: []string{"5MiB/1s"}}, ""}, // checked against the capacity (CheckCapacity)
+		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: "x", Floors: []string{"5MiB/1s", "5/1s"}}, "floors:"},
 		{Record{Tenant: "a", Rules: []string{"5/1m"}, Reason: "x", Floors: []string{"1/1s", "2/1s"}}, "floors:"},
 		{Record{Tenant: "a", Rules: []string{"5/1m"}, KeepRules: true, Reason: "x", Weight: 2}, "keep_rules"},
 		{Record{Tenant: "a", Rules: []string{}, KeepRules: true, Reason: "x"}, "keep_rules"},
@@ -233,6 +234,7 @@ func TestRecordShareText(t *testing.T) {
 		}
 	}
 	c, _ := limit.ParseCapacity("100/1s")
+	bytesCap, _ := limit.ParseCapacity("10KiB/1s")
 	inForce, err := limit.ParseRules("*=10/1s;b=floor:60/1s")
 	if err != nil {
 		t.Fatal(err)
@@ -246,6 +248,9 @@ func TestRecordShareText(t *testing.T) {
 		{Record{Tenant: "a", Floors: []string{"41/1s"}}, c, "sum to 101"},
 		{Record{Tenant: "b", Floors: []string{"100/1s"}}, c, ""},
 		{Record{Tenant: "a", Floors: []string{"1/1m"}}, c, "no capacity rule of window 1m"},
+		{Record{Tenant: "a", Floors: []string{"1KiB/1s"}}, c, "counts bytes, the capacity 100/1s counts events"},
+		{Record{Tenant: "a", Floors: []string{"1KiB/1s"}}, bytesCap, ""},
+		{Record{Tenant: "a", Floors: []string{"10/1s"}}, bytesCap, "counts events, the capacity 10KiB/1s counts bytes"},
 		{Record{Tenant: "a", Weight: 2}, nil, "no GATEKEEPER_CAPACITY"},
 		{Record{Tenant: "a"}, nil, ""},
 	} {

@@ -3,6 +3,7 @@ package pace
 import (
 	"context"
 	"fmt"
+	"math"
 	"syscall"
 	"testing"
 	"time"
@@ -82,4 +83,41 @@ func benchLeader(b *testing.B, membersEvery, metaEvery time.Duration, perSample 
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
 	cpu := time.Duration(syscall.TimevalToNsec(ru1.Utime) - syscall.TimevalToNsec(ru0.Utime) + syscall.TimevalToNsec(ru1.Stime) - syscall.TimevalToNsec(ru0.Stime))
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-us/interval")
+}
+
+// BenchmarkControllerObserve is the controller's own work per sample (no
+// I/O): a recorded stream of four samples a second (a drain of 300/s cut
+// to 150/s, then 1,500/s, commits every 200 ms) replayed into a controller.
+// It is the path that pacing adds to the leader besides its reads; run it
+// under callgrind to count its instructions repeatably.
+func BenchmarkControllerObserve(b *testing.B) {
+	p := Params{TargetWait: 2 * time.Second, Floor: 50, Ceiling: 3000, Interval: time.Second, Hold: 10 * time.Second}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var samples []Sample
+	var committed, done, end float64
+	for at := time.Duration(0); at < 85*time.Second; at += 50 * time.Millisecond {
+		drain := map[bool]float64{true: 300, false: 150}[at < 25*time.Second]
+		if at >= 45*time.Second {
+			drain = 1500
+		}
+		end += 1.2 * drain * 0.05
+		done = math.Min(end, done+drain*0.05)
+		if at%(200*time.Millisecond) == 0 {
+			committed = done
+		}
+		if at%SampleEvery(p.Interval) == 0 {
+			samples = append(samples, Sample{At: t0.Add(at), Committed: int64(committed), End: int64(end), Members: 1})
+		}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; {
+		c := NewController(p, p.Floor)
+		for _, s := range samples {
+			if i == b.N {
+				break
+			}
+			c.Observe(s)
+			i++
+		}
+	}
 }

@@ -83,6 +83,12 @@ type Estimate struct {
 // span again). The rate rises by half per interval at most (of the rate,
 // or of the drain if more).
 //
+// After a drop confirmed at the next decision (a cut), the backlog the old
+// rate left drains as fast as the floor allows and the new drain is fed
+// forward as soon as it is gone (a deadbeat on the predicted excess, not
+// the gain 1/Tc), and the rest of the excess is taken within 6% of the
+// drain (settleLaw).
+//
 // While the downstream keeps up (the predicted lag under a quarter of L*,
 // so its drain is what reaches it, not what it can take) the rate is raised
 // to 1.5 times what reached the downstream over the last second when the
@@ -100,6 +106,9 @@ type Controller struct {
 	drain   float64   // the last drain estimate (0: none yet)
 	low     int       // samples running whose last second's drain is under dropBelow of the estimate
 	members int       // the last count of the group's members read
+	settle  int       // the stage of the response to the last drop (settle*)
+	before  float64   // the drain estimate before the last drop
+	settled int       // decisions running in settleRest with the excess under restDone
 }
 
 // SampleEvery is how often the downstream is read: a few times per
@@ -122,6 +131,24 @@ const (
 	keepsUp = 0.25
 	// used: the gate admits at least this fraction of the rate in force.
 	used = 0.75
+	// After a drop (settleLaw): it is a cut when the drain at the next
+	// decision is still under confirmBelow of the estimate before it and
+	// the lag's excess at least confirmExcess of L*; the rest of the
+	// excess is taken at most restBand of the drain from it, until it has
+	// been under restDone of L* in restDoneN decisions running.
+	confirmBelow  = 0.85
+	confirmExcess = 0.25
+	restBand      = 0.06
+	restDone      = 0.125
+	restDoneN     = 2
+)
+
+// The stages of the response to a drop (settleLaw).
+const (
+	settleNone    = iota // the law alone
+	settlePending        // a drop was seen: confirmed or not at the next decision
+	settleDrain          // the old rate's backlog drains, down to the floor
+	settleRest           // the rest of the excess, near the drain
 )
 
 // longSpan is the time over which the drain is estimated; shortSpan the
@@ -161,7 +188,7 @@ func (c *Controller) Observe(s Sample) Estimate {
 	if len(c.samples) >= 2 && (s.Committed < old.Committed || s.End < old.End) {
 		e.Reason = fmt.Sprintf("offsets went back (committed %d to %d, end %d to %d): samples restarted", old.Committed, s.Committed, old.End, s.End)
 		c.samples = c.samples[len(c.samples)-1:]
-		c.since, c.drain, c.low = time.Time{}, 0, 0
+		c.since, c.drain, c.low, c.settle = time.Time{}, 0, 0, settleNone
 	}
 	short, ok := c.rateOver(s.At, c.shortSpan(), func(x Sample) int64 { return x.Committed })
 	if !ok {
@@ -186,7 +213,10 @@ func (c *Controller) Observe(s Sample) Estimate {
 	case c.low >= dropSamples:
 		c.since, c.low, e.Drop = s.At.Add(-c.shortSpan()), 0, true
 	case c.low <= -dropSamples:
-		c.since, c.low = time.Time{}, 0 // a stall: the long span again
+		c.since, c.low, c.settle = time.Time{}, 0, settleNone // a stall: the long span again
+	}
+	if e.Drop {
+		c.settle, c.before = settlePending, c.drain
 	}
 	e.Drain = c.slope(s.At)
 	c.drain = e.Drain
@@ -224,6 +254,11 @@ func (c *Controller) law(e Estimate, lag float64) float64 {
 	// is predicted from it, so that one correction is not made twice.
 	ahead := lag + (c.rate-d)*lead*c.p.Interval.Seconds()
 	tc := math.Max(target, 2*c.p.Interval.Seconds())
+	if c.settle != settleNone && d > 0 && !e.Drop {
+		if rate, ok := c.settleLaw(d, ahead-want, want, tc); ok {
+			return rate
+		}
+	}
 	rate := d + clamp(correction(want-ahead, want/4)/tc, -d, upStep*d)
 	if ahead >= keepsUp*want && d > 0 {
 		return rate
@@ -306,7 +341,7 @@ func (c *Controller) meanLag(at time.Time) float64 {
 // floor.
 func (c *Controller) Lost(at time.Time, reason string) Estimate {
 	c.samples = c.samples[:0]
-	c.since, c.drain, c.low = time.Time{}, 0, 0
+	c.since, c.drain, c.low, c.settle = time.Time{}, 0, 0, settleNone
 	e := c.last
 	if e.LostSince.IsZero() {
 		e.LostSince = at
@@ -319,4 +354,55 @@ func (c *Controller) Lost(at time.Time, reason string) Estimate {
 	}
 	c.last = e
 	return e
+}
+
+// settleLaw is the law after a drop, while it is not done (false: the law
+// alone). At the drop the law alone sets the rate (under the rate before);
+// at the next decision it is a cut when the drain stayed low (under
+// confirmBelow of the estimate before the drop: a stall's commits came
+// back, and with commits a second apart a drop read while the downstream
+// keeps up is not one) and the lag's excess over the new target is at
+// least confirmExcess of it. Then the backlog that the old rate left
+// drains as fast as the floor allows, and the drain is fed forward as soon
+// as it is gone: the rate is the drain less the excess predicted for when
+// it takes effect, over one interval (a deadbeat: the excess is gone one
+// window later), down to the floor. The law alone would take the excess's
+// last third at a gain of 1/Tc, and halved near the target: five to seven
+// windows 10-40% under the drain. The first rate above the floor is the
+// last of the drain; what the prediction missed (up to about a quarter of
+// L* in the model) is taken from the next decision on at most restBand of
+// the drain from it, so that the admitted rate stays within 10% of the
+// drain, until the excess has been under restDone of L* in restDoneN
+// decisions running, or is over L*/2 (a new backlog) or L*/4 under the
+// target: then the law alone again.
+func (c *Controller) settleLaw(d, excess, want, tc float64) (float64, bool) {
+	switch c.settle {
+	case settlePending:
+		if d > confirmBelow*c.before || excess < confirmExcess*want {
+			break
+		}
+		c.settle = settleDrain
+		fallthrough
+	case settleDrain:
+		if excess <= 0 {
+			break
+		}
+		rate := d - excess/c.p.Interval.Seconds()
+		if rate > c.p.Floor {
+			c.settle, c.settled = settleRest, 0
+		}
+		return rate, true
+	case settleRest:
+		if excess <= restDone*want {
+			c.settled++
+		} else {
+			c.settled = 0
+		}
+		if c.settled >= restDoneN || excess >= want/2 || excess <= -want/4 {
+			break
+		}
+		return d + clamp(correction(-excess, want/4)/tc, -restBand*d, restBand*d), true
+	}
+	c.settle = settleNone
+	return 0, false
 }

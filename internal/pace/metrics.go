@@ -15,11 +15,11 @@ func newMetrics() *metrics {
 	}
 	return &metrics{
 		paced:   g("paced_rate", "The rate (events a second) the downstream's drain sets for the capacity, enforced or not (shadow)."),
-		inForce: g("in_force_rate", "The capacity's rate (events a second) this replica passes to the limiter: the least of the configured capacity, the paced rate (unless shadow) and an operator's cap."),
+		inForce: g("in_force_rate", "The capacity's rate (events a second; bytes or units for a capacity of them) this replica passes to the limiter: the least of the configured capacity, the paced rate (unless shadow) and an operator's cap."),
 		drain:   g("downstream_drain_rate", "The downstream group's drain rate, events a second."),
 		lag:     g("downstream_lag", "The downstream group's lag on the downstream topic, events."),
 		wait:    g("downstream_wait_seconds", "The downstream wait: lag / drain rate."),
-		capRate: g("cap_rate", "An operator's cap on the capacity, events a second (0: none)."),
+		capRate: g("cap_rate", "An operator's cap on the capacity, events a second (bytes or units for a capacity of them; 0: none)."),
 		leader:  g("pace_leader", "1 when this replica computes the fleet's paced rate."),
 		lost:    g("pace_signal_lost", "1 when the downstream group's offsets cannot be read or it has no members (the rate is held, then the floor)."),
 		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gatekeeper_capacity_pace_state",

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"strings"
+	"time"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
@@ -18,6 +19,14 @@ func (c *Config) checkCapacity() error {
 	}
 	if len(c.RedisAddrs) > 1 || strings.EqualFold(c.RedisCluster, "true") {
 		return bad("CAPACITY", "%v", limit.ErrCapacityCluster)
+	}
+	if loc, err := c.Location(); err == nil {
+		if err := limit.CheckCapacityZone(capacity, loc, time.Now()); err != nil {
+			return bad("CAPACITY", "%v", err)
+		}
+	}
+	if capacity.Measure() == limit.Units && c.CostFrom == "" {
+		return bad("CAPACITY", "%s counts units, and COST_FROM is not set (where an event's units are)", capacity)
 	}
 	if c.limits != nil {
 		if err := limit.CheckCapacity(c.limits.rules, capacity); err != nil {

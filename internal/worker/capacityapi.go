@@ -29,6 +29,8 @@ type capacityAPI struct {
 	pace  func() *pace.Runner // nil: no capacity, or not started
 	clock func() time.Time
 	log   *slog.Logger
+	// measure is what CAPACITY counts: a cap's rate is of it a second.
+	measure limit.Measure
 }
 
 // CapacityView is the body of GET /v1/capacity: this replica's view of the
@@ -39,7 +41,8 @@ type CapacityView struct {
 }
 
 // CapacityCap is the body of PUT /v1/capacity/cap: a cap of Rate events a
-// second (or Capacity, e.g. "500/1s") until Until, or for For (a Go
+// second, or bytes or units for a capacity of them (or Capacity, e.g.
+// "500/1s", "1MiB/1s", of CAPACITY's measure) until Until, or for For (a Go
 // duration), with a reason. DELETE takes the reason alone.
 type CapacityCap struct {
 	Rate     float64    `json:"rate,omitempty"`
@@ -105,8 +108,9 @@ func readCap(r *http.Request, v *CapacityCap) error {
 	return nil
 }
 
-// capOf returns the cap of a PUT body at time now. Errors name the field.
-func capOf(b CapacityCap, now time.Time) (pace.Cap, error) {
+// capOf returns the cap of a PUT body at time now, for a capacity of
+// measure m. Errors name the field.
+func capOf(b CapacityCap, now time.Time, m limit.Measure) (pace.Cap, error) {
 	c := pace.Cap{Rate: b.Rate, Why: b.Reason, At: now}
 	switch {
 	case b.Capacity != "" && b.Rate != 0:
@@ -116,10 +120,13 @@ func capOf(b CapacityCap, now time.Time) (pace.Cap, error) {
 		if err != nil || len(r) != 1 {
 			return c, fmt.Errorf("capacity %q: want one rule, e.g. 500/1s", b.Capacity)
 		}
+		if r.Measure() != m {
+			return c, fmt.Errorf("capacity %q counts %s, CAPACITY counts %s", b.Capacity, r.Measure(), m)
+		}
 		c.Rate = r.Rate()
 	}
 	if !(c.Rate > 0) {
-		return c, errors.New("rate: want events a second above 0 (or capacity, e.g. 500/1s)")
+		return c, fmt.Errorf("rate: want %s a second above 0 (or capacity, e.g. 500/1s)", m)
 	}
 	switch {
 	case b.Until != nil && b.For != "":
@@ -147,7 +154,7 @@ func (a *capacityAPI) put(w http.ResponseWriter, r *http.Request, p *pace.Runner
 		writeJSON(w, http.StatusBadRequest, errorResponse{Error: err.Error()})
 		return
 	}
-	c, err := capOf(body, a.clock().UTC().Truncate(time.Millisecond))
+	c, err := capOf(body, a.clock().UTC().Truncate(time.Millisecond), a.measure)
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, errorResponse{Error: err.Error()})
 		return

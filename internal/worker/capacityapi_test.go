@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 	"github.com/gatekeeper-dev/gatekeeper/internal/pace"
 	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
@@ -50,7 +51,7 @@ func TestCapacityCapAPI(t *testing.T) {
 		{"ops-token-0123456789", `{"rate":300,"for":"10m"}`, 400, "reason"},
 		{"ops-token-0123456789", `{"rate":300,"reason":"x"}`, 400, "until"},
 		{"ops-token-0123456789", `{"rate":-1,"for":"10m","reason":"x"}`, 400, "rate"},
-		{"ops-token-0123456789", `{"capacity":"5/1h","for":"10m","reason":"x"}`, 400, "capacity"},
+		{"ops-token-0123456789", `{"capacity":"5/1d","for":"10m","reason":"x"}`, 400, "capacity"},
 		{"ops-token-0123456789", `{"rate":300,"for":"-1m","reason":"x"}`, 400, "end after now"},
 		{"ops-token-0123456789", `{"rate":300,"for":"10m","reason":"x","speed":1}`, 400, "unknown field"},
 		{"ops-token-0123456789", `{"capacity":"18000/1m","for":"10m","reason":"db slow"}`, 200, ""},
@@ -81,5 +82,31 @@ func TestCapacityCapAPI(t *testing.T) {
 	}
 	if _, body, _ := get(t, srv, "/readyz"); strings.Contains(body, "capped") {
 		t.Errorf("readyz after the lift still says capped: %s", body)
+	}
+}
+
+// TestCapacityCapMeasure: a cap given as a capacity must count what
+// CAPACITY counts; a rate is of that measure a second.
+func TestCapacityCapMeasure(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		body CapacityCap
+		m    limit.Measure
+		rate float64
+		err  string
+	}{
+		{CapacityCap{Capacity: "500/1s", For: "1m", Reason: "x"}, limit.Bytes, 0, "counts events, CAPACITY counts bytes"},
+		{CapacityCap{Capacity: "1MiB/1s", For: "1m", Reason: "x"}, limit.Events, 0, "counts bytes, CAPACITY counts events"},
+		{CapacityCap{Capacity: "1MiB/1s", For: "1m", Reason: "x"}, limit.Bytes, 1 << 20, ""},
+		{CapacityCap{Rate: 5000, For: "1m", Reason: "x"}, limit.Bytes, 5000, ""},
+		{CapacityCap{Rate: -1, For: "1m", Reason: "x"}, limit.Units, 0, "want units a second"},
+	} {
+		c, err := capOf(tc.body, now, tc.m)
+		switch {
+		case tc.err == "" && (err != nil || c.Rate != tc.rate):
+			t.Errorf("%+v under %s: got %v, %v; want rate %v", tc.body, tc.m, c.Rate, err, tc.rate)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%+v under %s: got %v, want an error with %q", tc.body, tc.m, err, tc.err)
+		}
 	}
 }

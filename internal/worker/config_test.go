@@ -221,6 +221,9 @@ func TestConfigGoodValues(t *testing.T) {
 		{"byte rules", with(minimal(), "LIMITS", "*=100/1m,10MiB/1m;acme=1000/1m,10MiB/1m,2GiB/1d")},
 		{"unit rules", with(minimal(), "LIMITS", "*=5000u/1m", "COST_FROM", "header:x-cost")},
 		{"capacity", with(minimal(), "CAPACITY", "5000/1s,200000/1m", "LIMITS", "*=100/1m;acme=1000/1m,weight:3,floor:200/1s")},
+		{"byte capacity", with(minimal(), "CAPACITY", "10MiB/1s,200MiB/1m", "LIMITS", "*=100/1m;acme=1000/1m,weight:3,floor:1MiB/1s")},
+		{"hour capacity", with(minimal(), "CAPACITY", "5000/1s,1000000/1h", "TIMEZONE", "Asia/Kolkata", "LIMITS", "*=100/1m;acme=floor:1000/1h")},
+		{"unit capacity", with(minimal(), "CAPACITY", "2000u/1s", "COST_FROM", "header:cost", "LIMITS", "*=100/1m;acme=floor:500u/1s")},
 		{"paced capacity", with(minimal(), "CAPACITY", "5000/1s", "CAPACITY_FROM", "group:billing", "CAPACITY_FLOOR", "6000/1m", "CAPACITY_TARGET_WAIT", "500ms", "CAPACITY_SHADOW", "true")},
 		{"json cost", with(minimal(), "COST_FROM", "json:usage.tokens")},
 		{"ttl", with(minimal(), "WINDOW", "ttl", "LIMITS", "*=10/7m")},
@@ -301,11 +304,17 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "COST_FROM", "json:a..b"), "COST_FROM"},
 		{with(minimal(), "LIMITS", "*=5000u/1m"), "COST_FROM"}, // units need COST_FROM
 		{with(minimal(), "LIMITS", "*=10mib/1m"), "LIMITS"},
-		{with(minimal(), "CAPACITY", "5000/1h"), "CAPACITY"},
+		{with(minimal(), "CAPACITY", "5000/1d"), "CAPACITY"},
+		{with(minimal(), "CAPACITY", "5000/2h", "TIMEZONE", "Europe/Paris"), "CAPACITY"}, // hours need a zone without daylight saving
 		{with(minimal(), "CAPACITY", "5000/1s", "REDIS_ADDRS", "a:1,b:2"), "CAPACITY"},
 		{with(minimal(), "CAPACITY", "100/1s", "LIMITS", "*=10/1s;a=floor:60/1s;b=floor:50/1s"), "LIMITS"},
 		{with(minimal(), "LIMITS", "*=10/1s;a=weight:0"), "LIMITS"},
-		{with(minimal(), "CAPACITY_FROM", "group:billing"), "CAPACITY_FROM"}, // needs CAPACITY
+		{with(minimal(), "CAPACITY", "10MiB/1s", "LIMITS", "*=10/1s;a=floor:200/1s"), "LIMITS"}, // a floor of events, a capacity of bytes
+		{with(minimal(), "CAPACITY", "100/1s", "LIMITS", "*=10/1s;a=floor:1KiB/1s"), "LIMITS"},  // the reverse
+		{with(minimal(), "CAPACITY", "10MiB/1s,100/1m"), "CAPACITY"},                            // two measures
+		{with(minimal(), "CAPACITY", "2000u/1s"), "CAPACITY"},                                   // units need COST_FROM
+		{with(minimal(), "CAPACITY", "10MiB/1s", "CAPACITY_FROM", "group:b"), "CAPACITY_FROM"},  // pacing is in events
+		{with(minimal(), "CAPACITY_FROM", "group:billing"), "CAPACITY_FROM"},                    // needs CAPACITY
 		{with(minimal(), "CAPACITY", "100/1s", "CAPACITY_FROM", "billing"), "CAPACITY_FROM"},
 		{with(minimal(), "CAPACITY", "100/1s", "CAPACITY_FROM", "group:"), "CAPACITY_FROM"},
 		{with(minimal(), "CAPACITY", "100/1s", "CAPACITY_FROM", "group:gatekeeper"), "CAPACITY_FROM"}, // its own group

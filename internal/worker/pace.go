@@ -71,6 +71,9 @@ func (c *Config) checkPace() error {
 	if g != "" && len(capacity) == 0 {
 		return bad("CAPACITY_FROM", "needs CAPACITY (the ceiling of the paced capacity)")
 	}
+	if g != "" && capacity.Measure() != limit.Events {
+		return bad("CAPACITY_FROM", "paces a capacity of events (the downstream drains events a second); CAPACITY %s counts %s", capacity, capacity.Measure())
+	}
 	if g != "" && g == c.GroupID {
 		return bad("CAPACITY_FROM", "group %q is Gatekeeper's own GROUP_ID, not the downstream's", g)
 	}

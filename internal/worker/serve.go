@@ -270,7 +270,7 @@ func (w *worker) listenHTTP(ctx context.Context) (*http.Server, net.Listener, er
 			timeout: cfg.RedisTimeout,
 			log:     w.log,
 		},
-		Capacities: &capacityAPI{pace: w.st.pace.Load, clock: time.Now, log: w.log},
+		Capacities: &capacityAPI{pace: w.st.pace.Load, clock: time.Now, log: w.log, measure: cfg.CapacityRules().Measure()},
 		Pprof:      cfg.Pprof,
 		Log:        w.log,
 	})

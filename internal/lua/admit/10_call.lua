@@ -52,9 +52,11 @@
 --   script less than a tonumber per number.)
 --   Costs: after the last tenant's record, the same array holds, for each
 --   tenant with a rule that counts bytes or units (and only for those, so a
---   call of event rules alone carries nothing more): its number in the call
+--   call of event rules alone carries nothing more; a capacity of bytes or
+--   units gives every tenant costs): its number in the call
 --   (1-based), then per rule the cost list it counts by (0: none, the rule
---   counts events, each 1; 1 or 2: the lists that follow), then its lists of
+--   counts events, each 1; 1 or 2: the lists that follow; with a capacity,
+--   its own rules and then each capacity rule), then its lists of
 --   n costs each, in event order: whole numbers, each at most the limit of
 --   every rule that counts by it (the caller rejects the others); and last
 --   the negated index (1-based) in the array where these costs begin. The

@@ -30,7 +30,22 @@
 --   JSON array of strings, in call order), the tenants' shares (a JSON
 --   array: per tenant its weight, then its floor for each capacity rule),
 --   then per capacity rule: limit, step ms, the current window's start ms,
---   retention ms, the sum of the named tenants' floors.
+--   retention ms, the sum of the named tenants' floors, its measure (0
+--   events; 1 bytes, 2 units: limit.Measure).
+--   Measures: a capacity of bytes or units counts, in every field below, an
+--   event as its cost (its bytes or units), like a tenant's rule of that
+--   measure: every tenant of the call then has costs (50_costs.lua's
+--   records, where each tenant's list per capacity rule follows its own
+--   rules'), and floors, demand, levels and entitlements are in that
+--   measure. A tenant may book one event at least in a window, whatever its
+--   entitlement there: the cost of its next event to place (for events, in
+--   a future window, 1), so that an event larger than a tenant's share is
+--   still placed, one a window, wherever the capacity has room for it
+--   (fairness is then at the grain of one event a window); and from
+--   ramp_hi on, one event over its part of what is spare, so that the
+--   spare is not left in pieces smaller than the events. The caller
+--   rejects an event that costs more than the capacity: no window could
+--   hold it.
 -- Reply: nothing of its own (the capacity is one more rule of each tenant).
 --
 -- Demand: what a tenant asks of a window is predicted, before the window
@@ -44,7 +59,9 @@
 --   numbers below 1024, then 1% wide) holds, packed in one integer,
 --   W * 2^32 + D, with D the summed demand and W the summed weight of the
 --   tenants in that bucket (one HINCRBY moves a tenant in or out of a
---   bucket); a tenant with a floor f also adds -(w * 2^32 + min(q, f)) at
+--   bucket); for a capacity of bytes or units, whose demands pass 2^31,
+--   not packed: D in field <k> and W in field w<k>; a tenant with a floor
+--   f also adds -(w * 2^32 + min(q, f)) at
 --   the bucket of min(q, f) / w, and min(q, f) to field fm, so that
 --     G(lv) = fm + sum over buckets below lv of D + lv * sum above of W
 --   is sum_i min(q_i, max(f_i, w_i * lv)), what the tenants would book at
@@ -115,6 +132,10 @@ local ramp_lo, ramp_hi = 0.9, 0.98
 local cap_ti = 0  -- the tenant being decided (cap_rules sets it)
 local cap_fast = true -- every capacity rule's limit is at least 1: run
                       -- counts a tenant's own rules as fast_many does
+-- cap_cost(ti, ci, n, most) returns what the first n events of the ti-th
+-- tenant cost capacity rule ci (n for events), or more than most when that
+-- passes most: set by 50_costs.lua, which reads the costs.
+local cap_cost = false
 
 -- The histogram's packing (see Demand): W * HP + D.
 local HP = 4294967296
@@ -142,11 +163,12 @@ local function cap_parse(at)
       retention = tonumber(ARGV[at + 3]), ffloor = tonumber(ARGV[at + 4]),
       key = KEYS[first + ci - 1], lv = false, sf = 0, wc = 0,
       dprefix = KEYS[first + ci - 1] .. "/demand",
+      bycost = tonumber(ARGV[at + 5]) ~= 0, -- bytes or units (see Measures)
     }
     if capd[ci].limit < 1 then
       cap_fast = false -- decide admits nothing, and counts nothing first
     end
-    at = at + 5
+    at = at + 6
   end
 end
 
@@ -350,6 +372,18 @@ local function hmove(key, f, by)
   end
 end
 
+-- hentry adds sign times a tenant's entry (weight w, demand d) to bucket k
+-- of the demand histogram key: packed in one field, or for a capacity of
+-- bytes or units (packed false) in two (see Demand).
+local function hentry(key, k, sign, w, d, packed)
+  if packed then
+    hmove(key, num(k), sign * (w * HP + d))
+  else
+    hmove(key, num(k), sign * d)
+    hmove(key, "w" .. num(k), sign * w)
+  end
+end
+
 -- cap_demand moves the entry of r's tenant in the demand histogram key
 -- from demand d0 to d1 >= d0 (see Demand): one bucket when
 -- its bucket stays, two when it changes (and, for a tenant with a floor,
@@ -358,26 +392,26 @@ local function cap_demand(r, key, d0, d1)
   if d0 == d1 then
     return
   end
-  local w = r.w
+  local w, packed = r.w, not r.cap.bycost
   local k1 = bucket(d1 / w)
   if d0 > 0 then
     local k0 = bucket(d0 / w)
     if k0 == k1 then
       hmove(key, num(k1), d1 - d0)
     else
-      hmove(key, num(k0), -(w * HP + d0))
-      hmove(key, num(k1), w * HP + d1)
+      hentry(key, k0, -1, w, d0, packed)
+      hentry(key, k1, 1, w, d1, packed)
     end
   else
-    hmove(key, num(k1), w * HP + d1)
+    hentry(key, k1, 1, w, d1, packed)
   end
   if r.f > 0 then
     local m0, m1 = math.min(d0, r.f), math.min(d1, r.f)
     if m0 ~= m1 then
       if m0 > 0 then
-        hmove(key, num(bucket(m0 / w)), w * HP + m0)
+        hentry(key, bucket(m0 / w), 1, w, m0, packed)
       end
-      hmove(key, num(bucket(m1 / w)), -(w * HP + m1))
+      hentry(key, bucket(m1 / w), -1, w, m1, packed)
       hmove(key, "fm", m1 - m0)
     end
   end
@@ -387,8 +421,8 @@ end
 -- for capacity C (G(lv) = C, see Demand), what the satisfied asked and the
 -- capped weight there; nil when the histogram is empty; when nobody was
 -- capped, the largest normalised demand plus the spare per unit of the
--- active weight a.
-local function cap_solve(key, C, a)
+-- active weight a. packed: the buckets' layout (see Demand).
+local function cap_solve(key, C, a, packed)
   local v = redis.call("HGETALL", key)
   local vals, pend = {}, hd[key] or none
   for i = 1, #v, 2 do
@@ -404,10 +438,32 @@ local function cap_solve(key, C, a)
     local k = tonumber(f)
     if f == "fm" then
       fm = val
+    elseif not packed then
+      -- D in <k>, W in w<k>.
+      if not k then
+        k = tonumber(string.sub(f, 2))
+        if k and string.sub(f, 1, 1) == "w" and val ~= 0 then
+          ws[k] = val
+        end
+      elseif val ~= 0 then
+        ds[k] = val
+      end
     elseif k and val ~= 0 then
       local w = math.floor((val + HP / 2) / HP)
       ks[#ks + 1] = k
       ds[k], ws[k] = val - w * HP, w
+    end
+  end
+  if not packed then
+    local seen = {}
+    for _, t in ipairs({ds, ws}) do
+      for k in pairs(t) do
+        if not seen[k] then
+          seen[k] = true
+          ks[#ks + 1] = k
+          ds[k], ws[k] = ds[k] or 0, ws[k] or 0
+        end
+      end
     end
   end
   if #ks == 0 and fm == 0 then
@@ -472,7 +528,7 @@ local function cap_level(r)
       plv = 0
     end
     local sf, wc
-    lv, sf, wc = cap_solve(dkey(r, d.cs), d.cl, hc_num(p, "a"))
+    lv, sf, wc = cap_solve(dkey(r, d.cs), d.cl, hc_num(p, "a"), not d.bycost)
     if not lv then
       lv, sf, wc = 0, 0, 0 -- no history: the equal share (cap_room)
     elseif wc > 0 and plv > 0 and pwc > 0 then
@@ -507,12 +563,14 @@ local function cap_mark(r)
   end
 end
 
--- cap_rules appends to rules the capacity rules of the ti-th tenant, reads
--- what it booked and was refused in the current windows, and marks it
--- active there at its first call.
-local function cap_rules(rules, ti)
+-- cap_rules appends to rules the capacity rules of the ti-th tenant, whose
+-- cost lists are costs (nil: none; else per rule, its own then the
+-- capacity's, a list or false), reads what it booked and was refused in
+-- the current windows, and marks it active there at its first call.
+local function cap_rules(rules, ti, costs)
   cap_ti = ti
   local base = (ti - 1) * (1 + ncap)
+  local own = #rules
   for ci = 1, ncap do
     local d = capd[ci]
     local r = {
@@ -522,6 +580,9 @@ local function cap_rules(rules, ti)
       room = 0, take = 0, cap = d, field = capn[ti], tf = capt[ti], rf = capr[ti], qf = capq[ti],
       w = caps[base + 1], f = caps[base + 1 + ci],
     }
+    if costs then
+      r.costs = costs[own + ci]
+    end
     cap_mark(r)
     rules[#rules + 1] = r
   end
@@ -543,24 +604,42 @@ local function cap_ask(r, s, e, by)
   cap_demand(r, st.hkey, q0, q0 + by)
 end
 
+-- cap_sum returns what n events of r's tenant, from the (at+1)-th on, cost
+-- capacity rule r: n for events, else their costs (see Measures).
+local function cap_sum(r, at, n)
+  local c = r.costs
+  if not c then
+    return n
+  end
+  local s = 0
+  for j = at + 1, at + n do
+    s = s + c[j]
+  end
+  return s
+end
+
 -- cap_done records, after a tenant's decision of n events of which admitted
 -- went to the current windows, what it was refused there, and adds the n
--- events it sent now to what it asks of the next window.
+-- events it sent now to what it asks of the next window (in the
+-- capacity's measure).
 local function cap_done(rules, n, admitted)
   for _, r in ipairs(rules) do
     if r.cap then
       if n > admitted then
-        hc_add(cap_win(r, r.cur_start), r.rf, n - admitted)
+        hc_add(cap_win(r, r.cur_start), r.rf, cap_sum(r, admitted, n - admitted))
       end
-      cap_ask(r, r.cur_end, r.cur_end + r.step, n)
+      cap_ask(r, r.cur_end, r.cur_end + r.step, cap_sum(r, 0, n))
     end
   end
 end
 
 -- cap_room returns the room of capacity rule r's tenant in the window
 -- starting at s: its entitlement less what it booked there, at most what
--- the capacity has left (less the floors it must leave).
-local function cap_room(r, s)
+-- the capacity has left (less the floors it must leave). pos is the
+-- tenant's next event to place (nil in the fast path's check): a future
+-- window's entitlement is at least its cost (one event), and so is the
+-- current window's for a capacity of bytes or units.
+local function cap_room(r, s, pos)
   local d = r.cap
   local st = cap_win(r, s)
   local b = cap_booked(r, st) or 0
@@ -573,6 +652,10 @@ local function cap_room(r, s)
   end
   local c = hc_num(st, "count")
   local e, protect = 0, true
+  local one = 1 -- the next event's cost
+  if r.costs and pos then
+    one = r.costs[pos] or 1
+  end
   if s == d.cs then
     local phi = (now - s) / r.step
     protect = phi < ramp_hi
@@ -588,8 +671,17 @@ local function cap_room(r, s)
       lv = C
     end
     e = math.floor(r.w * lv + 1e-9)
+    if one > 1 and one > e then
+      e = one -- bytes or units: one event at least (see Measures)
+    end
+    if one > 1 and not protect and b + one > e then
+      -- Bytes or units, from ramp_hi on: one event over its part of the
+      -- spare, so that what is left is not lost in pieces smaller than
+      -- the events (see Measures).
+      e = b + one
+    end
   else
-    e = math.max(1, math.floor(r.w * lv / 2 + 1e-9))
+    e = math.max(one, math.floor(r.w * lv / 2 + 1e-9))
   end
   if r.f > e then
     e = r.f
@@ -607,10 +699,11 @@ local function cap_room(r, s)
   return room
 end
 
--- room_of returns the room of rule r in its window starting at s.
-local function room_of(r, s)
+-- room_of returns the room of rule r in its window starting at s (pos:
+-- the tenant's next event to place, in a search).
+local function room_of(r, s, pos)
   if r.cap then
-    return cap_room(r, s)
+    return cap_room(r, s, pos)
   end
   return r.limit - count_of(wkey(r.key, s))
 end
@@ -674,20 +767,22 @@ local function cap_quick(ti, n)
     r.field, r.tf, r.rf, r.qf = capn[ti], capt[ti], capr[ti], capq[ti]
     r.w, r.f = caps[base + 1], caps[base + 1 + ci]
     cap_mark(r)
-    if cap_room(r, d.cs) < n then
+    local room = cap_room(r, d.cs)
+    r.need = cap_cost(ti, ci, n, room) -- what the n events cost it
+    if room < r.need then
       return false
     end
   end
   return qs
 end
 
--- cap_book books n events admitted in the fast path in the capacity rules
--- qs (cap_quick), and adds them to what the tenant asks of the next window
--- (cap_add, cap_done).
-local function cap_book(qs, n)
+-- cap_book books the events admitted in the fast path in the capacity
+-- rules qs (cap_quick: what they cost each, r.need), and adds them to what
+-- the tenant asks of the next window (cap_add, cap_done).
+local function cap_book(qs)
   for _, r in ipairs(qs) do
-    cap_add(r, r.cur_start, r.cur_end, n)
-    cap_ask(r, r.cur_end, r.cur_end + r.step, n)
+    cap_add(r, r.cur_start, r.cur_end, r.need)
+    cap_ask(r, r.cur_end, r.cur_end + r.step, r.need)
   end
 end
 

@@ -88,7 +88,7 @@ local function rules_of(ti, costs)
     q = q + 3
   end
   if ncap > 0 then -- the shared capacity (35_capacity.lua)
-    cap_rules(rules, ti)
+    cap_rules(rules, ti, costs)
   end
   return rules
 end

@@ -10,7 +10,9 @@
 -- without passing 2^53, cost_total the cost of a tenant's first n events to
 -- one rule; fit places events in the rooms of a tenant's rules, in order,
 -- all rules or none for each event; blocked tells how far a search must
--- move on for the next event to fit.
+-- move on for the next event to fit. With a capacity (ncap > 0), a tenant's
+-- costs list after its own rules' lists one per capacity rule, and
+-- cap_cost (35_capacity.lua) is what its events cost one of them.
 
 local cost_lists = {}
 -- cost_at[ti]: where tenant ti's costs begin in recs (its number in the
@@ -21,7 +23,7 @@ if (recs[#recs] or 0) < 0 then
   for ti = 1, ntenants do
     if recs[p] == ti then
       local q = rec_at[ti]
-      local nrules, n = recs[q], recs[q + 1]
+      local nrules, n = recs[q] + ncap, recs[q + 1]
       cost_at[ti], cost_n[ti] = p, n
       local nlists = 0 -- the lists are numbered 1, 2, ... in the rules' order of use
       for ri = 1, nrules do
@@ -41,7 +43,7 @@ local function costs_of(ti)
   if lists_of or not p then
     return lists_of
   end
-  local n, nrules = cost_n[ti], recs[rec_at[ti]]
+  local n, nrules = cost_n[ti], recs[rec_at[ti]] + ncap
   local lists = {}
   lists_of = {}
   for ri = 1, nrules do
@@ -87,7 +89,16 @@ local function cost_total(ti, ri, n, most)
   if l == 0 then
     return n
   end
-  return total(recs, p + recs[rec_at[ti]] + (l - 1) * cost_n[ti], n, most)
+  return total(recs, p + recs[rec_at[ti]] + ncap + (l - 1) * cost_n[ti], n, most)
+end
+
+-- What the first n events of the ti-th tenant cost capacity rule ci, its
+-- rule after its own (see Costs in the header).
+cap_cost = function(ti, ci, n, most)
+  if not cost_at[ti] then
+    return n
+  end
+  return cost_total(ti, recs[rec_at[ti]] + ci, n, most)
 end
 
 -- fit returns how many of a tenant's events from the pos-th on, at most k,

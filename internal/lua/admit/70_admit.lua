@@ -65,7 +65,7 @@ local made_key, made_by, made_end, made_d, made_c = {}, {}, {}, {}, {}
 local function admit_made(rules, n)
   for ri, r in ipairs(rules) do
     if r.cap then -- 35_capacity.lua: not counted by the fast path
-      r.room = room_of(r, r.cur_start)
+      r.room = room_of(r, r.cur_start, 1)
     else
       r.room = r.limit - (made_c[ri] - made_by[ri])
     end
@@ -106,7 +106,7 @@ end
 local function admit_all(rules, n)
   for _, r in ipairs(rules) do
     if r.cap then -- 35_capacity.lua
-      r.room = room_of(r, r.cur_start)
+      r.room = room_of(r, r.cur_start, 1)
     else
       local c = count_of(wkey(r.key, r.cur_start))
       if c == 0 and r.chain_cached then

@@ -54,7 +54,7 @@ local function reserve(rules, fkey, rest, first, pos, costs, keep)
         end
         budget, mine = budget - 1, mine - 1
       end
-      local room = room_of(r, s) -- 35_capacity.lua
+      local room = room_of(r, s, pos) -- 35_capacity.lua
       r.room = room
       if room < minroom then
         minroom = room

@@ -258,7 +258,7 @@ local function run(first)
         local qs = cap_quick(ti, n)
         done, c = fast_many(ti, p, k, nrules, n, o, qs)
         if done then
-          cap_book(qs, n)
+          cap_book(qs)
         end
       end
     elseif nrules == 1 then
