@@ -139,6 +139,10 @@ func testTopicDeleted(t *testing.T, broker string, topics int) {
 		return len(handled) == 30*topics
 	})
 
+	// The retry group's first generation is not the deletion's doing: on a
+	// loaded machine it may start after the source messages are handled.
+	eventually(t, 30*time.Second, "the retry group's first generation", func() bool { return retryGens.Load() > 0 })
+
 	before, retryBefore := gens.Load(), retryGens.Load()
 	deleteTopic(t, broker, sources[0])
 	start := time.Now()
