@@ -17,6 +17,7 @@
 --             there or sent events while it was the current window
 --     fb      what was booked under named tenants' floors
 --     x       what was booked above the level, in the ramp (see Entitlement)
+--     ht      65 bytes of no meaning: the hash is a hash table (see HT)
 --     cl      the capacity in force in the window, fixed at its first call
 --             while current (cap_fix: a paced or capped capacity)
 --     lv, sf, wc  the window's level, what the satisfied ask and the capped
@@ -180,10 +181,12 @@ do
 end
 
 -- The call's view of the capacity's hashes (see Cost): hc[key] is a
--- window's entry, {key, v = its fields as the call knows them, o = as read
--- (false: absent; BAD: not a number), dl = the fields written, in order,
+-- window's entry, {key, v = its fields as the call knows them (false:
+-- absent; BAD: not a number), o = as read (the fields hc_load read; not
+-- those of hc_fresh), dl = the fields written, in order,
 -- wend and ret = its end and retention once the call gave it an end, hkey =
--- its demand histogram's key once the call moved a demand there}; hkeys
+-- its demand histogram's key once the call moved a demand there, bad =
+-- true once a field read there is not a number}; hkeys
 -- lists them in the order read. hd[key] holds the deltas of a demand
 -- histogram's buckets (field -> packed delta), hdl its keys in order.
 local hc, hkeys, hd, hdl = {}, {}, {}, {}
@@ -192,8 +195,21 @@ local NIL = {} -- a field the call had not read, on capold
 -- capold: per write of ops 6 and 7, newest last, what undo needs (the
 -- field's value before; the delta), so that the journal makes no table.
 local capold = {}
+-- settled: the writes being made are a decided tenant's last (cap_book),
+-- which nothing takes back alone: they are not journaled. (A failed call
+-- writes none of the view; a later tenant's failure takes back its own
+-- writes, whose capold holds the values these left.)
+local settled = false
 local SHARED = {"count", "expire", "a", "fb", "lv", "sf", "wc", "x", "cl"}
 local CHUNK = 1000 -- fields per HMGET or HSET (Lua's unpack has a limit)
+-- HT, the value of a window's field ht, written with its first fields, is
+-- longer than hash-max-listpack-value (64 by default): Redis then keeps the
+-- window as a hash table from the start. A small hash is a listpack (up to
+-- hash-max-listpack-entries fields, 128 or 512), whose every lookup scans
+-- it: with a field or two per tenant, a call's HMGET and HSET of a few
+-- hundred tenants' fields scanned it a few hundred times (callgrind:
+-- lpFind was 17% of Redis's instructions in TestCapacityCommands' calls).
+local HT = string.rep("-", 65)
 
 -- hc_load reads the fields of e that the call does not know yet, one HMGET
 -- (per CHUNK fields).
@@ -213,9 +229,40 @@ local function hc_load(e, fields)
     for m = i, j do
       local raw, x = got[m - i + 1], false
       if raw then
-        x = tonumber(raw) or BAD
+        x = tonumber(raw)
+        if not x then
+          x, e.bad = BAD, true
+        end
       end
       v[miss[m]], e.o[miss[m]] = x, x
+    end
+    i = j + 1
+  end
+end
+
+-- hc_fresh reads fields of e that the call has not read, each once in
+-- fields (the call's tenants' fields of a window it reads the first time),
+-- one HMGET per CHUNK fields, without the bookkeeping of hc_load: it keeps
+-- no value as read (o), so cap_flush writes each of them that the call
+-- wrote (the same value again when a write was taken back).
+local function hc_fresh(e, fields)
+  local v, key, n = e.v, e.key, #fields
+  local i = 1
+  while i <= n do
+    local j = math.min(n, i + CHUNK - 1)
+    cur = key
+    local got = redis.call("HMGET", key, unpack(fields, i, j))
+    for m = i, j do
+      local raw = got[m - i + 1]
+      if raw then
+        local x = tonumber(raw)
+        if not x then
+          x, e.bad = BAD, true
+        end
+        v[fields[m]] = x
+      else
+        v[fields[m]] = false
+      end
     end
     i = j + 1
   end
@@ -238,10 +285,13 @@ end
 -- hc_put sets field f of e to x in the call's view, journaled (op 6); the
 -- call's end writes it (cap_flush).
 local function hc_put(e, f, x)
-  note(6, e.key, f)
-  capold[#capold + 1] = e.v[f]
-  if capold[#capold] == nil then
-    capold[#capold] = NIL
+  if not settled then
+    note(6, e.key, f)
+    local old = e.v[f]
+    if old == nil then
+      old = NIL
+    end
+    capold[#capold + 1] = old
   end
   e.v[f] = x
   if not e.dirty[f] then
@@ -251,17 +301,19 @@ local function hc_put(e, f, x)
 end
 
 local function hc_add(e, f, by)
-  hc_put(e, f, hc_num(e, f) + by)
+  local x = e.v[f]
+  if x == nil or x == BAD then
+    x = hc_num(e, f) -- reads it, or fails
+  end
+  hc_put(e, f, (x or 0) + by)
 end
 
 -- The capacity's per-tenant fields of the call's tenants, made once.
 local function tenant_fields(a, b)
-  local l = {}
+  local l, n = {}, 0
   for i = 1, #a do
-    l[#l + 1] = a[i]
-    if b then
-      l[#l + 1] = b[i]
-    end
+    l[n + 1], l[n + 2] = a[i], b[i]
+    n = n + 2
   end
   return l
 end
@@ -275,10 +327,11 @@ local function cap_state(key, s, d)
   if e == nil then
     e = {key = key, v = {}, o = {}, dl = {}, dirty = {}, wend = false, ret = 0, hkey = false}
     hc_load(e, SHARED)
+    e.ends = type(e.v.expire) == "number" -- read: no write takes it back
     if d and s == d.cs then
-      hc_load(e, tenant_fields(capt, capr))
+      hc_fresh(e, tenant_fields(capt, capr))
     elseif d and s == d.ce then
-      hc_load(e, tenant_fields(capq))
+      hc_fresh(e, capq)
     end
     hc[key] = e -- only once read: a failed read is tried again
     hkeys[#hkeys + 1] = key
@@ -291,14 +344,21 @@ end
 -- current and the next are kept on the rule's descriptor).
 local function cap_win(r, s)
   local d = r.cap
-  local slot = (s == d.cs and "scur") or (s == d.ce and "snext")
-  if not slot then
-    return cap_state(wkey(d.key, s), s, d)
-  end
-  local e = d[slot]
-  if not e then
+  local e
+  if s == d.cs then
+    e = d.scur
+    if not e then
+      e = cap_state(wkey(d.key, s), s, d)
+      d.scur = e
+    end
+  elseif s == d.ce then
+    e = d.snext
+    if not e then
+      e = cap_state(wkey(d.key, s), s, d)
+      d.snext = e
+    end
+  else
     e = cap_state(wkey(d.key, s), s, d)
-    d[slot] = e
   end
   return e
 end
@@ -317,8 +377,11 @@ end
 -- window e, false when it has no field there.
 local function cap_booked(r, e)
   local tf = r.tf
-  cap_tenant(e, tf)
   local b = e.v[tf]
+  if b == nil then
+    cap_tenant(e, tf)
+    b = e.v[tf]
+  end
   if b == BAD then
     error({key = e.key, why = "holds a count that is not an integer"})
   end
@@ -328,7 +391,7 @@ end
 -- cap_touch gives a window e that has no end yet its end we; the call's end
 -- gives it its physical expiry (cap_flush).
 local function cap_touch(r, e, we)
-  if type(e.v.expire) ~= "number" then
+  if not e.ends and type(e.v.expire) ~= "number" then
     hc_put(e, "expire", we)
     e.wend, e.ret = we, r.retention
   end
@@ -367,8 +430,10 @@ local function hmove(key, f, by)
       hdl[#hdl + 1] = key
     end
     h[f] = (h[f] or 0) + by
-    note(7, key, f)
-    capold[#capold + 1] = by
+    if not settled then
+      note(7, key, f)
+      capold[#capold + 1] = by
+    end
   end
 end
 
@@ -780,10 +845,21 @@ end
 -- rules qs (cap_quick: what they cost each, r.need), and adds them to what
 -- the tenant asks of the next window (cap_add, cap_done).
 local function cap_book(qs)
-  for _, r in ipairs(qs) do
+  -- Settled unless a field it may read is not a number (e.bad): then a
+  -- failure takes its writes back as any tenant's.
+  settled = true
+  for ci = 1, ncap do
+    local d = capd[ci]
+    if d.scur.bad or not d.snext or d.snext.bad then
+      settled = false
+    end
+  end
+  for ci = 1, ncap do
+    local r = qs[ci]
     cap_add(r, r.cur_start, r.cur_end, r.need)
     cap_ask(r, r.cur_end, r.cur_end + r.step, r.need)
   end
+  settled = false
 end
 
 -- undo (20_journal.lua) takes back a write of the call's view (ops 6 and
@@ -880,6 +956,10 @@ local function cap_flush()
         -- The tenant that gave it an end was taken back; another wrote here.
         args[#args + 1] = "expire"
         args[#args + 1] = fmt(e.wend)
+      end
+      if fresh then
+        args[#args + 1] = "ht"
+        args[#args + 1] = HT
       end
       hset(key, args)
       if fresh then

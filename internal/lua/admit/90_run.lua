@@ -380,6 +380,7 @@ while true do
   if ok then
     return finish()
   end
+  settled = false -- (35_capacity.lua) a failure's writes are journaled
   local key, why = failure(e)
   if not key then
     undo_call()

@@ -1,0 +1,72 @@
+package limit
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A capacity window is a hash table from its first call (field ht, longer
+// than hash-max-listpack-value), not a listpack, whose every lookup scans
+// the whole hash: a call reads and writes a field or two of each of its
+// tenants there, and in TestCapacityCommands' calls the scans were 17% of
+// Redis's instructions. So are the next window's (the call's tenants'
+// demand). The private redis-server keeps up to 512 fields in a listpack.
+func TestCapacityWindowHashTable(t *testing.T) {
+	rdb := privateRedis(t)
+	ctx := context.Background()
+	clk := newFakeClock(t0)
+	c, _ := ParseCapacity("1000/1s")
+	l := newTestLimiter(t, rdb, "*=1000/1m", Options{Clock: clk.Now, Capacity: c})
+	var batch []string
+	for i := range 20 {
+		batch = append(batch, "tenant-"+strconv.Itoa(i))
+	}
+	if _, err := l.Admit(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []time.Time{t0, t0.Add(time.Second)} {
+		key := l.keys.capacity(c[0]) + WindowSep + strconv.FormatInt(s.UnixMilli(), 10)
+		enc, err := rdb.ObjectEncoding(ctx, key).Result()
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		n, _ := rdb.HLen(ctx, key).Result()
+		if enc != "hashtable" {
+			t.Errorf("%s (%d fields): encoding %s, want hashtable", key, n, enc)
+		}
+	}
+}
+
+// A decided tenant's writes in the capacity's hashes are not journaled
+// (cap_book) unless a field they read there is not a number: then a failure
+// there takes them back, and the tenant fails alone. Here the next window's
+// demand of x is junk: x fails naming that window, y and z are admitted,
+// and the current window holds y's and z's events alone.
+func TestCapacityBrokenDemand(t *testing.T) {
+	rdb := privateRedis(t)
+	ctx := context.Background()
+	clk := newFakeClock(t0)
+	c, _ := ParseCapacity("100/1s")
+	l := newTestLimiter(t, rdb, "*=100000/1m", Options{Clock: clk.Now, Capacity: c})
+	next := l.keys.capacity(c[0]) + WindowSep + strconv.FormatInt(t0.Add(time.Second).UnixMilli(), 10)
+	if err := rdb.HSet(ctx, next, "q:"+encodeTenant("x"), "junk").Err(); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := l.Admit(ctx, []string{"y", "x", "z"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := kinds(ds); got != "afa" {
+		t.Errorf("decisions %s, want afa", got)
+	}
+	if !strings.Contains(ds[1].Reason, next) {
+		t.Errorf("x's failure: %q, want one naming %s", ds[1].Reason, next)
+	}
+	count, active, booked := capWindow(t, l, c[0], t0)
+	if count != 2 || active != 2 || booked["x"] != 0 {
+		t.Errorf("capacity window: count %d, active weight %d, booked %v; want 2, 2 (y, z), none for x", count, active, booked)
+	}
+}
