@@ -181,7 +181,7 @@ local function fast_many(ti, p, k, nrules, n, o, capok)
   for ri = 1, nrules do
     local key, by = made_key[ri], made_by[ri]
     cur = key
-    local c = redis.call("HINCRBY", key, "count", by)
+    local c = redis.call("HINCRBY", key, "count", num(by)) -- a string: see fmt (35_capacity.lua)
     if c == by then
       journal[jn + 1], journal[jn + 2], journal[jn + 3] = 1, key, false -- note, inline
       if ttl and made_d[ri].kind == "t" then
