@@ -2,12 +2,12 @@ package limit
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/tinylib/msgp/msgp"
 )
 
 // A key of tenant b that is not what the script expects (someone SET a
@@ -134,23 +134,12 @@ func TestFailedCallCountsNothing(t *testing.T) {
 			l.mu.Unlock()
 			ks, av := l.script(groups, now, now.Add(l.opts.Horizon), positions{}, l.scanBudget(1))
 			// The tenants' records come last but for the replay argument (none).
-			recs := av[len(av)-2].([]byte)
-			n, rest, err := msgp.ReadArrayHeaderBytes(recs)
-			if err != nil {
+			var recs []int64
+			if err := json.Unmarshal(av[len(av)-2].([]byte), &recs); err != nil {
 				t.Fatal(err)
 			}
-			nums := make([]int64, n)
-			for i := range nums {
-				if nums[i], rest, err = msgp.ReadInt64Bytes(rest); err != nil {
-					t.Fatal(err)
-				}
-			}
-			nums[len(nums)-3] = 99 // bad's rule is descriptor 99
-			recs = msgp.AppendArrayHeader(nil, n)
-			for _, x := range nums {
-				recs = msgp.AppendInt64(recs, x)
-			}
-			av[len(av)-2] = recs
+			recs[len(recs)-3] = 99 // bad's rule is descriptor 99
+			av[len(av)-2], _ = json.Marshal(recs)
 			if err := l.admit.Run(ctx, rdb, ks, av...).Err(); err == nil {
 				t.Fatal("script with a bad record: got no error, want one")
 			}

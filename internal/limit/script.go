@@ -4,14 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/tinylib/msgp/msgp"
 )
-
-// maxArrayHeader is the longest MessagePack array header (array 32).
-const maxArrayHeader = 5
 
 // descriptors numbers the distinct rules of one script call and holds their
 // ARGV descriptions (limit, kind, step, base, retention, boundaries): a description
@@ -46,18 +43,19 @@ func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
 }
 
 // script returns the KEYS and ARGV of one admit.lua call over groups. The
-// tenants' records go in one argument, a MessagePack array of integers (see
-// admit.lua), followed by the costs of the tenants whose rules count bytes
-// or units.
+// tenants' records go in one argument, a JSON array of numbers (see admit.lua),
+// followed by the costs of the tenants whose rules count bytes or units.
 func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, budget int) ([]string, []any) {
 	d := descriptors{index: map[Rule]int{}}
 	ks := make([]string, 0, 2*len(groups))
-	// The array's header goes before its numbers, which are counted as
-	// they are appended: room for the longest header (5 bytes) is kept.
-	recs := make([]byte, maxArrayHeader, maxArrayHeader+16*len(groups))
+	recs := make([]byte, 0, 40*len(groups))
+	recs = append(recs, '[')
 	nums := 0
 	num := func(n int64) {
-		recs = msgp.AppendInt64(recs, n)
+		if len(recs) > 1 {
+			recs = append(recs, ',')
+		}
+		recs = strconv.AppendInt(recs, n, 10)
 		nums++
 	}
 	for _, g := range groups {
@@ -82,9 +80,7 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, bu
 		}
 		num(int64(-costsAt))
 	}
-	hdr := msgp.AppendArrayHeader(make([]byte, 0, maxArrayHeader), uint32(nums))
-	recs = recs[maxArrayHeader-len(hdr):]
-	copy(recs, hdr)
+	recs = append(recs, ']')
 	av := make([]any, 0, 6+len(d.args))
 	av = append(av, now.UnixMilli(), hend.UnixMilli(), budget, len(d.index), len(groups))
 	av = append(av, d.args...)

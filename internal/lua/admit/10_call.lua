@@ -46,12 +46,10 @@
 --   number of tenants it applies to):
 --     limit, kind, step ms, base ms, retention ms, number of boundaries,
 --     boundaries...
---   then one argument holding every tenant's record, a MessagePack array of
---   integers: number of rules, n events, then per rule: descriptor index
---   (1-based), cached ttl chain start, cached chain end. (One
---   cmsgpack.unpack costs the script less than a tonumber per number, and
---   about half of what cjson.decode of the same numbers costs: 0.8M against
---   1.6M instructions for 500 tenants.)
+--   then one argument holding every tenant's record, a JSON array of numbers:
+--   number of rules, n events, then per rule: descriptor index (1-based),
+--   cached ttl chain start, cached chain end. (One cjson.decode costs the
+--   script less than a tonumber per number.)
 --   Costs: after the last tenant's record, the same array holds, for each
 --   tenant with a rule that counts bytes or units (and only for those, so a
 --   call of event rules alone carries nothing more; a capacity of bytes or

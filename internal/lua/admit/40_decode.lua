@@ -36,7 +36,7 @@ do
   arg_recs = a
 end
 
-local recs = cmsgpack.unpack(ARGV[arg_recs])
+local recs = cjson.decode(ARGV[arg_recs])
 
 -- Where each tenant's record and keys start.
 local rec_at, key_at = {}, {}
