@@ -70,3 +70,56 @@ func TestCapacityBrokenDemand(t *testing.T) {
 		t.Errorf("capacity window: count %d, active weight %d, booked %v; want 2, 2 (y, z), none for x", count, active, booked)
 	}
 }
+
+// BenchmarkCapacityCalls decides TestCapacityCommands' 60 batches (500
+// events over 1,000 Zipf tenants, ten calls a one-second window, a fixed
+// clock) once per iteration, with a capacity that never binds, one of
+// bytes, or none. Redis's own instructions for them, repeatable on a loaded
+// machine, are what the README's "The cost" gives; count them with
+// callgrind on a Redis of its own, in its script calls alone:
+//
+//	valgrind --tool=callgrind --toggle-collect=evalShaCommand redis-server --port 6399 --save '' &
+//	GATEKEEPER_TEST_REDIS=127.0.0.1:6399 go test -run '^$' -bench 'CapacityCalls/events' -benchtime 1x ./internal/limit/
+//
+// and callgrind_control -d: the 60 calls hold 10,580 tenant-calls (14,127
+// with 10,000 tenants).
+func BenchmarkCapacityCalls(b *testing.B) {
+	rdb := testRedis(b)
+	ctx := context.Background()
+	for _, m := range []struct {
+		name, capacity, rules string
+		tenants               int
+	}{
+		{"none", "", "*=1000/1m", benchTenants},
+		{"events", "100000000/1s", "*=1000/1m", benchTenants},
+		{"bytes", "100GB/1s", "*=1000/1m", benchTenants},
+		// 10,000 tenants (235 a call), and with part of the events
+		// deferred or rejected by their tenant's rule (decide's path).
+		{"none-10k", "", "*=1000/1m", 10000},
+		{"events-10k", "100000000/1s", "*=1000/1m", 10000},
+		{"none-defer", "", "*=20/1m", 10000},
+		{"events-defer", "100000000/1s", "*=20/1m", 10000},
+	} {
+		batches := skewedBatches(60, benchBatch, m.tenants)
+		b.Run(m.name, func(b *testing.B) {
+			caps, _ := ParseCapacity(m.capacity)
+			run := func(bs [][]string) {
+				clk := newFakeClock(t0)
+				l := newTestLimiter(b, rdb, m.rules, Options{Clock: clk.Now, Capacity: caps})
+				for _, batch := range bs {
+					clk.Add(100 * time.Millisecond)
+					costs := make([]Cost, len(batch))
+					for i := range costs {
+						costs[i].Bytes = int64(100 + (i*37)%400)
+					}
+					if _, err := l.AdmitCosts(ctx, batch, costs); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			for range b.N {
+				run(batches)
+			}
+		})
+	}
+}
