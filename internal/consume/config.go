@@ -292,6 +292,11 @@ type DelayedConfig struct {
 	// message, with the message (+1 when it starts waiting, -1 when it is
 	// released or its partition is given up). Called concurrently.
 	OnWaitingMessage func(m kafka.Message, delta int)
+	// OnPassedOver, if set, is called with the number of waiting messages
+	// a partition passed over because its look-ahead was full of messages
+	// not due (passover.go): dropped from memory, to be fetched again
+	// before they are due. Called concurrently.
+	OnPassedOver func(topic string, n int)
 
 	// Expedite, if set, may let waiting messages go before their release
 	// time (see Expediter).

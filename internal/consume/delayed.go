@@ -83,17 +83,10 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 	// given back when a message has been handled.
 	r := &delayedRun{p: p, c: c, room: newBudget(c.LookAhead, c.LookAheadBytes), clock: p.cfg.Clock}
 	p.recommit = r.commit // while a batch fails, a failed commit is sent again
-	in := make(chan kafka.Message, min(c.LookAhead, p.cfg.BatchSize))
-	fctx, fcancel := context.WithCancel(stop)
-	fetched := make(chan struct{})
-	go func() {
-		defer close(fetched)
-		p.fetchAhead(fctx, r.room, in)
-	}()
-	defer func() {
-		fcancel()
-		<-fetched
-	}()
+	r.in = make(chan kafka.Message, min(c.LookAhead, p.cfg.BatchSize))
+	r.seek, _ = p.fetcher.(seeker)
+	r.startFetch(stop)
+	defer func() { r.stopFetch() }() // the last one started (rescan starts others)
 	defer func() {
 		r.waitingDelta(-r.h.Len())
 		r.forgetWaiting()
@@ -108,7 +101,7 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 		if stop.Err() != nil {
 			return
 		}
-		r.takeFetched(in)
+		r.takeFetched(r.in)
 		now := r.clock.Now()
 		if due := r.h.popDue(now, p.cfg.BatchSize); len(due) > 0 {
 			if !r.release(stop, hctx, due) {
@@ -116,9 +109,31 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 			}
 			continue
 		}
-		if !r.wait(stop, in, now) {
+		if r.rescanDue(now) {
+			r.rescan(stop)
+			continue
+		}
+		if r.passOver(now) {
+			continue
+		}
+		if !r.wait(stop, r.in, now) {
 			return
 		}
+	}
+}
+
+// startFetch starts the fetch goroutine, which fetches into r.in until
+// stopFetch or stop.
+func (r *delayedRun) startFetch(stop context.Context) {
+	fctx, fcancel := context.WithCancel(stop)
+	fetched := make(chan struct{})
+	go func() {
+		defer close(fetched)
+		r.p.fetchAhead(fctx, r.room, r.in)
+	}()
+	r.stopFetch = func() {
+		fcancel()
+		<-fetched
 	}
 }
 
@@ -139,6 +154,14 @@ type delayedRun struct {
 	timerC  <-chan time.Time
 	// changed is closed at the Expediter's next change (nil: none).
 	changed <-chan struct{}
+	// in carries the fetched messages; stopFetch stops the fetch goroutine
+	// that fills it (startFetch).
+	in        chan kafka.Message
+	stopFetch func()
+	// seek, when the fetcher has it, lets the partition pass over messages
+	// when the look-ahead is full and read them again later (passover.go).
+	seek   seeker
+	passed passedOver
 }
 
 // waitingDelta reports a change of n in the messages waiting.
@@ -152,13 +175,22 @@ func (r *delayedRun) waitingDelta(n int) {
 // done already when the previous owner handled it.
 func (r *delayedRun) push(m kafka.Message) {
 	r.p.hwm = m.HighWaterMark
-	if !r.tr.add(m.Offset) {
-		// The previous owner handled it: it is done.
-		r.room.give(1, messageBytes(m))
-		if r.c.OnSkipped != nil {
-			r.c.OnSkipped(r.p.topic, 1)
+	if r.passed.rescanning(m.Offset) {
+		// Read again: wait only if it was passed over.
+		if !r.takeReread(m.Offset) {
+			r.room.give(1, messageBytes(m))
+			return
 		}
-		return
+	} else {
+		r.endRescan(m.Offset)
+		if !r.tr.add(m.Offset) {
+			// The previous owner handled it: it is done.
+			r.room.give(1, messageBytes(m))
+			if r.c.OnSkipped != nil {
+				r.c.OnSkipped(r.p.topic, 1)
+			}
+			return
+		}
 	}
 	now := r.clock.Now()
 	rel := r.c.ReleaseAt(m)
@@ -257,8 +289,8 @@ func (r *delayedRun) commit() {
 // next fetched message; it reports false if stop is done. The timer is only
 // replaced when the earliest release time changes.
 func (r *delayedRun) wait(stop context.Context, in <-chan kafka.Message, now time.Time) bool {
-	if r.h.Len() > 0 {
-		if at := r.h.next(); r.timerC == nil || !at.Equal(r.timerAt) {
+	if at, ok := r.wakeAt(); ok {
+		if r.timerC == nil || !at.Equal(r.timerAt) {
 			r.timerAt, r.timerC = at, r.clock.After(at.Sub(now))
 		}
 	} else {
@@ -273,6 +305,9 @@ func (r *delayedRun) wait(stop context.Context, in <-chan kafka.Message, now tim
 		r.timerC = nil
 	case <-r.changed:
 		r.changed = r.c.Expedite.Changed()
+		if len(r.passed.offsets) > 0 {
+			r.passed.earliest = r.clock.Now() // read them again now: some may go early
+		}
 		if n := r.h.expedite(r.clock.Now(), r.c.Expedite.Early); n > 0 {
 			r.timerC = nil
 			r.p.log.Info("waiting messages released early after a raise", "topic", r.p.topic, "partition", r.p.id, "messages", n)
@@ -302,6 +337,7 @@ func (p *partition) fetchAhead(ctx context.Context, room *budget, in chan<- kafk
 		select {
 		case in <- m:
 		case <-ctx.Done():
+			room.give(1, messageBytes(m)) // fetched again after a rescan
 			return
 		}
 	}
