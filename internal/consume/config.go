@@ -249,11 +249,13 @@ type DelayedConfig struct {
 	// it). Required; it must be safe for concurrent use.
 	ReleaseAt func(kafka.Message) Release
 	// LookAhead is the most messages per partition fetched and not yet
-	// handed to the Handler; when it is reached, fetching pauses.
+	// handed to the Handler; when it is reached, fetching pauses, unless
+	// messages not due can be passed over (passover.go).
 	LookAhead int
 	// LookAheadBytes, if positive, bounds the same messages by their bytes
-	// (keys, values and headers): fetching pauses once they hold this many,
-	// so a partition holds at most this plus one message.
+	// (keys, values and headers), with the offsets of passed-over messages
+	// (8 bytes each): fetching pauses once they hold this many, so a
+	// partition holds at most this plus one message.
 	LookAheadBytes int
 	// MetadataMax bounds the offset metadata of a commit, which carries
 	// the offsets done beyond the committed one to the partition's next

@@ -13,7 +13,7 @@ import (
 //
 // Each assigned partition runs two goroutines. A fetch goroutine reads ahead
 // into a buffer of at most DelayedConfig.LookAhead messages, pausing while it
-// is full. The partition goroutine keeps the buffer as a min-heap by release
+// is full (until messages are released or passed over). The partition goroutine keeps the buffer as a min-heap by release
 // time, sleeps until the earliest release, and hands whatever is due to the
 // Handler in batches of at most BatchSize, in offset order. When the Handler
 // returns nil, those messages are done; a failing batch is retried after a
@@ -28,11 +28,15 @@ import (
 // shutdown hands nothing twice. A crash hands again at most the messages
 // done since the last commit (one batch per partition: Delayed commits after
 // each). If the done set does not fit in DelayedConfig.MetadataMax, its high
-// end is left out and those messages are handed again. If LookAhead messages are waiting
-// behind the earliest release, the partition fetches nothing more until one is
-// released. The retry tiers keep both bounded: a tier holds only delays up to
-// its own upper bound (1m, 1h, then the deferral horizon), and releases each
-// message at due minus the tier's lower bound.
+// end is left out and those messages are handed again. When the look-ahead
+// (LookAhead messages, or LookAheadBytes) is full and nothing in it is due,
+// the partition passes over the messages released last and reads on, to read
+// them again before they are due (passover.go); only when it may keep no more
+// passed-over offsets, or nothing is released more than 2×rescanLead ahead,
+// does it fetch nothing more until one is released. The retry tiers keep both
+// bounded: a tier holds only delays up to its own upper bound (1m, 1h, then
+// the deferral horizon), and releases each message at due minus the tier's
+// lower bound.
 //
 // Rebalance and shutdown behave as for Group. A Delayed is safe for
 // concurrent use: Ready may be called from any goroutine while Run runs. Run

@@ -40,7 +40,9 @@ func produceTo(t *testing.T, broker, topic string, partition int, msgs []kafka.M
 // message due sooner behind them: it is released at its time, before any of
 // them, and not when enough of them have been released. The messages passed
 // over are read again and released too, each once, never early, and the
-// partition is committed to its end.
+// partition is committed to its end, through a handover: the first member
+// leaves once the near message is handled, with messages passed over, and a
+// second one takes the partition.
 func TestKafkaDelayedNearBehindFullLookAhead(t *testing.T) {
 	broker := testenv.Kafka(t)
 	topic, group := createTopic(t, broker), uniqueName(t, "group")
@@ -73,7 +75,7 @@ func TestKafkaDelayedNearBehindFullLookAhead(t *testing.T) {
 		OnPassedOver:   func(_ string, n int) { passed.Add(int64(n)) },
 	}
 	cfg.MaxBytes = lookAhead
-	d, err := NewDelayed(cfg, onMessages(func(_ context.Context, msgs []kafka.Message) error {
+	h := onMessages(func(_ context.Context, msgs []kafka.Message) error {
 		now := time.Now()
 		mu.Lock()
 		defer mu.Unlock()
@@ -88,14 +90,23 @@ func TestKafkaDelayedNearBehindFullLookAhead(t *testing.T) {
 		}
 		s.add(msgs)
 		return nil
-	}))
-	if err != nil {
-		t.Fatalf("NewDelayed: %v", err)
-	}
-	stop := runInBackground(t, d.Run)
-	eventually(t, 60*time.Second, "every message released", func() bool { return s.covers(end) })
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
+	})
+	for i, until := range []func() bool{
+		func() bool { mu.Lock(); defer mu.Unlock(); _, ok := handled["near"]; return ok },
+		func() bool { return s.covers(end) },
+	} {
+		d, err := NewDelayed(cfg, h)
+		if err != nil {
+			t.Fatalf("NewDelayed: %v", err)
+		}
+		stop := runInBackground(t, d.Run)
+		eventually(t, 60*time.Second, fmt.Sprintf("member %d done", i+1), until)
+		if err := stop(); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if i == 0 && passed.Load() == 0 {
+			t.Error("nothing passed over before the near message was handled")
+		}
 	}
 
 	mu.Lock()
