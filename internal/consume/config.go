@@ -254,7 +254,7 @@ type DelayedConfig struct {
 	LookAhead int
 	// LookAheadBytes, if positive, bounds the same messages by their bytes
 	// (keys, values and headers), with the offsets of passed-over messages
-	// (8 bytes each): fetching pauses once they hold this many, so a
+	// (16 bytes each): fetching pauses once they hold this many, so a
 	// partition holds at most this plus one message.
 	LookAheadBytes int
 	// MetadataMax bounds the offset metadata of a commit, which carries

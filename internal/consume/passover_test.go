@@ -99,8 +99,9 @@ func TestDelayedPassOverReadsOnAndRescans(t *testing.T) {
 	if got := len(h.releasedSet()); got != 1 {
 		t.Errorf("released %d messages at the near one's time, want 1", got)
 	}
-	// Kafka deletes offsets 20 to 29, passed over (the lowest ones stay in
-	// memory: of equal release times, the highest offsets are passed over).
+	// Kafka deletes offsets 20 to 29 (retention). Most were passed over;
+	// one may still be held (which are depends on timing: a message fetched
+	// and not yet taken in counts in the budget too).
 	f.drop(20, 30)
 
 	// A second before the far ones are due, they are read again.
@@ -110,12 +111,15 @@ func TestDelayedPassOverReadsOnAndRescans(t *testing.T) {
 	eventually(t, 5*time.Second, "rescan", func() bool { return f.seeks.Load() > seeks })
 	h.waitAsleepUntil(t, farAt)
 	h.clock.Set(farAt)
-	eventually(t, 5*time.Second, "every message released", func() bool { return len(h.releasedSet()) == far+1-10 })
-	for o := int64(20); o < 30; o++ {
-		if h.releasedSet()[o] {
-			t.Errorf("offset %d released, but it was deleted", o)
+	eventually(t, 5*time.Second, "every message not deleted released", func() bool {
+		got := h.releasedSet()
+		for o := int64(0); o <= far; o++ {
+			if !got[o] && (o < 20 || o >= 30) {
+				return false
+			}
 		}
-	}
+		return true
+	})
 	seen := map[int64]int{}
 	h.mu.Lock()
 	for _, b := range h.released {
@@ -148,7 +152,7 @@ func TestDelayedPassOverCap(t *testing.T) {
 	f := farThenNear(2000, t0.Add(time.Hour), t0.Add(10*time.Second))
 	var passed atomic.Int64
 	h := startDelayedWith(t, f, t0, func(dc *DelayedConfig) {
-		dc.LookAhead, dc.LookAheadBytes = 1000, 6000 // at most 375 offsets passed over
+		dc.LookAhead, dc.LookAheadBytes = 1000, 6000 // at most 187 offsets passed over
 		dc.OnPassedOver = func(_ string, n int) { passed.Add(int64(n)) }
 	}, 0)
 	eventually(t, 5*time.Second, "passed over up to the cap", func() bool { return passed.Load() == 6000/2/passedOffsetBytes })
@@ -157,8 +161,8 @@ func TestDelayedPassOverCap(t *testing.T) {
 	if got := f.top.Load(); got != top || got >= 2000 {
 		t.Errorf("fetched up to offset %d (%d at the cap), want it to stay below the near message at 2000", got, top)
 	}
-	if got := passed.Load(); got != 375 {
-		t.Errorf("passed over %d, want 375", got)
+	if got := passed.Load(); got != 187 {
+		t.Errorf("passed over %d, want 187", got)
 	}
 	h.stop()
 }
