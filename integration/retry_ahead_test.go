@@ -105,12 +105,16 @@ func tripKey(m kafka.Message) string {
 		header(m, "gk-origin-offset") + "@" + header(m, "gk-due")
 }
 
-// logPeakRSS logs the peak resident memory of each process.
+// logPeakRSS logs the peak resident memory of each process, and how many
+// deferred events its retry partitions passed over and how many of its
+// retry commits left done offsets out of their metadata.
 func logPeakRSS(t *testing.T, procs ...*gkProc) {
 	t.Helper()
 	for _, p := range procs {
 		if _, peak, err := p.RSS(); err == nil {
-			t.Logf("%s: peak RSS %.0f MB", p.Name, float64(peak)/1e6)
+			passed, _ := p.metricValue("gatekeeper_retry_passed_over_total")
+			truncated, _ := p.metricValue("gatekeeper_handover_truncated_commits_total")
+			t.Logf("%s: peak RSS %.0f MB; retry events passed over %.0f, commits truncated %.0f", p.Name, float64(peak)/1e6, passed, truncated)
 		}
 	}
 }
