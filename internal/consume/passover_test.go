@@ -65,7 +65,7 @@ func (f *logFetcher) drop(lo, hi int64) {
 // farThenNear is a log of far messages of about 1.2 KB released at farAt,
 // then one small message released at nearAt.
 func farThenNear(far int, farAt, nearAt time.Time) *logFetcher {
-	f := &logFetcher{top: atomic.Int64{}}
+	f := &logFetcher{}
 	for i := range far {
 		m := kafka.Message{Topic: "t", Offset: int64(i), HighWaterMark: int64(far + 1), Value: make([]byte, 1000)}
 		f.log = append(f.log, withRelease(m, farAt))
