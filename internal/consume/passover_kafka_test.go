@@ -14,28 +14,6 @@ import (
 	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
-// produceTo writes msgs, in order, to one partition of topic.
-func produceTo(t *testing.T, broker, topic string, partition int, msgs []kafka.Message) {
-	t.Helper()
-	transport := &kafka.Transport{}
-	defer transport.CloseIdleConnections()
-	w := &kafka.Writer{
-		Transport:    transport,
-		Addr:         kafka.TCP(broker),
-		Topic:        topic,
-		Balancer:     kafka.BalancerFunc(func(kafka.Message, ...int) int { return partition }),
-		RequiredAcks: kafka.RequireAll,
-		BatchTimeout: 2 * time.Millisecond,
-		WriteTimeout: 10 * time.Second,
-	}
-	defer w.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
-		t.Fatalf("produce %d messages to %s/%d: %v", len(msgs), topic, partition, err)
-	}
-}
-
 // A partition whose look-ahead is full of messages due later reads on to a
 // message due sooner behind them: it is released at its time, before any of
 // them, and not when enough of them have been released. The messages passed
@@ -59,7 +37,7 @@ func TestKafkaDelayedNearBehindFullLookAhead(t *testing.T) {
 		msgs = append(msgs, withRelease(m, farAt))
 	}
 	msgs = append(msgs, withRelease(kafka.Message{Key: []byte("near"), Value: []byte("near")}, nearAt))
-	produceTo(t, broker, topic, 0, msgs)
+	produceWith(t, broker, topic, kafka.BalancerFunc(func(kafka.Message, ...int) int { return 0 }), msgs)
 	end := endOffsets(t, broker, topic)
 
 	var waiting, passed atomic.Int64
