@@ -417,25 +417,27 @@ local function cap_demand(r, key, d0, d1)
   end
 end
 
--- cap_solve returns the water level of the demand histogram of window key
--- for capacity C (G(lv) = C, see Demand), what the satisfied asked and the
--- capped weight there; nil when the histogram is empty; when nobody was
--- capped, the largest normalised demand plus the spare per unit of the
--- active weight a. packed: the buckets' layout (see Demand).
-local function cap_solve(key, C, a, packed)
+-- cap_hist adds the buckets of the demand histogram key (with the call's
+-- pending moves), times by, to ds and ws (per bucket: demand, weight) and
+-- returns its fm times by; nil when it is empty. packed: the buckets'
+-- layout (see Demand).
+local function cap_hist(key, packed, by, ds, ws)
   local v = redis.call("HGETALL", key)
   local vals, pend = {}, hd[key] or none
   for i = 1, #v, 2 do
     vals[v[i]] = (tonumber(v[i + 1]) or 0) + (pend[v[i]] or 0)
   end
-  for f, by in pairs(pend) do
+  for f, x in pairs(pend) do
     if vals[f] == nil then
-      vals[f] = by
+      vals[f] = x
     end
   end
-  local ks, ds, ws, fm = {}, {}, {}, 0
+  local fm, any = 0, false
   for f, val in pairs(vals) do
     local k = tonumber(f)
+    if val ~= 0 then
+      any = true
+    end
     if f == "fm" then
       fm = val
     elseif not packed then
@@ -443,31 +445,54 @@ local function cap_solve(key, C, a, packed)
       if not k then
         k = tonumber(string.sub(f, 2))
         if k and string.sub(f, 1, 1) == "w" and val ~= 0 then
-          ws[k] = val
+          ws[k] = (ws[k] or 0) + by * val
+          ds[k] = ds[k] or 0
         end
       elseif val ~= 0 then
-        ds[k] = val
+        ds[k] = (ds[k] or 0) + by * val
+        ws[k] = ws[k] or 0
       end
     elseif k and val ~= 0 then
       local w = math.floor((val + HP / 2) / HP)
-      ks[#ks + 1] = k
-      ds[k], ws[k] = val - w * HP, w
+      ds[k], ws[k] = (ds[k] or 0) + by * (val - w * HP), (ws[k] or 0) + by * w
     end
   end
-  if not packed then
-    local seen = {}
-    for _, t in ipairs({ds, ws}) do
-      for k in pairs(t) do
-        if not seen[k] then
-          seen[k] = true
-          ks[#ks + 1] = k
-          ds[k], ws[k] = ds[k] or 0, ws[k] or 0
-        end
-      end
-    end
-  end
-  if #ks == 0 and fm == 0 then
+  if not any then
     return nil
+  end
+  return by * fm
+end
+
+-- cap_solve returns the water level for capacity C of the mean of the
+-- demand histograms keys (G(lv) = C, see Demand; the empty ones left
+-- out), what the satisfied asked and the capped weight there; nil when
+-- all are empty; when nobody was capped, the largest normalised demand
+-- plus the spare per unit of the active weight a. packed: the buckets'
+-- layout (see Demand).
+local function cap_solve(keys, C, a, packed)
+  local ds, ws, fm, n = {}, {}, 0, 0
+  local parts = {}
+  for _, key in ipairs(keys) do
+    local pds, pws = {}, {}
+    local f = cap_hist(key, packed, 1, pds, pws)
+    if f then
+      n = n + 1
+      parts[n] = {pds, pws, f}
+    end
+  end
+  if n == 0 then
+    return nil
+  end
+  local ks = {}
+  for _, pt in ipairs(parts) do
+    for k, x in pairs(pt[1]) do
+      if ds[k] == nil then
+        ks[#ks + 1] = k
+        ds[k], ws[k] = 0, 0
+      end
+      ds[k], ws[k] = ds[k] + x / n, ws[k] + pt[2][k] / n
+    end
+    fm = fm + pt[3] / n
   end
   table.sort(ks)
   local above = 0
@@ -476,12 +501,12 @@ local function cap_solve(key, C, a, packed)
   end
   local below = fm
   for _, k in ipairs(ks) do
-    if above > 0 and below + bucket_lo(k) * above >= C then
+    if above > 1e-9 and below + bucket_lo(k) * above >= C then
       return (C - below) / above, below, above
     end
     below, above = below + ds[k], above - ws[k]
   end
-  if above > 0 then
+  if above > 1e-9 then
     return (C - below) / above, below, above
   end
   local top = 1
@@ -523,19 +548,14 @@ local function cap_level(r)
   d.cl = cap_fix(r, key, st)
   if not lv then
     local p = cap_state(wkey(r.key, d.cs - d.step), d.cs - d.step, d)
-    local plv, pwc = p.v.lv, hc_num(p, "wc")
-    if type(plv) ~= "number" then
-      plv = 0
-    end
     local sf, wc
-    lv, sf, wc = cap_solve(dkey(r, d.cs), d.cl, hc_num(p, "a"), not d.bycost)
+    -- The demand of this window and of the one before, their mean:
+    -- against bursts of arrivals (a consumer that lags sends a window late
+    -- what it stalled on), solved for this window's capacity, so that a
+    -- change of the capacity is followed at once.
+    lv, sf, wc = cap_solve({dkey(r, d.cs), dkey(r, d.cs - d.step)}, d.cl, hc_num(p, "a"), not d.bycost)
     if not lv then
       lv, sf, wc = 0, 0, 0 -- no history: the equal share (cap_room)
-    elseif wc > 0 and plv > 0 and pwc > 0 then
-      -- Damped: the mean with the level before, against bursts of
-      -- arrivals (a consumer that lags sends a window late what it
-      -- stalled on), when both windows had capped tenants.
-      lv = (lv + plv) / 2
     end
     cap_touch(r, st, d.ce)
     lv = tonumber(string.format("%.6f", lv))
@@ -659,18 +679,24 @@ local function cap_room(r, s, pos)
   if s == d.cs then
     local phi = (now - s) / r.step
     protect = phi < ramp_hi
+    local up = false
     if phi > ramp_lo and d.wc > 0 then
       -- What is spare, shared by the capped (see Entitlement): counted
       -- as if none had taken its part yet (x: what they took above the
-      -- level), so that each gets the same part.
+      -- level), so that each gets the same part, rounded up: the parts'
+      -- fractions, up to an event a capped tenant, are not left unbooked.
       local spare = C - (c - hc_num(st, "x")) - (1 - phi) * d.sf
       if spare > 0 then
-        lv = lv + spare / d.wc
+        lv, up = lv + spare / d.wc, true
       end
     elseif not protect then
       lv = C
     end
-    e = math.floor(r.w * lv + 1e-9)
+    if up then
+      e = math.ceil(r.w * lv - 1e-9)
+    else
+      e = math.floor(r.w * lv + 1e-9)
+    end
     if one > 1 and one > e then
       e = one -- bytes or units: one event at least (see Measures)
     end

@@ -1,0 +1,96 @@
+package limit
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// floodWindows has tenants flood under l: every second from 0 to secs-1,
+// each sends perStep events at each of the steps from 0 to last of the
+// second's 20 (last 19: over the whole second; less: none in its end).
+// before(sec) runs at the start of each second.
+func floodWindows(t *testing.T, l *Limiter, clk *fakeClock, tenants []string, secs, last, perStep int, before func(sec int)) time.Time {
+	t.Helper()
+	ctx := context.Background()
+	start := clk.Now()
+	for sec := 0; sec < secs; sec++ {
+		if before != nil {
+			before(sec)
+		}
+		for k := 0; k <= last; k++ {
+			clk.Set(start.Add(time.Duration(sec)*time.Second + time.Duration(k)*time.Second/20))
+			var batch []string
+			for _, ten := range tenants {
+				batch = append(batch, repeat(ten, perStep)...)
+			}
+			if _, err := l.Admit(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return start
+}
+
+func tenantNames(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("f%02d", i)
+	}
+	return out
+}
+
+// TestCapacityLevelFollowsCapacity: ten tenants flood under a paced
+// capacity of 100 a second, then 300 from the fifth second on (SetCapacityRate,
+// as the pacing does), sending in the first 80% of each second only (no
+// events in the ramp to take what a low level leaves). The level of a
+// window is solved for the capacity in force there, so the first window at
+// 300 books 300, 30 each. (The level before was the mean of the solved one
+// and the window before's, 10: it booked 200, then 250, 275, ... under the
+// capacity while the level caught up.)
+func TestCapacityLevelFollowsCapacity(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("1000/1s")
+	l := newTestLimiter(t, testRedis(t), "*=1000000/1m", Options{Clock: clk.Now, Capacity: c, Horizon: time.Minute})
+	l.SetCapacityRate(100)
+	start := floodWindows(t, l, clk, tenantNames(10), 8, 15, 4, func(sec int) {
+		if sec == 4 {
+			l.SetCapacityRate(300)
+		}
+	})
+	want := map[string]int64{}
+	for _, ten := range tenantNames(10) {
+		want[ten] = 10
+	}
+	checkBookedUpTo(t, l, c[0], start, 2, 4, 100, want)
+	for _, ten := range tenantNames(10) {
+		want[ten] = 30
+	}
+	checkBookedUpTo(t, l, c[0], start, 4, 8, 300, want)
+}
+
+// TestCapacityRampFractions: seven tenants flood a capacity of 100 a
+// second: the level is 14.29 a tenant, 14 events each, 98 in all. In the
+// ramp the capped tenants' parts of what is spare are rounded up, so that
+// the two events left are booked (two tenants book 15): every second is
+// full, every tenant within one event of the others. (Rounded down, as
+// before, the ramp's part was 14.57, 14: 98 every second.)
+func TestCapacityRampFractions(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("100/1s")
+	l := newTestLimiter(t, testRedis(t), "*=1000000/1m", Options{Clock: clk.Now, Capacity: c, Horizon: time.Minute})
+	start := floodWindows(t, l, clk, tenantNames(7), 6, 19, 2, nil)
+	want := map[string]int64{}
+	for _, ten := range tenantNames(7) {
+		want[ten] = 14
+	}
+	checkBookedUpTo(t, l, c[0], start, 2, 6, 100, want)
+}
+
+// checkBookedUpTo is checkBooked with a capacity in force of limit.
+func checkBookedUpTo(t *testing.T, l *Limiter, r Rule, start time.Time, from, to int, limit int64, want map[string]int64) {
+	t.Helper()
+	r.Limit = limit
+	checkBooked(t, l, r, start, from, to, want)
+}
