@@ -93,13 +93,16 @@
 --   e_i(s) = max(floor_i, weight_i * level)
 -- where level is the water level of the current window (per unit of
 -- weight), fixed when the window gets its first call (field lv): the
--- weighted water level of the window's predicted demand, G(lv) = C,
--- solved exactly (up to the 1% buckets above 1024) by one walk of its
--- histogram (O(buckets), not O(tenants)); sf and wc keep what the
--- satisfied ask and the capped weight. When the window before had capped
--- tenants too, the level taken is the mean of that and its level (damped:
--- a consumer that lags decides late, in one window, what it stalled on in
--- the window before, and an undamped level follows each such burst).
+-- weighted water level, G(lv) = C, of the mean of the window's predicted
+-- demand and the window before's (damped: a consumer that lags decides
+-- late, in one window, what it stalled on in the window before, and a
+-- level from one window's demand follows each such burst), solved
+-- exactly (up to the 1% buckets above 1024) for the window's capacity C
+-- by one walk of the two histograms (O(buckets), not O(tenants)): a
+-- change of the capacity is followed at once; sf and wc keep what the
+-- satisfied ask and the capped weight (a mean too). (The mean of the
+-- two windows' levels, before, lagged each change of the capacity or of
+-- the demand, halving the error a window.)
 -- When nobody is capped, the level is the largest normalised demand plus
 -- the spare (C - G) shared by the active weight a of the window before;
 -- with no history (lv 0) it is the equal share C / a of the window's
@@ -109,8 +112,10 @@
 -- capacity not booked less what the satisfied tenants are still expected
 -- to ask in the rest of the window ((1 - phase) * sf), split by weight
 -- (wc), each the same part (field x: what they took above the level, is
--- counted as spare): work-conserving without taking the room of light
--- tenants' late events. From ramp_hi on, floors are no longer kept apart,
+-- counted as spare), rounded up (the fractions of the capped tenants'
+-- entitlements, up to an event each, are then booked by the first to
+-- come): work-conserving without taking the room of light tenants' late
+-- events. From ramp_hi on, floors are no longer kept apart,
 -- and when nobody is capped anyone may take what is left. In a future
 -- window a tenant may reserve at most half its share at the current level
 -- (at least one event), so that a tenant arriving later finds room from
