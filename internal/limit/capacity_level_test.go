@@ -3,8 +3,12 @@ package limit
 import (
 	"context"
 	"fmt"
+	"math"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
 
 // floodWindows has tenants flood under l: every second from 0 to secs-1,
@@ -47,7 +51,7 @@ func tenantNames(n int) []string {
 // events in the ramp to take what a low level leaves). The level of a
 // window is solved for the capacity in force there, so the first window at
 // 300 books 300, 30 each. (The level before was the mean of the solved one
-// and the window before's, 10: it booked 200, then 250, 275, ... under the
+// and the window before's, 10: it booked 200, then 250, 270, 280 under the
 // capacity while the level caught up.)
 func TestCapacityLevelFollowsCapacity(t *testing.T) {
 	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
@@ -93,4 +97,68 @@ func checkBookedUpTo(t *testing.T, l *Limiter, r Rule, start time.Time, from, to
 	t.Helper()
 	r.Limit = limit
 	checkBooked(t, l, r, start, from, to, want)
+}
+
+// TestCapacityReserveUnpredicted: five light tenants send two events a
+// second; in the second second ten tenants start flooding (100 a second
+// each), which the level of that second did not predict (nobody capped:
+// the largest demand and the spare, 21). What a flooder reserves in later
+// seconds is then at most half the equal share of the tenants active in
+// the second, the call's tenants counted (100 / 15), not half the level:
+// from the next second on every tenant books its water-filling allocation
+// of what it asked there (booked and refused) and every second is full.
+// The level of the flooders' second second is solved on its own demand,
+// not on the mean with the second before, where each flooder counted for
+// half its weight. (Before, the flooders reserved half the level, 10 each,
+// in every later second: they booked 10 each there, and the light tenants'
+// events found no room in seconds 2, 4 and 5. With the mean of the two
+// seconds' demand alone, the level of second 2 was 17; with the active
+// weight of the tenants marked so far, not the call's, the first eight
+// flooders of the call reserved 10 and the last two 5.)
+func TestCapacityReserveUnpredicted(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("100/1s")
+	l := newTestLimiter(t, testRedis(t), "*=1000000/1m", Options{Clock: clk.Now, Capacity: c, Horizon: time.Hour})
+	ctx := context.Background()
+	start := clk.Now()
+	light, floods := []string{"l1", "l2", "l3", "l4", "l5"}, tenantNames(10)
+	for sec := 0; sec < 6; sec++ {
+		for k := 0; k < 20; k++ {
+			clk.Set(start.Add(time.Duration(sec)*time.Second + time.Duration(k)*time.Second/20))
+			var batch []string
+			if k == 5 || k == 15 {
+				batch = append(batch, light...)
+			}
+			if sec >= 1 {
+				for _, f := range floods {
+					batch = append(batch, repeat(f, 5)...)
+				}
+			}
+			if len(batch) == 0 {
+				continue
+			}
+			if _, err := l.Admit(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for sec := 2; sec < 6; sec++ {
+		s := start.Add(time.Duration(sec) * time.Second)
+		count, _, booked := capWindow(t, l, c[0], s)
+		refused := capRefused(t, l, c[0], s)
+		asked := map[string]int64{}
+		for _, ten := range append(slices.Clone(light), floods...) {
+			asked[ten] = booked[ten] + refused[ten]
+		}
+		want, level := testenv.WaterFill(asked, 100)
+		t.Logf("second %d: count %d, level %.1f, booked %v", sec, count, level, booked)
+		if count != 100 {
+			t.Errorf("second %d: count %d, want 100", sec, count)
+		}
+		for ten, w := range want {
+			if got := float64(booked[ten]); math.Abs(got-w) > math.Max(1, 0.05*w) {
+				t.Errorf("second %d: %s booked %v, want %.1f (asked %d)", sec, ten, got, w, asked[ten])
+			}
+		}
+	}
 }

@@ -93,16 +93,19 @@
 --   e_i(s) = max(floor_i, weight_i * level)
 -- where level is the water level of the current window (per unit of
 -- weight), fixed when the window gets its first call (field lv): the
--- weighted water level, G(lv) = C, of the mean of the window's predicted
--- demand and the window before's (damped: a consumer that lags decides
--- late, in one window, what it stalled on in the window before, and a
--- level from one window's demand follows each such burst), solved
--- exactly (up to the 1% buckets above 1024) for the window's capacity C
--- by one walk of the two histograms (O(buckets), not O(tenants)): a
--- change of the capacity is followed at once; sf and wc keep what the
--- satisfied ask and the capped weight (a mean too). (The mean of the
--- two windows' levels, before, lagged each change of the capacity or of
--- the demand, halving the error a window.)
+-- weighted water level, G(lv) = C, of the window's predicted demand,
+-- solved exactly (up to the 1% buckets above 1024) for the window's
+-- capacity C by one walk of its histogram (O(buckets), not O(tenants)):
+-- a change of the capacity is followed at once. When the mean of the
+-- window's demand and the window before's has about the same capped
+-- weight (within 25%), the level is that mean's (damped: a consumer that
+-- lags decides late, in one window, what it stalled on in the window
+-- before, and the demand swings a window up, a window down); not when the
+-- capped tenants change (a tenant in one of the two histograms alone
+-- counts for half its weight in their mean). sf and wc keep what the
+-- satisfied ask and the capped weight. (The mean of the two windows'
+-- levels, before, lagged each change of the capacity or of the demand,
+-- halving the error a window.)
 -- When nobody is capped, the level is the largest normalised demand plus
 -- the spare (C - G) shared by the active weight a of the window before;
 -- with no history (lv 0) it is the equal share C / a of the window's
@@ -119,7 +122,11 @@
 -- and when nobody is capped anyone may take what is left. In a future
 -- window a tenant may reserve at most half its share at the current level
 -- (at least one event), so that a tenant arriving later finds room from
--- the next window on. Bookings above a tenant's floor leave room for the
+-- the next window on; when nobody was predicted capped in the current
+-- window (no history, or a demand grown past the prediction: the level
+-- is then no share), at most half its share at the equal share of the
+-- window's active weight, the call's tenants counted (cap_active).
+-- Bookings above a tenant's floor leave room for the
 -- named tenants' floors not yet used in the window (field fb: booked under
 -- floors), except from ramp_hi on. Every booking counts in the window's
 -- count, which never passes C: the fairness only ever narrows the room.
@@ -468,26 +475,21 @@ local function cap_hist(key, packed, by, ds, ws)
   return by * fm
 end
 
+-- cap_part reads the demand histogram key (see cap_hist): {demand per
+-- bucket, weight per bucket, fm}, false when it is empty.
+local function cap_part(key, packed)
+  local ds, ws = {}, {}
+  local fm = cap_hist(key, packed, 1, ds, ws)
+  return fm and {ds, ws, fm}
+end
+
 -- cap_solve returns the water level for capacity C of the mean of the
--- demand histograms keys (G(lv) = C, see Demand; the empty ones left
--- out), what the satisfied asked and the capped weight there; nil when
--- all are empty; when nobody was capped, the largest normalised demand
--- plus the spare per unit of the active weight a. packed: the buckets'
--- layout (see Demand).
-local function cap_solve(keys, C, a, packed)
-  local ds, ws, fm, n = {}, {}, 0, 0
-  local parts = {}
-  for _, key in ipairs(keys) do
-    local pds, pws = {}, {}
-    local f = cap_hist(key, packed, 1, pds, pws)
-    if f then
-      n = n + 1
-      parts[n] = {pds, pws, f}
-    end
-  end
-  if n == 0 then
-    return nil
-  end
+-- demand histograms parts (G(lv) = C, see Demand; cap_part), what the
+-- satisfied asked and the capped weight there; when nobody was capped,
+-- the largest normalised demand plus the spare per unit of the active
+-- weight a.
+local function cap_solve(parts, C, a)
+  local ds, ws, fm, n = {}, {}, 0, #parts
   local ks = {}
   for _, pt in ipairs(parts) do
     for k, x in pairs(pt[1]) do
@@ -553,14 +555,27 @@ local function cap_level(r)
   d.cl = cap_fix(r, key, st)
   if not lv then
     local p = cap_state(wkey(r.key, d.cs - d.step), d.cs - d.step, d)
-    local sf, wc
-    -- The demand of this window and of the one before, their mean:
-    -- against bursts of arrivals (a consumer that lags sends a window late
-    -- what it stalled on), solved for this window's capacity, so that a
-    -- change of the capacity is followed at once.
-    lv, sf, wc = cap_solve({dkey(r, d.cs), dkey(r, d.cs - d.step)}, d.cl, hc_num(p, "a"), not d.bycost)
-    if not lv then
-      lv, sf, wc = 0, 0, 0 -- no history: the equal share (cap_room)
+    local sf, wc = 0, 0
+    local cur = cap_part(dkey(r, d.cs), not d.bycost)
+    if not cur then
+      lv = 0 -- no history: the equal share (cap_room)
+    else
+      -- Solved for this window's capacity (a change of the capacity is
+      -- followed at once) on its demand; damped, on the mean of its demand
+      -- and the window before's, when the two have about the same capped
+      -- weight (a consumer that lags sends a window late what it stalled
+      -- on, and the demand swings a window up, a window down): not when
+      -- the capped tenants change (a tenant in one histogram alone counts
+      -- for half its weight in their mean).
+      local a = hc_num(p, "a")
+      lv, sf, wc = cap_solve({cur}, d.cl, a)
+      local prev = wc > 0 and cap_part(dkey(r, d.cs - d.step), not d.bycost)
+      if prev then
+        local lm, sm, wm = cap_solve({cur, prev}, d.cl, a)
+        if wm >= 0.8 * wc and wm <= 1.25 * wc then
+          lv, sf, wc = lm, sm, wm
+        end
+      end
     end
     cap_touch(r, st, d.ce)
     lv = tonumber(string.format("%.6f", lv))
@@ -658,6 +673,21 @@ local function cap_done(rules, n, admitted)
   end
 end
 
+-- cap_active returns the active weight of r's current window, at least
+-- the summed weight of the call's tenants: those decided after the tenant
+-- are active there too, though not marked yet (a future window's bound,
+-- see Entitlement).
+local cap_callw = false
+local function cap_active(r)
+  if not cap_callw then
+    cap_callw = 0
+    for i = 1, #capn do
+      cap_callw = cap_callw + caps[(i - 1) * (1 + ncap) + 1]
+    end
+  end
+  return math.max(cap_callw, hc_num(cap_win(r, r.cap.cs), "a"))
+end
+
 -- cap_room returns the room of capacity rule r's tenant in the window
 -- starting at s: its entitlement less what it booked there, at most what
 -- the capacity has left (less the floors it must leave). pos is the
@@ -712,6 +742,13 @@ local function cap_room(r, s, pos)
       e = b + one
     end
   else
+    if d.wc == 0 then
+      -- Nobody was predicted capped here (no history, or a demand that
+      -- grew past the prediction: the level is then the largest demand
+      -- and the spare, no share): at most the equal share of the tenants
+      -- active in the window so far.
+      lv = math.min(lv, C / cap_active(r))
+    end
     e = math.max(one, math.floor(r.w * lv / 2 + 1e-9))
   end
   if r.f > e then
