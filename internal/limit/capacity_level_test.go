@@ -162,3 +162,41 @@ func TestCapacityReserveUnpredicted(t *testing.T) {
 		}
 	}
 }
+
+// TestCapacityRampActive: ten tenants flood (50 a second each) for three
+// seconds, then only a sends (30 events every twentieth of a second).
+// The fourth second's level is predicted for the ten (10 each, 45 of it
+// already reserved by the nine that stopped); in its ramp what is spare is
+// split by the capped weight, at most the window's active weight (a alone),
+// so that a, the only tenant with events, takes it: the second books 85
+// or more. (Split by the capped weight predicted, 10, a took a tenth of
+// it: 60.)
+func TestCapacityRampActive(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("100/1s")
+	l := newTestLimiter(t, testRedis(t), "*=1000000/1m", Options{Clock: clk.Now, Capacity: c, Horizon: time.Hour})
+	ctx := context.Background()
+	start := clk.Now()
+	floods := append([]string{"a"}, tenantNames(9)...)
+	for sec := 0; sec < 4; sec++ {
+		for k := 0; k < 20; k++ {
+			clk.Set(start.Add(time.Duration(sec)*time.Second + time.Duration(k)*time.Second/20))
+			var batch []string
+			if sec < 3 {
+				for _, f := range floods {
+					batch = append(batch, repeat(f, 2+btoi(k%2 == 0))...)
+				}
+			} else {
+				batch = repeat("a", 30)
+			}
+			if _, err := l.Admit(ctx, batch); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	count, _, booked := capWindow(t, l, c[0], start.Add(3*time.Second))
+	t.Logf("fourth second: count %d, booked %v", count, booked)
+	if count < 85 || count > 100 {
+		t.Errorf("fourth second: count %d, want 85 to 100 (a takes what is spare)", count)
+	}
+}

@@ -96,13 +96,14 @@
 -- weighted water level, G(lv) = C, of the window's predicted demand,
 -- solved exactly (up to the 1% buckets above 1024) for the window's
 -- capacity C by one walk of its histogram (O(buckets), not O(tenants)):
--- a change of the capacity is followed at once. When the mean of the
--- window's demand and the window before's has about the same capped
--- weight (within 25%), the level is that mean's (damped: a consumer that
--- lags decides late, in one window, what it stalled on in the window
--- before, and the demand swings a window up, a window down); not when the
--- capped tenants change (a tenant in one of the two histograms alone
--- counts for half its weight in their mean). sf and wc keep what the
+-- a change of the capacity is followed at once. The level is that of
+-- the mean of the window's demand and the window before's (damped: a
+-- consumer that lags decides late, in one window, what it stalled on in
+-- the window before, and the demand swings a window up, a window down),
+-- unless the mean's capped weight is under 80% of the window's own: new
+-- tenants capped (a tenant in one of the two histograms alone counts for
+-- half its weight in their mean, whose level would be too high for it),
+-- at a start or when tenants start flooding. sf and wc keep what the
 -- satisfied ask and the capped weight. (The mean of the two windows'
 -- levels, before, lagged each change of the capacity or of the demand,
 -- halving the error a window.)
@@ -114,7 +115,8 @@
 -- passed; from then on the capped tenants may share what is spare, the
 -- capacity not booked less what the satisfied tenants are still expected
 -- to ask in the rest of the window ((1 - phase) * sf), split by weight
--- (wc), each the same part (field x: what they took above the level, is
+-- (wc, at most the window's active weight a: the parts of capped tenants
+-- that sent nothing in the window would be lost), each the same part (field x: what they took above the level, is
 -- counted as spare), rounded up (the fractions of the capped tenants'
 -- entitlements, up to an event each, are then booked by the first to
 -- come): work-conserving without taking the room of light tenants' late
@@ -562,17 +564,18 @@ local function cap_level(r)
     else
       -- Solved for this window's capacity (a change of the capacity is
       -- followed at once) on its demand; damped, on the mean of its demand
-      -- and the window before's, when the two have about the same capped
-      -- weight (a consumer that lags sends a window late what it stalled
-      -- on, and the demand swings a window up, a window down): not when
-      -- the capped tenants change (a tenant in one histogram alone counts
-      -- for half its weight in their mean).
+      -- and the window before's (a consumer that lags sends a window late
+      -- what it stalled on, and the demand swings a window up, a window
+      -- down), unless the mean's capped weight is under 80% of the
+      -- window's own: tenants capped here that were not in the window
+      -- before (they count for half their weight in the mean, whose level
+      -- would then be too high for them).
       local a = hc_num(p, "a")
       lv, sf, wc = cap_solve({cur}, d.cl, a)
       local prev = wc > 0 and cap_part(dkey(r, d.cs - d.step), not d.bycost)
       if prev then
         local lm, sm, wm = cap_solve({cur, prev}, d.cl, a)
-        if wm >= 0.8 * wc and wm <= 1.25 * wc then
+        if wm >= 0.8 * wc then
           lv, sf, wc = lm, sm, wm
         end
       end
@@ -720,9 +723,11 @@ local function cap_room(r, s, pos)
       -- as if none had taken its part yet (x: what they took above the
       -- level), so that each gets the same part, rounded up: the parts'
       -- fractions, up to an event a capped tenant, are not left unbooked.
+      -- Split by the capped weight, at most the window's active weight:
+      -- the parts of capped tenants that sent nothing here would be lost.
       local spare = C - (c - hc_num(st, "x")) - (1 - phi) * d.sf
       if spare > 0 then
-        lv, up = lv + spare / d.wc, true
+        lv, up = lv + spare / math.max(1, math.min(d.wc, hc_num(st, "a"))), true
       end
     elseif not protect then
       lv = C
