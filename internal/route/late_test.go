@@ -75,6 +75,11 @@ func TestRetrierClaims(t *testing.T) {
 	if len(claims) != 2 || claims[0] != 1 || claims[1] != 2 || len(lates) != 1 || lates[0] != 4 {
 		t.Fatalf("claims %v and late events %v, want claims [1 2] (not the gk-took one) and late [4]", claims, lates)
 	}
+	for label, want := range map[string]float64{DecisionReserved: 2, DecisionSlotTaken: 1, DecisionTookSlot: 1, "defer": 0} {
+		if n := counterValue(t, m.Decisions.WithLabelValues(label)); n != want {
+			t.Errorf("decisions %s: %v, want %v", label, n, want)
+		}
+	}
 	got := map[string]kafka.Message{}
 	for _, o := range w.last(t) {
 		got[string(o.Key)] = o

@@ -18,13 +18,21 @@ const (
 	// DecisionMaxAttempts counts deferred events dead-lettered for having been
 	// deferred MaxAttempts times.
 	DecisionMaxAttempts = "max_attempts"
+	// DecisionTookSlot counts late events deferred into the slot they took
+	// from a later reservation of their tenant (Retrier.TakeSlots, gk-took).
+	DecisionTookSlot = "took_slot"
+	// DecisionSlotTaken counts events back inside their slot (claims) whose
+	// slot a late event had taken: placed again, at the tenant's first free
+	// slot.
+	DecisionSlotTaken = "slot_taken"
 )
 
 // Metrics are the Prometheus collectors of this package. A nil *Metrics is
 // valid and records nothing. Metrics is safe for concurrent use.
 type Metrics struct {
 	// Decisions counts events by decision: admit, defer, reject, fail,
-	// invalid, reserved, max_attempts, admit_early, moved_forward. In shadow mode the decision is counted although
+	// invalid, reserved, max_attempts, admit_early, moved_forward, took_slot,
+	// slot_taken. In shadow mode the decision is counted although
 	// the event goes downstream.
 	Decisions *prometheus.CounterVec
 	// EventsIn counts handled events by the topic they were read from.

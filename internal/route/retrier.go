@@ -72,6 +72,10 @@ type Retrier struct {
 	// Turn it on only once every replica checks claims: one that does not
 	// forwards an event whose slot was taken, one over the window's limit.
 	TakeSlots bool
+
+	// late is the Admitter as a LateAdmitter when CheckClaims is set and
+	// it is one (nil otherwise): set once by NewRetrier.
+	late LateAdmitter
 }
 
 // LateAdmitter decides a batch of the first retry tier: late events and
@@ -89,6 +93,9 @@ type LateAdmitter interface {
 func NewRetrier(r Retrier) (*Retrier, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
+	}
+	if la, ok := r.Admitter.(LateAdmitter); ok && r.CheckClaims {
+		r.late = la
 	}
 	return &r, nil
 }
@@ -202,9 +209,9 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 	// A re-check's identity is its position in the retry tier, unique per
 	// trip: deferred again and late again, it is a new decision.
 	call := r.Admitter.AdmitFrom
-	if la, ok := r.Admitter.(LateAdmitter); ok && r.CheckClaims {
+	if r.late != nil {
 		call = func(ctx context.Context, src limit.Source, evs []limit.Event) ([]limit.Decision, error) {
-			return la.AdmitLate(ctx, src, evs, r.TakeSlots)
+			return r.late.AdmitLate(ctx, src, evs, r.TakeSlots)
 		}
 	}
 	ds, unchecked, err := r.admitWith(ctx, source(batch), b.events, msgs[0], call)
@@ -333,7 +340,7 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, no
 			m.Topic, m.Partition, m.Offset, ErrEarly, now.Format(time.RFC3339Nano), d.Due.Format(time.RFC3339Nano))
 	}
 	claim := now.Before(d.Reserved)
-	if _, late := r.Admitter.(LateAdmitter); claim && (!late || !r.CheckClaims || d.Took) {
+	if claim && (r.late == nil || d.Took) {
 		// Inside its slot, and the slot is its own: it took it, or claims
 		// are not checked (no replica takes slots, or the Admitter cannot).
 		b.counts[DecisionReserved]++
@@ -406,7 +413,14 @@ func (r *Retrier) decide(b *retryBatch, msgs []kafka.Message, ds []limit.Decisio
 				b.items[p.i] = r.deadLetter(m, ReasonMaxAttempts)
 				continue
 			}
-			b.counts[d.Kind.String()]++
+			switch {
+			case p.claim:
+				b.counts[DecisionSlotTaken]++
+			case d.Took:
+				b.counts[DecisionTookSlot]++
+			default:
+				b.counts[d.Kind.String()]++
+			}
 			next.Due, next.Reserved, next.Took = d.Due, d.Until, d.Took
 			b.items[p.i] = Item{Msg: m, Outcome: Defer, Deferral: next}
 			r.logger().Debug("event deferred again", "tenant", next.Tenant, "topic", m.Topic, "partition", m.Partition,
