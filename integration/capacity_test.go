@@ -25,7 +25,7 @@ type capWin struct {
 	count           int64
 	booked, refused map[string]int64
 	asked           int64   // the demand predicted for it (its q: fields summed)
-	lv              float64 // its level (field lv)
+	lv, wc          float64 // its level and capped weight (fields lv, wc)
 }
 
 // readCapWindows reads every window of the capacity rule counter ("1s").
@@ -58,6 +58,8 @@ func readCapWindows(t testing.TB, rdb *redis.Client, prefix, counter string) []c
 				w.asked += n
 			case k == "lv":
 				w.lv, _ = strconv.ParseFloat(v, 64)
+			case k == "wc":
+				w.wc, _ = strconv.ParseFloat(v, 64)
 			}
 		}
 		out = append(out, w)
@@ -297,6 +299,11 @@ func gateCapacityFair(t *testing.T, bytes bool) {
 	var rows strings.Builder // per steady window: its figures
 	worstJain, worstRow := 2.0, ""
 	for _, w := range wins {
+		if w.start < start.Truncate(time.Second).Add(4*time.Second).UnixMilli() && w.start >= start.Truncate(time.Second).UnixMilli() {
+			// The first windows: their level and largest bookings.
+			top := slices.Sorted(maps.Values(w.booked))
+			fmt.Fprintf(&rows, " %d:lv%.0f/wc%.1f/count%d/top%v", w.start/1000%1000, w.lv, w.wc, w.count, top[max(0, len(top)-3):])
+		}
 		if w.start < start.Truncate(time.Second).Add(4*time.Second).UnixMilli() || w.start+1000 > end.UnixMilli() {
 			continue
 		}
@@ -361,7 +368,7 @@ func gateCapacityFair(t *testing.T, bytes bool) {
 			t.Logf("window %d: level %.1f (lv sf wc a %v), demand %d, booked %d: %v", w.start, level, v, total, w.count, top)
 		}
 	}
-	t.Logf("per steady window (second: Jain/used/level~water-filling's/demand predicted~asked):%s", rows.String())
+	t.Logf("per window (the first four: level, capped weight, count, the three largest bookings; then the steady ones: Jain/used/level~water-filling's/demand predicted~asked):%s", rows.String())
 	t.Logf("worst Jain window %s", worstRow)
 	t.Logf("steady windows %d: allocations within 5%% (or 1 event) of water-filling: %d of %d tenant-windows (%.2f%%)%s",
 		steady, within, cells, 100*float64(within)/float64(max(1, cells)), worst)
