@@ -107,14 +107,12 @@ func checkBookedUpTo(t *testing.T, l *Limiter, r Rule, start time.Time, from, to
 // the second, the call's tenants counted (100 / 15), not half the level:
 // from the next second on every tenant books its water-filling allocation
 // of what it asked there (booked and refused) and every second is full.
-// The level of the flooders' second second is solved on its own demand,
-// not on the mean with the second before, where each flooder counted for
-// half its weight. (Before, the flooders reserved half the level, 10 each,
-// in every later second: they booked 10 each there, and the light tenants'
-// events found no room in seconds 2, 4 and 5. With the mean of the two
-// seconds' demand alone, the level of second 2 was 17; with the active
-// weight of the tenants marked so far, not the call's, the first eight
-// flooders of the call reserved 10 and the last two 5.)
+// The level of the flooders' second second is not damped with the one
+// before, where nobody was capped. (Before, the flooders reserved half the
+// level, 10 each, in every later second: they booked 10 each there, and
+// the light tenants' events found no room in seconds 2, 4 and 5. With the
+// active weight of the tenants marked so far, not the call's, the first
+// eight flooders of the call reserved 10 and the last two 5.)
 func TestCapacityReserveUnpredicted(t *testing.T) {
 	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	c, _ := ParseCapacity("100/1s")

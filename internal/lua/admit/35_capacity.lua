@@ -95,18 +95,20 @@
 -- weight), fixed when the window gets its first call (field lv): the
 -- weighted water level, G(lv) = C, of the window's predicted demand,
 -- solved exactly (up to the 1% buckets above 1024) for the window's
--- capacity C by one walk of its histogram (O(buckets), not O(tenants)):
--- a change of the capacity is followed at once. The level is that of
--- the mean of the window's demand and the window before's (damped: a
+-- capacity C by one walk of its histogram (O(buckets), not O(tenants));
+-- sf and wc keep what the satisfied ask and the capped weight. The level
+-- taken is the mean of that and the level of the window before (damped: a
 -- consumer that lags decides late, in one window, what it stalled on in
--- the window before, and the demand swings a window up, a window down),
--- unless the mean's capped weight is under 80% of the window's own: new
--- tenants capped (a tenant in one of the two histograms alone counts for
--- half its weight in their mean, whose level would be too high for it),
--- at a start or when tenants start flooding. sf and wc keep what the
--- satisfied ask and the capped weight. (The mean of the two windows'
--- levels, before, lagged each change of the capacity or of the demand,
--- halving the error a window.)
+-- the window before, and the demand predicted swings), the level before
+-- moved by the change of the capacity spread over the capped weight
+-- before, (C - cl before) / wc before, so that a change of the capacity is
+-- followed at once; undamped when the window before had no capped tenant,
+-- or when the summed weight in the histogram is over 125% of the window
+-- before's (new tenants: at a start, or tenants that start flooding, whose
+-- level the one before is not; a burst of the same tenants' demand is
+-- damped). (The mean with the level
+-- before alone lagged each change of the capacity, and halved, a window
+-- at a time, the error of a level set before tenants were capped.)
 -- When nobody is capped, the level is the largest normalised demand plus
 -- the spare (C - G) shared by the active weight a of the window before;
 -- with no history (lv 0) it is the equal share C / a of the window's
@@ -432,10 +434,9 @@ local function cap_demand(r, key, d0, d1)
 end
 
 -- cap_hist adds the buckets of the demand histogram key (with the call's
--- pending moves), times by, to ds and ws (per bucket: demand, weight) and
--- returns its fm times by; nil when it is empty. packed: the buckets'
--- layout (see Demand).
-local function cap_hist(key, packed, by, ds, ws)
+-- pending moves) to ds and ws (per bucket: demand, weight) and returns its
+-- fm; nil when it is empty. packed: the buckets' layout (see Demand).
+local function cap_hist(key, packed, ds, ws)
   local v = redis.call("HGETALL", key)
   local vals, pend = {}, hd[key] or none
   for i = 1, #v, 2 do
@@ -459,49 +460,51 @@ local function cap_hist(key, packed, by, ds, ws)
       if not k then
         k = tonumber(string.sub(f, 2))
         if k and string.sub(f, 1, 1) == "w" and val ~= 0 then
-          ws[k] = (ws[k] or 0) + by * val
+          ws[k] = (ws[k] or 0) + val
           ds[k] = ds[k] or 0
         end
       elseif val ~= 0 then
-        ds[k] = (ds[k] or 0) + by * val
+        ds[k] = (ds[k] or 0) + val
         ws[k] = ws[k] or 0
       end
     elseif k and val ~= 0 then
       local w = math.floor((val + HP / 2) / HP)
-      ds[k], ws[k] = (ds[k] or 0) + by * (val - w * HP), (ws[k] or 0) + by * w
+      ds[k], ws[k] = (ds[k] or 0) + (val - w * HP), (ws[k] or 0) + w
     end
   end
   if not any then
     return nil
   end
-  return by * fm
+  return fm
 end
 
 -- cap_part reads the demand histogram key (see cap_hist): {demand per
 -- bucket, weight per bucket, fm}, false when it is empty.
 local function cap_part(key, packed)
   local ds, ws = {}, {}
-  local fm = cap_hist(key, packed, 1, ds, ws)
+  local fm = cap_hist(key, packed, ds, ws)
   return fm and {ds, ws, fm}
 end
 
--- cap_solve returns the water level for capacity C of the mean of the
--- demand histograms parts (G(lv) = C, see Demand; cap_part), what the
--- satisfied asked and the capped weight there; when nobody was capped,
--- the largest normalised demand plus the spare per unit of the active
--- weight a.
-local function cap_solve(parts, C, a)
-  local ds, ws, fm, n = {}, {}, 0, #parts
+-- cap_weight returns the summed weight of the tenants in the demand
+-- histogram part (cap_part; a tenant with a floor counts only in part).
+local function cap_weight(part)
+  local w = 0
+  for _, x in pairs(part[2]) do
+    w = w + x
+  end
+  return w
+end
+
+-- cap_solve returns the water level for capacity C of the demand
+-- histogram part (G(lv) = C, see Demand; cap_part), what the satisfied
+-- asked and the capped weight there; when nobody was capped, the largest
+-- normalised demand plus the spare per unit of the active weight a.
+local function cap_solve(part, C, a)
+  local ds, ws, fm = part[1], part[2], part[3]
   local ks = {}
-  for _, pt in ipairs(parts) do
-    for k, x in pairs(pt[1]) do
-      if ds[k] == nil then
-        ks[#ks + 1] = k
-        ds[k], ws[k] = 0, 0
-      end
-      ds[k], ws[k] = ds[k] + x / n, ws[k] + pt[2][k] / n
-    end
-    fm = fm + pt[3] / n
+  for k in pairs(ds) do
+    ks[#ks + 1] = k
   end
   table.sort(ks)
   local above = 0
@@ -562,21 +565,26 @@ local function cap_level(r)
     if not cur then
       lv = 0 -- no history: the equal share (cap_room)
     else
-      -- Solved for this window's capacity (a change of the capacity is
-      -- followed at once) on its demand; damped, on the mean of its demand
-      -- and the window before's (a consumer that lags sends a window late
-      -- what it stalled on, and the demand swings a window up, a window
-      -- down), unless the mean's capped weight is under 80% of the
-      -- window's own: tenants capped here that were not in the window
-      -- before (they count for half their weight in the mean, whose level
-      -- would then be too high for them).
-      local a = hc_num(p, "a")
-      lv, sf, wc = cap_solve({cur}, d.cl, a)
-      local prev = wc > 0 and cap_part(dkey(r, d.cs - d.step), not d.bycost)
-      if prev then
-        local lm, sm, wm = cap_solve({cur, prev}, d.cl, a)
-        if wm >= 0.8 * wc then
-          lv, sf, wc = lm, sm, wm
+      -- Solved for this window's capacity on its demand, then damped
+      -- when the window before had capped tenants too: the mean with the
+      -- level before (a consumer that lags sends a window late what it
+      -- stalled on, and the demand predicted swings), moved by the change
+      -- of the capacity spread over the capped weight before (a change of
+      -- the capacity is followed at once); undamped when the weight in the
+      -- histogram is over 125% of the window before's (new tenants: at a
+      -- start, or tenants that start flooding, whose level the one before
+      -- is not).
+      lv, sf, wc = cap_solve(cur, d.cl, hc_num(p, "a"))
+      local plv, pwc, pcl = p.v.lv, hc_num(p, "wc"), p.v.cl
+      if wc > 0 and type(plv) == "number" and plv > 0 and pwc > 0 then
+        local prev = cap_part(dkey(r, d.cs - d.step), not d.bycost)
+        if prev and cap_weight(cur) <= 1.25 * cap_weight(prev) then
+          if type(pcl) == "number" then
+            plv = plv + (d.cl - pcl) / pwc
+          end
+          if plv > 0 then
+            lv = (lv + plv) / 2
+          end
         end
       end
     end
