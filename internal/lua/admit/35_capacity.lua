@@ -106,9 +106,9 @@
 -- or when the summed weight in the histogram is over 125% of the window
 -- before's (new tenants: at a start, or tenants that start flooding, whose
 -- level the one before is not; a burst of the same tenants' demand is
--- damped). (The mean with the level
--- before alone lagged each change of the capacity, and halved, a window
--- at a time, the error of a level set before tenants were capped.)
+-- damped). (The mean with the level before alone lagged each change of
+-- the capacity, and halved, a window at a time, the error of a level set
+-- before tenants were capped.)
 -- When nobody is capped, the level is the largest normalised demand plus
 -- the spare (C - G) shared by the active weight a of the window before;
 -- with no history (lv 0) it is the equal share C / a of the window's
@@ -118,21 +118,22 @@
 -- capacity not booked less what the satisfied tenants are still expected
 -- to ask in the rest of the window ((1 - phase) * sf), split by weight
 -- (wc, at most the window's active weight a: the parts of capped tenants
--- that sent nothing in the window would be lost), each the same part (field x: what they took above the level, is
--- counted as spare), rounded up (the fractions of the capped tenants'
--- entitlements, up to an event each, are then booked by the first to
--- come): work-conserving without taking the room of light tenants' late
--- events. From ramp_hi on, floors are no longer kept apart,
--- and when nobody is capped anyone may take what is left. In a future
+-- that sent nothing in the window would be lost), each the same part
+-- (field x: what they took above the level, is counted as spare), rounded
+-- up (the fractions of the capped tenants' entitlements, up to an event
+-- each, are then booked by the first to come): work-conserving without
+-- taking the room of light tenants' late events. From ramp_hi on, floors
+-- are no longer kept apart, and when nobody is capped anyone may take what
+-- is left. In a future
 -- window a tenant may reserve at most half its share at the current level
 -- (at least one event), so that a tenant arriving later finds room from
 -- the next window on; when nobody was predicted capped in the current
 -- window (no history, or a demand grown past the prediction: the level
 -- is then no share), at most half its share at the equal share of the
 -- window's active weight, the call's tenants counted (cap_active).
--- Bookings above a tenant's floor leave room for the
--- named tenants' floors not yet used in the window (field fb: booked under
--- floors), except from ramp_hi on. Every booking counts in the window's
+-- Bookings above a tenant's floor leave room for the named tenants'
+-- floors not yet used in the window (field fb: booked under floors),
+-- except from ramp_hi on. Every booking counts in the window's
 -- count, which never passes C: the fairness only ever narrows the room.
 --
 -- Per tenant the window's hash holds t:<tenant> (booked) and, once it has
