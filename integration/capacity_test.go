@@ -369,6 +369,11 @@ func gateCapacityFair(t *testing.T, bytes bool) {
 	}
 	t.Logf("of them deferred: %d, delay p99 %.3fs, forwarded after their due time by p50 %.3fs p99 %.3fs",
 		len(viaRetry), percentile(viaRetry, 0.99), percentile(afterDue, 0.5), percentile(afterDue, 0.99))
+	logRetryAhead(t, f, o, func(m kafka.Message) bool {
+		i := idOf(m)
+		return i >= 0 && rates[produced[i]] <= lightMax && sent[i] >= start.Truncate(time.Second).Add(4*time.Second).UnixMilli()
+	}, 0.5)
+	logPeakRSS(t, procs...)
 	// 0.17-0.26s before main's retry-path changes of 20:00 (#22); 2-5s
 	// since, from the retry path (see the line above): a ceiling, not the
 	// issue's 1s.
