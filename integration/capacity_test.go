@@ -24,6 +24,8 @@ type capWin struct {
 	start           int64
 	count           int64
 	booked, refused map[string]int64
+	asked           int64   // the demand predicted for it (its q: fields summed)
+	lv, wc          float64 // its level and capped weight (fields lv, wc)
 }
 
 // readCapWindows reads every window of the capacity rule counter ("1s").
@@ -52,6 +54,12 @@ func readCapWindows(t testing.TB, rdb *redis.Client, prefix, counter string) []c
 				w.booked[k[2:]] = n
 			case strings.HasPrefix(k, "r:"):
 				w.refused[k[2:]] = n
+			case strings.HasPrefix(k, "q:"):
+				w.asked += n
+			case k == "lv":
+				w.lv, _ = strconv.ParseFloat(v, 64)
+			case k == "wc":
+				w.wc, _ = strconv.ParseFloat(v, 64)
 			}
 		}
 		out = append(out, w)
@@ -288,7 +296,14 @@ func gateCapacityFair(t *testing.T, bytes bool) {
 	var within, cells, jainLow, utilLow, steady int
 	var jains, utils []float64
 	worst := ""
+	var rows strings.Builder // per steady window: its figures
+	worstJain, worstRow := 2.0, ""
 	for _, w := range wins {
+		if w.start < start.Truncate(time.Second).Add(4*time.Second).UnixMilli() && w.start >= start.Truncate(time.Second).UnixMilli() {
+			// The first windows: their level and largest bookings.
+			top := slices.Sorted(maps.Values(w.booked))
+			fmt.Fprintf(&rows, " %d:lv%.0f/wc%.1f/count%d/top%v", w.start/1000%1000, w.lv, w.wc, w.count, top[max(0, len(top)-3):])
+		}
 		if w.start < start.Truncate(time.Second).Add(4*time.Second).UnixMilli() || w.start+1000 > end.UnixMilli() {
 			continue
 		}
@@ -318,19 +333,28 @@ func gateCapacityFair(t *testing.T, bytes bool) {
 				held = append(held, got)
 			}
 		}
+		j, u := 1.0, 1.0
 		if len(held) > 1 {
-			j := jain(held)
+			j = jain(held)
 			jains = append(jains, j)
 			if j < 0.99 {
 				jainLow++
 			}
 		}
 		if total >= capacity {
-			u := float64(w.count) / float64(capacity)
+			u = float64(w.count) / float64(capacity)
 			utils = append(utils, u)
 			if u < 0.98 {
 				utilLow++
 			}
+		}
+		// The window's figures: Jain, used, its level against water-filling's,
+		// the demand predicted for it against what was asked.
+		fmt.Fprintf(&rows, " %d:j%.3f/u%.3f/lv%.0f~%.0f/q%d~%d", w.start/1000%1000, j, u, w.lv, level, w.asked, total)
+		if j < worstJain {
+			worstJain = j
+			slices.Sort(held)
+			worstRow = fmt.Sprintf("%d: level %.1f (water-filling %.1f), held %d, their bookings %v", w.start/1000%1000, w.lv, level, len(held), held)
 		}
 		if steady%5 == 1 {
 			v, _ := rdb.HMGet(ctx, fmt.Sprintf("%s:cap:%s:%d", prefix, counter, w.start), "lv", "sf", "wc", "a").Result()
@@ -344,6 +368,8 @@ func gateCapacityFair(t *testing.T, bytes bool) {
 			t.Logf("window %d: level %.1f (lv sf wc a %v), demand %d, booked %d: %v", w.start, level, v, total, w.count, top)
 		}
 	}
+	t.Logf("per window (the first four: level, capped weight, count, the three largest bookings; then the steady ones: Jain/used/level~water-filling's/demand predicted~asked):%s", rows.String())
+	t.Logf("worst Jain window %s", worstRow)
 	t.Logf("steady windows %d: allocations within 5%% (or 1 event) of water-filling: %d of %d tenant-windows (%.2f%%)%s",
 		steady, within, cells, 100*float64(within)/float64(max(1, cells)), worst)
 	t.Logf("Jain's index among backlogged tenants (asked more than the water level): min %.4f, median %.4f (%d windows below 0.99)", slices.Min(append(jains, 1)), percentile(jains, 0.5), jainLow)
@@ -369,6 +395,11 @@ func gateCapacityFair(t *testing.T, bytes bool) {
 	}
 	t.Logf("of them deferred: %d, delay p99 %.3fs, forwarded after their due time by p50 %.3fs p99 %.3fs",
 		len(viaRetry), percentile(viaRetry, 0.99), percentile(afterDue, 0.5), percentile(afterDue, 0.99))
+	logRetryAhead(t, f, o, func(m kafka.Message) bool {
+		i := idOf(m)
+		return i >= 0 && rates[produced[i]] <= lightMax && sent[i] >= start.Truncate(time.Second).Add(4*time.Second).UnixMilli()
+	}, 0.5)
+	logPeakRSS(t, procs...)
 	// 0.17-0.26s before main's retry-path changes of 20:00 (#22); 2-5s
 	// since, from the retry path (see the line above): a ceiling, not the
 	// issue's 1s.

@@ -68,6 +68,21 @@ func (b *budget) take(size int) {
 	b.mu.Unlock()
 }
 
+// full reports whether the budget has no room for another message.
+func (b *budget) full() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.n >= b.maxN || (b.maxBytes > 0 && b.bytes >= b.maxBytes)
+}
+
+// hold records size bytes held beside the messages (the offsets of
+// messages passed over); give(0, size) returns them.
+func (b *budget) hold(size int) {
+	b.mu.Lock()
+	b.bytes += size
+	b.mu.Unlock()
+}
+
 // give records that n messages of size bytes in all were handled.
 func (b *budget) give(n, size int) {
 	b.mu.Lock()

@@ -249,11 +249,13 @@ type DelayedConfig struct {
 	// it). Required; it must be safe for concurrent use.
 	ReleaseAt func(kafka.Message) Release
 	// LookAhead is the most messages per partition fetched and not yet
-	// handed to the Handler; when it is reached, fetching pauses.
+	// handed to the Handler; when it is reached, fetching pauses, unless
+	// messages not due can be passed over (passover.go).
 	LookAhead int
 	// LookAheadBytes, if positive, bounds the same messages by their bytes
-	// (keys, values and headers): fetching pauses once they hold this many,
-	// so a partition holds at most this plus one message.
+	// (keys, values and headers), with the offsets of passed-over messages
+	// (16 bytes each): fetching pauses once they hold this many, so a
+	// partition holds at most this plus one message.
 	LookAheadBytes int
 	// MetadataMax bounds the offset metadata of a commit, which carries
 	// the offsets done beyond the committed one to the partition's next
@@ -292,6 +294,11 @@ type DelayedConfig struct {
 	// message, with the message (+1 when it starts waiting, -1 when it is
 	// released or its partition is given up). Called concurrently.
 	OnWaitingMessage func(m kafka.Message, delta int)
+	// OnPassedOver, if set, is called with the number of waiting messages
+	// a partition passed over because its look-ahead was full of messages
+	// not due (passover.go): dropped from memory, to be fetched again
+	// before they are due. Called concurrently.
+	OnPassedOver func(topic string, n int)
 
 	// Expedite, if set, may let waiting messages go before their release
 	// time (see Expediter).

@@ -13,7 +13,7 @@ import (
 //
 // Each assigned partition runs two goroutines. A fetch goroutine reads ahead
 // into a buffer of at most DelayedConfig.LookAhead messages, pausing while it
-// is full. The partition goroutine keeps the buffer as a min-heap by release
+// is full (until messages are released or passed over). The partition goroutine keeps the buffer as a min-heap by release
 // time, sleeps until the earliest release, and hands whatever is due to the
 // Handler in batches of at most BatchSize, in offset order. When the Handler
 // returns nil, those messages are done; a failing batch is retried after a
@@ -28,11 +28,15 @@ import (
 // shutdown hands nothing twice. A crash hands again at most the messages
 // done since the last commit (one batch per partition: Delayed commits after
 // each). If the done set does not fit in DelayedConfig.MetadataMax, its high
-// end is left out and those messages are handed again. If LookAhead messages are waiting
-// behind the earliest release, the partition fetches nothing more until one is
-// released. The retry tiers keep both bounded: a tier holds only delays up to
-// its own upper bound (1m, 1h, then the deferral horizon), and releases each
-// message at due minus the tier's lower bound.
+// end is left out and those messages are handed again. When the look-ahead
+// (LookAhead messages, or LookAheadBytes) is full and nothing in it is due,
+// the partition passes over the messages released last and reads on, to read
+// them again before they are due (passover.go); only when it may keep no more
+// passed-over offsets, or nothing is released more than 2×rescanLead ahead,
+// does it fetch nothing more until one is released. The retry tiers keep both
+// bounded: a tier holds only delays up to its own upper bound (1m, 1h, then
+// the deferral horizon), and releases each message at due minus the tier's
+// lower bound.
 //
 // Rebalance and shutdown behave as for Group. A Delayed is safe for
 // concurrent use: Ready may be called from any goroutine while Run runs. Run
@@ -83,17 +87,10 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 	// given back when a message has been handled.
 	r := &delayedRun{p: p, c: c, room: newBudget(c.LookAhead, c.LookAheadBytes), clock: p.cfg.Clock}
 	p.recommit = r.commit // while a batch fails, a failed commit is sent again
-	in := make(chan kafka.Message, min(c.LookAhead, p.cfg.BatchSize))
-	fctx, fcancel := context.WithCancel(stop)
-	fetched := make(chan struct{})
-	go func() {
-		defer close(fetched)
-		p.fetchAhead(fctx, r.room, in)
-	}()
-	defer func() {
-		fcancel()
-		<-fetched
-	}()
+	r.in = make(chan kafka.Message, min(c.LookAhead, p.cfg.BatchSize))
+	r.seek, _ = p.fetcher.(seeker)
+	r.startFetch(stop)
+	defer func() { r.stopFetch() }() // the last one started (rescan starts others)
 	defer func() {
 		r.waitingDelta(-r.h.Len())
 		r.forgetWaiting()
@@ -108,7 +105,7 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 		if stop.Err() != nil {
 			return
 		}
-		r.takeFetched(in)
+		r.takeFetched(r.in)
 		now := r.clock.Now()
 		if due := r.h.popDue(now, p.cfg.BatchSize); len(due) > 0 {
 			if !r.release(stop, hctx, due) {
@@ -116,9 +113,31 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 			}
 			continue
 		}
-		if !r.wait(stop, in, now) {
+		if r.rescanDue(now) {
+			r.rescan(stop)
+			continue
+		}
+		if r.passOver(now) {
+			continue
+		}
+		if !r.wait(stop, r.in, now) {
 			return
 		}
+	}
+}
+
+// startFetch starts the fetch goroutine, which fetches into r.in until
+// stopFetch or stop.
+func (r *delayedRun) startFetch(stop context.Context) {
+	fctx, fcancel := context.WithCancel(stop)
+	fetched := make(chan struct{})
+	go func() {
+		defer close(fetched)
+		r.p.fetchAhead(fctx, r.room, r.in)
+	}()
+	r.stopFetch = func() {
+		fcancel()
+		<-fetched
 	}
 }
 
@@ -139,6 +158,14 @@ type delayedRun struct {
 	timerC  <-chan time.Time
 	// changed is closed at the Expediter's next change (nil: none).
 	changed <-chan struct{}
+	// in carries the fetched messages; stopFetch stops the fetch goroutine
+	// that fills it (startFetch).
+	in        chan kafka.Message
+	stopFetch func()
+	// seek, when the fetcher has it, lets the partition pass over messages
+	// when the look-ahead is full and read them again later (passover.go).
+	seek   seeker
+	passed passedOver
 }
 
 // waitingDelta reports a change of n in the messages waiting.
@@ -152,13 +179,22 @@ func (r *delayedRun) waitingDelta(n int) {
 // done already when the previous owner handled it.
 func (r *delayedRun) push(m kafka.Message) {
 	r.p.hwm = m.HighWaterMark
-	if !r.tr.add(m.Offset) {
-		// The previous owner handled it: it is done.
-		r.room.give(1, messageBytes(m))
-		if r.c.OnSkipped != nil {
-			r.c.OnSkipped(r.p.topic, 1)
+	if r.passed.rescanning(m.Offset) {
+		// Read again: wait only if it was passed over.
+		if !r.takeReread(m.Offset) {
+			r.room.give(1, messageBytes(m))
+			return
 		}
-		return
+	} else {
+		r.endRescan(m.Offset)
+		if !r.tr.add(m.Offset) {
+			// The previous owner handled it: it is done.
+			r.room.give(1, messageBytes(m))
+			if r.c.OnSkipped != nil {
+				r.c.OnSkipped(r.p.topic, 1)
+			}
+			return
+		}
 	}
 	now := r.clock.Now()
 	rel := r.c.ReleaseAt(m)
@@ -257,8 +293,8 @@ func (r *delayedRun) commit() {
 // next fetched message; it reports false if stop is done. The timer is only
 // replaced when the earliest release time changes.
 func (r *delayedRun) wait(stop context.Context, in <-chan kafka.Message, now time.Time) bool {
-	if r.h.Len() > 0 {
-		if at := r.h.next(); r.timerC == nil || !at.Equal(r.timerAt) {
+	if at, ok := r.wakeAt(); ok {
+		if r.timerC == nil || !at.Equal(r.timerAt) {
 			r.timerAt, r.timerC = at, r.clock.After(at.Sub(now))
 		}
 	} else {
@@ -273,6 +309,9 @@ func (r *delayedRun) wait(stop context.Context, in <-chan kafka.Message, now tim
 		r.timerC = nil
 	case <-r.changed:
 		r.changed = r.c.Expedite.Changed()
+		if len(r.passed.offsets) > 0 {
+			r.passed.earliest = r.clock.Now() // read them again now: some may go early
+		}
 		if n := r.h.expedite(r.clock.Now(), r.c.Expedite.Early); n > 0 {
 			r.timerC = nil
 			r.p.log.Info("waiting messages released early after a raise", "topic", r.p.topic, "partition", r.p.id, "messages", n)
@@ -302,6 +341,7 @@ func (p *partition) fetchAhead(ctx context.Context, room *budget, in chan<- kafk
 		select {
 		case in <- m:
 		case <-ctx.Done():
+			room.give(1, messageBytes(m)) // fetched again after a rescan
 			return
 		}
 	}

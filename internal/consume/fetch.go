@@ -124,6 +124,20 @@ func (f *committedFetcher) FetchMessage(ctx context.Context) (kafka.Message, err
 	return m, nil
 }
 
+// seek makes the next FetchMessage start at offset: the fetch in flight,
+// if any, is stopped and what is fetched and not handed out is dropped.
+func (f *committedFetcher) seek(offset int64) {
+	if f.pending != nil {
+		f.close()
+		<-f.pending
+		f.pending = nil
+		f.life, f.close = context.WithCancel(context.Background())
+	}
+	clear(f.buf)
+	f.buf = f.buf[:0]
+	f.offset = offset
+}
+
 // Close stops the fetch in flight, if any, and waits for it.
 func (f *committedFetcher) Close() error {
 	f.close()

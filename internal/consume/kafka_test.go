@@ -101,13 +101,19 @@ func createNamedTopic(t *testing.T, broker, topic string) {
 // with UnknownTopicOrPartition.
 func produce(t *testing.T, broker, topic string, msgs []kafka.Message) {
 	t.Helper()
+	produceWith(t, broker, topic, &kafka.RoundRobin{}, msgs)
+}
+
+// produceWith is produce with the partitions chosen by balancer.
+func produceWith(t *testing.T, broker, topic string, balancer kafka.Balancer, msgs []kafka.Message) {
+	t.Helper()
 	transport := &kafka.Transport{}
 	defer transport.CloseIdleConnections()
 	w := &kafka.Writer{
 		Transport:              transport,
 		Addr:                   kafka.TCP(broker),
 		Topic:                  topic,
-		Balancer:               &kafka.RoundRobin{},
+		Balancer:               balancer,
 		RequiredAcks:           kafka.RequireAll,
 		BatchTimeout:           2 * time.Millisecond,
 		WriteTimeout:           10 * time.Second,

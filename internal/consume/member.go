@@ -419,7 +419,10 @@ func (m *member) fetchMetadata(ctx context.Context, gen *kafka.Generation) map[t
 			}
 			return metas
 		}
-		d := m.cfg.backoff(attempt)
+		if staleRoute(err) {
+			m.refreshRoutes()
+		}
+		d := m.cfg.retryWait(attempt, err)
 		if ctx.Err() != nil || time.Now().Add(d).After(until) || !sleep(ctx, d) {
 			break
 		}

@@ -166,7 +166,7 @@ func (p *partition) fetchFailed(stop context.Context, attempt int, err error) bo
 	if p.staleRoutes != nil && staleRoute(err) {
 		p.staleRoutes()
 	}
-	d := p.cfg.backoff(attempt)
+	d := p.cfg.retryWait(attempt, err)
 	p.log.Warn("fetch failed; retrying", "attempt", attempt+1, "retry_in", d, "err", err)
 	return sleep(stop, d)
 }

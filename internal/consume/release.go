@@ -65,3 +65,30 @@ func (h *releaseHeap) popDue(now time.Time, limit int) []waiting {
 	})
 	return due
 }
+
+// popLatest removes and returns the messages released last, latest first,
+// as long as they are released after after: at most max of them, and stops
+// once it has taken n of them or (when bytes is positive) bytes of them.
+func (h *releaseHeap) popLatest(after time.Time, max, n, bytes int) []waiting {
+	// A slice sorted by the heap's order is a heap.
+	slices.SortFunc(h.items, func(a, b waiting) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.msg.Offset, b.msg.Offset)
+	})
+	var out []waiting
+	size := 0
+	for len(h.items) > 0 && len(out) < max && len(out) < n && (bytes <= 0 || size < bytes) {
+		last := len(h.items) - 1
+		w := h.items[last]
+		if !w.at.After(after) {
+			break
+		}
+		h.items[last] = waiting{}
+		h.items = h.items[:last]
+		out = append(out, w)
+		size += messageBytes(w.msg)
+	}
+	return out
+}

@@ -328,8 +328,9 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, retrier *route.Retrier) consum
 		OnLateness: func(topic string, late time.Duration) {
 			m.lateness.WithLabelValues(topic).Observe(late.Seconds())
 		},
-		OnSkipped:   func(topic string, n int) { m.skipped.WithLabelValues(topic).Add(float64(n)) },
-		OnTruncated: func(topic string, _ int64) { m.truncated.WithLabelValues(topic).Inc() },
+		OnSkipped:    func(topic string, n int) { m.skipped.WithLabelValues(topic).Add(float64(n)) },
+		OnPassedOver: func(topic string, n int) { m.passedOver.WithLabelValues(topic).Add(float64(n)) },
+		OnTruncated:  func(topic string, _ int64) { m.truncated.WithLabelValues(topic).Inc() },
 		// The done sets are sized to the brokers' offset.metadata.max.bytes
 		// and signed with RETRY_SECRET when it is set (RETRY_SECRET_PREVIOUS
 		// still verifies).
@@ -378,6 +379,7 @@ type pipelineMetrics struct {
 	offsetsLost *prometheus.CounterVec
 	leasesEnded prometheus.Counter
 	distrusted  *prometheus.CounterVec
+	passedOver  *prometheus.CounterVec
 }
 
 // signingKeys returns the non-empty secrets as keys, the current one first.
@@ -441,8 +443,13 @@ func newPipelineMetrics(reg prometheus.Registerer) (*pipelineMetrics, error) {
 			Help: "Done sets in a retry tier's commit metadata that a new owner did not trust (unsigned or badly signed " +
 				"with RETRY_SECRET set, unreadable, or beyond the partition's end): their events were handled again.",
 		}, []string{"topic", "reason"}),
+		passedOver: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "gatekeeper_retry_passed_over_total",
+			Help: "Deferred events a retry-tier partition dropped from its look-ahead, full of events not due, so as to " +
+				"read on to events due sooner; each is read again from Kafka shortly before it is due.",
+		}, []string{"topic"}),
 	}
-	for _, c := range []prometheus.Collector{m.waiting, m.lateness, m.lag, m.skipped, m.truncated, m.offsetsLost, m.leasesEnded, m.distrusted} {
+	for _, c := range []prometheus.Collector{m.waiting, m.lateness, m.lag, m.skipped, m.truncated, m.offsetsLost, m.leasesEnded, m.distrusted, m.passedOver} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("pipeline metrics: %w", err)
 		}
@@ -532,5 +539,6 @@ func (m *pipelineMetrics) zeroKnownSeries(sources []string, topics route.Topics)
 	for _, t := range tiers {
 		m.skipped.WithLabelValues(t)
 		m.truncated.WithLabelValues(t)
+		m.passedOver.WithLabelValues(t)
 	}
 }

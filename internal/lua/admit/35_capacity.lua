@@ -101,13 +101,22 @@
 --   e_i(s) = max(floor_i, weight_i * level)
 -- where level is the water level of the current window (per unit of
 -- weight), fixed when the window gets its first call (field lv): the
--- weighted water level of the window's predicted demand, G(lv) = C,
--- solved exactly (up to the 1% buckets above 1024) by one walk of its
--- histogram (O(buckets), not O(tenants)); sf and wc keep what the
--- satisfied ask and the capped weight. When the window before had capped
--- tenants too, the level taken is the mean of that and its level (damped:
--- a consumer that lags decides late, in one window, what it stalled on in
--- the window before, and an undamped level follows each such burst).
+-- weighted water level, G(lv) = C, of the window's predicted demand,
+-- solved exactly (up to the 1% buckets above 1024) for the window's
+-- capacity C by one walk of its histogram (O(buckets), not O(tenants));
+-- sf and wc keep what the satisfied ask and the capped weight. The level
+-- taken is the mean of that and the level of the window before (damped: a
+-- consumer that lags decides late, in one window, what it stalled on in
+-- the window before, and the demand predicted swings), the level before
+-- moved by the change of the capacity spread over the capped weight
+-- before, (C - cl before) / wc before, so that a change of the capacity is
+-- followed at once; undamped when the window before had no capped tenant,
+-- or when the summed weight in the histogram is over 125% of the window
+-- before's (new tenants: at a start, or tenants that start flooding, whose
+-- level the one before is not; a burst of the same tenants' demand is
+-- damped). (The mean with the level before alone lagged each change of
+-- the capacity, and halved, a window at a time, the error of a level set
+-- before tenants were capped.)
 -- When nobody is capped, the level is the largest normalised demand plus
 -- the spare (C - G) shared by the active weight a of the window before;
 -- with no history (lv 0) it is the equal share C / a of the window's
@@ -116,15 +125,23 @@
 -- passed; from then on the capped tenants may share what is spare, the
 -- capacity not booked less what the satisfied tenants are still expected
 -- to ask in the rest of the window ((1 - phase) * sf), split by weight
--- (wc), each the same part (field x: what they took above the level, is
--- counted as spare): work-conserving without taking the room of light
--- tenants' late events. From ramp_hi on, floors are no longer kept apart,
--- and when nobody is capped anyone may take what is left. In a future
+-- (wc, at most the window's active weight a: the parts of capped tenants
+-- that sent nothing in the window would be lost), each the same part
+-- (field x: what they took above the level, is counted as spare), rounded
+-- up (the fractions of the capped tenants' entitlements, up to an event
+-- each, are then booked by the first to come): work-conserving without
+-- taking the room of light tenants' late events. From ramp_hi on, floors
+-- are no longer kept apart, and when nobody is capped anyone may take what
+-- is left. In a future
 -- window a tenant may reserve at most half its share at the current level
 -- (at least one event), so that a tenant arriving later finds room from
--- the next window on. Bookings above a tenant's floor leave room for the
--- named tenants' floors not yet used in the window (field fb: booked under
--- floors), except from ramp_hi on. Every booking counts in the window's
+-- the next window on; when nobody was predicted capped in the current
+-- window (no history, or a demand grown past the prediction: the level
+-- is then no share), at most half its share at the equal share of the
+-- window's active weight, the call's tenants counted (cap_active).
+-- Bookings above a tenant's floor leave room for the named tenants'
+-- floors not yet used in the window (field fb: booked under floors),
+-- except from ramp_hi on. Every booking counts in the window's
 -- count, which never passes C: the fairness only ever narrows the room.
 --
 -- Per tenant the window's hash holds t:<tenant> (booked) and, once it has
@@ -489,25 +506,26 @@ local function cap_demand(r, key, d0, d1)
   end
 end
 
--- cap_solve returns the water level of the demand histogram of window key
--- for capacity C (G(lv) = C, see Demand), what the satisfied asked and the
--- capped weight there; nil when the histogram is empty; when nobody was
--- capped, the largest normalised demand plus the spare per unit of the
--- active weight a. packed: the buckets' layout (see Demand).
-local function cap_solve(key, C, a, packed)
+-- cap_hist adds the buckets of the demand histogram key (with the call's
+-- pending moves) to ds and ws (per bucket: demand, weight) and returns its
+-- fm; nil when it is empty. packed: the buckets' layout (see Demand).
+local function cap_hist(key, packed, ds, ws)
   local v = redis.call("HGETALL", key)
   local vals, pend = {}, hd[key] or none
   for i = 1, #v, 2 do
     vals[v[i]] = (tonumber(v[i + 1]) or 0) + (pend[v[i]] or 0)
   end
-  for f, by in pairs(pend) do
+  for f, x in pairs(pend) do
     if vals[f] == nil then
-      vals[f] = by
+      vals[f] = x
     end
   end
-  local ks, ds, ws, fm = {}, {}, {}, 0
+  local fm, any = 0, false
   for f, val in pairs(vals) do
     local k = tonumber(f)
+    if val ~= 0 then
+      any = true
+    end
     if f == "fm" then
       fm = val
     elseif not packed then
@@ -515,31 +533,51 @@ local function cap_solve(key, C, a, packed)
       if not k then
         k = tonumber(string.sub(f, 2))
         if k and string.sub(f, 1, 1) == "w" and val ~= 0 then
-          ws[k] = val
+          ws[k] = (ws[k] or 0) + val
+          ds[k] = ds[k] or 0
         end
       elseif val ~= 0 then
-        ds[k] = val
+        ds[k] = (ds[k] or 0) + val
+        ws[k] = ws[k] or 0
       end
     elseif k and val ~= 0 then
       local w = math.floor((val + HP / 2) / HP)
-      ks[#ks + 1] = k
-      ds[k], ws[k] = val - w * HP, w
+      ds[k], ws[k] = (ds[k] or 0) + (val - w * HP), (ws[k] or 0) + w
     end
   end
-  if not packed then
-    local seen = {}
-    for _, t in ipairs({ds, ws}) do
-      for k in pairs(t) do
-        if not seen[k] then
-          seen[k] = true
-          ks[#ks + 1] = k
-          ds[k], ws[k] = ds[k] or 0, ws[k] or 0
-        end
-      end
-    end
-  end
-  if #ks == 0 and fm == 0 then
+  if not any then
     return nil
+  end
+  return fm
+end
+
+-- cap_part reads the demand histogram key (see cap_hist): {demand per
+-- bucket, weight per bucket, fm}, false when it is empty.
+local function cap_part(key, packed)
+  local ds, ws = {}, {}
+  local fm = cap_hist(key, packed, ds, ws)
+  return fm and {ds, ws, fm}
+end
+
+-- cap_weight returns the summed weight of the tenants in the demand
+-- histogram part (cap_part; a tenant with a floor counts only in part).
+local function cap_weight(part)
+  local w = 0
+  for _, x in pairs(part[2]) do
+    w = w + x
+  end
+  return w
+end
+
+-- cap_solve returns the water level for capacity C of the demand
+-- histogram part (G(lv) = C, see Demand; cap_part), what the satisfied
+-- asked and the capped weight there; when nobody was capped, the largest
+-- normalised demand plus the spare per unit of the active weight a.
+local function cap_solve(part, C, a)
+  local ds, ws, fm = part[1], part[2], part[3]
+  local ks = {}
+  for k in pairs(ds) do
+    ks[#ks + 1] = k
   end
   table.sort(ks)
   local above = 0
@@ -548,12 +586,12 @@ local function cap_solve(key, C, a, packed)
   end
   local below = fm
   for _, k in ipairs(ks) do
-    if above > 0 and below + bucket_lo(k) * above >= C then
+    if above > 1e-9 and below + bucket_lo(k) * above >= C then
       return (C - below) / above, below, above
     end
     below, above = below + ds[k], above - ws[k]
   end
-  if above > 0 then
+  if above > 1e-9 then
     return (C - below) / above, below, above
   end
   local top = 1
@@ -595,19 +633,33 @@ local function cap_level(r)
   d.cl = cap_fix(r, key, st)
   if not lv then
     local p = cap_state(wkey(r.key, d.cs - d.step), d.cs - d.step, d)
-    local plv, pwc = p.v.lv, hc_num(p, "wc")
-    if type(plv) ~= "number" then
-      plv = 0
-    end
-    local sf, wc
-    lv, sf, wc = cap_solve(dkey(r, d.cs), d.cl, hc_num(p, "a"), not d.bycost)
-    if not lv then
-      lv, sf, wc = 0, 0, 0 -- no history: the equal share (cap_room)
-    elseif wc > 0 and plv > 0 and pwc > 0 then
-      -- Damped: the mean with the level before, against bursts of
-      -- arrivals (a consumer that lags sends a window late what it
-      -- stalled on), when both windows had capped tenants.
-      lv = (lv + plv) / 2
+    local sf, wc = 0, 0
+    local cur = cap_part(dkey(r, d.cs), not d.bycost)
+    if not cur then
+      lv = 0 -- no history: the equal share (cap_room)
+    else
+      -- Solved for this window's capacity on its demand, then damped
+      -- when the window before had capped tenants too: the mean with the
+      -- level before (a consumer that lags sends a window late what it
+      -- stalled on, and the demand predicted swings), moved by the change
+      -- of the capacity spread over the capped weight before (a change of
+      -- the capacity is followed at once); undamped when the weight in the
+      -- histogram is over 125% of the window before's (new tenants: at a
+      -- start, or tenants that start flooding, whose level the one before
+      -- is not).
+      lv, sf, wc = cap_solve(cur, d.cl, hc_num(p, "a"))
+      local plv, pwc, pcl = p.v.lv, hc_num(p, "wc"), p.v.cl
+      if wc > 0 and type(plv) == "number" and plv > 0 and pwc > 0 then
+        local prev = cap_part(dkey(r, d.cs - d.step), not d.bycost)
+        if prev and cap_weight(cur) <= 1.25 * cap_weight(prev) then
+          if type(pcl) == "number" then
+            plv = plv + (d.cl - pcl) / pwc
+          end
+          if plv > 0 then
+            lv = (lv + plv) / 2
+          end
+        end
+      end
     end
     cap_touch(r, st, d.ce)
     lv = tonumber(string.format("%.6f", lv))
@@ -705,6 +757,21 @@ local function cap_done(rules, n, admitted)
   end
 end
 
+-- cap_active returns the active weight of r's current window, at least
+-- the summed weight of the call's tenants: those decided after the tenant
+-- are active there too, though not marked yet (a future window's bound,
+-- see Entitlement).
+local cap_callw = false
+local function cap_active(r)
+  if not cap_callw then
+    cap_callw = 0
+    for i = 1, #capn do
+      cap_callw = cap_callw + caps[(i - 1) * (1 + ncap) + 1]
+    end
+  end
+  return math.max(cap_callw, hc_num(cap_win(r, r.cap.cs), "a"))
+end
+
 -- cap_room returns the room of capacity rule r's tenant in the window
 -- starting at s: its entitlement less what it booked there, at most what
 -- the capacity has left (less the floors it must leave). pos is the
@@ -731,18 +798,26 @@ local function cap_room(r, s, pos)
   if s == d.cs then
     local phi = (now - s) / r.step
     protect = phi < ramp_hi
+    local up = false
     if phi > ramp_lo and d.wc > 0 then
       -- What is spare, shared by the capped (see Entitlement): counted
       -- as if none had taken its part yet (x: what they took above the
-      -- level), so that each gets the same part.
+      -- level), so that each gets the same part, rounded up: the parts'
+      -- fractions, up to an event a capped tenant, are not left unbooked.
+      -- Split by the capped weight, at most the window's active weight:
+      -- the parts of capped tenants that sent nothing here would be lost.
       local spare = C - (c - hc_num(st, "x")) - (1 - phi) * d.sf
       if spare > 0 then
-        lv = lv + spare / d.wc
+        lv, up = lv + spare / math.max(1, math.min(d.wc, hc_num(st, "a"))), true
       end
     elseif not protect then
       lv = C
     end
-    e = math.floor(r.w * lv + 1e-9)
+    if up then
+      e = math.ceil(r.w * lv - 1e-9)
+    else
+      e = math.floor(r.w * lv + 1e-9)
+    end
     if one > 1 and one > e then
       e = one -- bytes or units: one event at least (see Measures)
     end
@@ -753,6 +828,13 @@ local function cap_room(r, s, pos)
       e = b + one
     end
   else
+    if d.wc == 0 then
+      -- Nobody was predicted capped here (no history, or a demand that
+      -- grew past the prediction: the level is then the largest demand
+      -- and the spare, no share): at most the equal share of the tenants
+      -- active in the window so far.
+      lv = math.min(lv, C / cap_active(r))
+    end
     e = math.max(one, math.floor(r.w * lv / 2 + 1e-9))
   end
   if r.f > e then
