@@ -113,6 +113,10 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 			}
 			continue
 		}
+		if r.rescanFound() {
+			r.endFoundRescan(stop)
+			continue
+		}
 		if r.rescanDue(now) {
 			r.rescan(stop)
 			continue

@@ -125,14 +125,7 @@ func (r *delayedRun) rescanDue(now time.Time) bool {
 // dropped (it is fetched again), and a new one starts there.
 func (r *delayedRun) rescan(stop context.Context) {
 	r.stopFetch()
-	for drained := false; !drained; {
-		select {
-		case m := <-r.in:
-			r.room.give(1, messageBytes(m))
-		default:
-			drained = true
-		}
-	}
+	r.dropFetched()
 	o := &r.passed
 	slices.Sort(o.offsets)
 	o.reread, o.offsets, o.earliest = o.offsets, nil, time.Time{}
@@ -140,6 +133,42 @@ func (r *delayedRun) rescan(stop context.Context) {
 	r.p.log.Debug("reading passed-over messages again", "from", o.reread[0], "to", o.end, "messages", len(o.reread))
 	r.seek.seek(o.reread[0])
 	r.startFetch(stop)
+}
+
+// rescanFound reports whether the rescan in progress has taken back every
+// message it went back for: what it would read up to its end is done or
+// waiting in memory already.
+func (r *delayedRun) rescanFound() bool {
+	o := &r.passed
+	return o.end > 0 && len(o.reread) == 0
+}
+
+// endFoundRescan ends a rescan that found all it went back for (rescanFound)
+// without reading on to its end: the fetch goroutine stops, what it fetched
+// and the loop has not taken in is dropped, and a new one starts at the end.
+// A rescan that waited for a message at its end would wait forever once the
+// tier receives nothing more, and no rescan could start after it for the
+// messages passed over meanwhile.
+func (r *delayedRun) endFoundRescan(stop context.Context) {
+	r.stopFetch()
+	r.dropFetched()
+	o := &r.passed
+	r.seek.seek(o.end)
+	o.end = 0
+	r.startFetch(stop)
+}
+
+// dropFetched gives back the room of what the stopped fetch goroutine
+// fetched and the loop has not taken in (it is fetched again).
+func (r *delayedRun) dropFetched() {
+	for {
+		select {
+		case m := <-r.in:
+			r.room.give(1, messageBytes(m))
+		default:
+			return
+		}
+	}
 }
 
 // takeReread reports whether the message at offset, read again by a rescan,

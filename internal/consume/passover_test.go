@@ -188,3 +188,40 @@ func TestDelayedPassOverSparesSoonDue(t *testing.T) {
 	h.clock.Set(t0.Add(2 * rescanLead))
 	eventually(t, 5*time.Second, "every message released", func() bool { return len(h.releasedSet()) == 41 })
 }
+
+// A rescan that finds every message it went back for ends there, though no
+// message at or beyond its end comes (the tier receives nothing more):
+// messages passed over again during it are read again in turn. (Before,
+// the rescan waited for a message past its end, which never came once the
+// load had stopped, and the messages passed over during it waited forever:
+// TestFaultMix on 2026-12-02 left 2,063 events in two retry partitions.)
+func TestDelayedPassOverRescanEndsWithoutNewMessages(t *testing.T) {
+	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	const n = 40
+	f := &logFetcher{}
+	for i := range n {
+		// Released 20 s apart from 10 s on, latest first, so that the
+		// messages fetched last are the ones released soonest.
+		at := t0.Add(10*time.Second + time.Duration(n-1-i)*20*time.Second)
+		m := kafka.Message{Topic: "t", Offset: int64(i), HighWaterMark: n, Value: make([]byte, 1000)}
+		f.log = append(f.log, withRelease(m, at))
+	}
+	f.top.Store(-1)
+	h := startDelayedWith(t, f, t0, func(dc *DelayedConfig) {
+		dc.LookAhead, dc.LookAheadBytes = 1000, 6000 // 4 of the messages
+	}, 0)
+	last := t0.Add(10*time.Second + (n-1)*20*time.Second)
+	for now := t0; !now.After(last.Add(2 * time.Second)); now = now.Add(500 * time.Millisecond) {
+		time.Sleep(2 * time.Millisecond)
+		h.clock.Set(now)
+	}
+	eventually(t, 10*time.Second, "every message released", func() bool {
+		clk := last.Add(2 * time.Second)
+		h.clock.Set(clk)
+		return len(h.releasedSet()) == n
+	})
+	eventually(t, 5*time.Second, "committed to the end", func() bool {
+		c := h.commits.get()
+		return len(c) > 0 && c[len(c)-1] == n
+	})
+}
