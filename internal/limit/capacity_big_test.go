@@ -8,18 +8,33 @@ import (
 	"time"
 )
 
+// bigReads bounds the window reads (HMGET) of a call that holds big's
+// event: its search reads at most the 121 capacity windows of the horizon,
+// with the spacing's 15 before (BIGK, 35_capacity.lua), its own rule's
+// three, and the current window's shared reads; measured at most 63 (47
+// before the spacing and the room left for big events), far under the
+// call's budget (DefaultMaxScan).
+const bigReads = 200
+
 // bigBeside runs, under CAPACITY=1000B/1s and a horizon of 2 minutes,
 // floods tenants that send 10-byte events at twice the capacity between
 // them (ten calls a second), and a tenant "big" that sends one event of
 // size bytes a second, in the middle of it, for secs seconds. It returns
 // how many of big's events were placed (admitted or deferred with a slot)
-// and rejected, and checks on the way that no slot is early, that no
-// window passes the capacity and that big's placed events are all booked.
+// and rejected, and the bytes a second big booked in those seconds; it
+// checks on the way that no slot is early, that no window passes the
+// capacity, that big's placed events are all booked, and, on a private
+// Redis, the window reads of the calls with big's event and the slowest
+// call (SLOWLOG).
 func bigBeside(t *testing.T, floods, size, secs int) (placed, rejected int, perSec int64) {
 	t.Helper()
 	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	c, _ := ParseCapacity("1000B/1s")
-	l := newTestLimiter(t, testRedis(t), "*=10000000/1m", Options{Clock: clk.Now, Capacity: c, Horizon: 2 * time.Minute})
+	rdb := privateRedis(t)
+	m := newWorkMeter(t, rdb)
+	l := newTestLimiter(t, rdb, "*=10000000/1m", Options{Clock: clk.Now, Capacity: c, Horizon: 2 * time.Minute})
+	var slow time.Duration
+	var reads int64 // the most window reads of a call with big's event
 	ctx := context.Background()
 	start := clk.Now()
 	per := 200 / floods / 20 // each flood's events a call
@@ -37,9 +52,16 @@ func bigBeside(t *testing.T, floods, size, secs int) (placed, rejected int, perS
 			if k == 10 {
 				tenants, costs = sized("big", 1, int64(size), tenants, costs)
 			}
+			if k == 10 {
+				slow = max(slow, m.slowest()) // the calls since the last reset
+				m.reset()
+			}
 			ds, err := l.AdmitCosts(ctx, tenants, costs)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if k == 10 {
+				reads = max(reads, m.calls("hmget"))
 			}
 			for i, d := range ds {
 				if d.Kind == Defer && d.Due.Before(clk.Now().Truncate(time.Second)) {
@@ -58,6 +80,14 @@ func bigBeside(t *testing.T, floods, size, secs int) (placed, rejected int, perS
 				}
 			}
 		}
+	}
+	slow = max(slow, m.slowest())
+	t.Logf("a call with big's event: at most %d window reads; the slowest call %v", reads, slow)
+	if slow > slowCeiling {
+		t.Errorf("slowest script call %v, want at most %v", slow, slowCeiling)
+	}
+	if reads > bigReads {
+		t.Errorf("a call with big's event read %d windows, want at most %d", reads, bigReads)
 	}
 	var booked, inRun, floodRun int64
 	for sec := 0; sec < secs+125; sec++ {
