@@ -2,10 +2,15 @@ package limit
 
 import (
 	"context"
+	"maps"
+	"math/rand"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A capacity window is a hash table from its first call (field ht, longer
@@ -122,4 +127,130 @@ func BenchmarkCapacityCalls(b *testing.B) {
 			}
 		})
 	}
+}
+
+// cap_one (90_run.lua) decides most tenants of a call with a capacity in one
+// function, an inlined copy of cap_quick, fast_many and cap_book: it must
+// decide and write exactly what the general path does. Two limiters, one
+// forced through the general path (capGeneral), decide the same calls of
+// many tenants at the same times on one private Redis: a capacity that
+// binds, with weights and floors, through the ramp and the end of every
+// window (calls every 30 ms); one of bytes; own rules that bind before the
+// capacity. Their decisions and every key they wrote (prefix aside) must
+// be the same.
+func TestCapacityFastPathSame(t *testing.T) {
+	rdb := privateRedis(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, capacity, rules string
+		bytes                 bool
+	}{
+		{"events", "800/1s", "*=100000/1m;a=100000/1m,weight:2,floor:100/1s;b=100000/1m,weight:3;c=100000/1m,floor:60/1s;d=100000/1m,floor:40/1s", false},
+		{"bytes", "150KB/1s", "*=100000/1m;a=100000/1m,weight:2,floor:20KB/1s;b=100000/1m,weight:3", true},
+		{"own-rules", "2000/1s", "*=40/1m;a=100000/1m,weight:2,floor:20/1s", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			caps, err := ParseCapacity(tc.capacity)
+			if err != nil {
+				t.Fatal(err)
+			}
+			clk := newFakeClock(t0)
+			mk := func(prefix string) *Limiter {
+				return newTestLimiter(t, rdb, tc.rules, Options{Clock: clk.Now, Capacity: caps, Prefix: prefix})
+			}
+			fast, general := mk("fast:"+tc.name), mk("general:"+tc.name)
+			general.capGeneral = true
+			rnd := rand.New(rand.NewSource(7))
+			kinds := map[Kind]int{}
+			for call := range 140 {
+				clk.Add(30 * time.Millisecond)
+				var batch []string
+				var costs []Cost
+				add := func(tenant string, n int) {
+					for range n {
+						batch = append(batch, tenant)
+						costs = append(costs, Cost{Bytes: int64(20 + rnd.Intn(380))})
+					}
+				}
+				add("a", 8)
+				add("b", 6)
+				add("c", rnd.Intn(2))
+				add("d", 2)
+				for i := range 30 {
+					add("t"+strconv.Itoa(i), rnd.Intn(2))
+				}
+				rnd.Shuffle(len(batch), func(i, j int) {
+					batch[i], batch[j] = batch[j], batch[i]
+					costs[i], costs[j] = costs[j], costs[i]
+				})
+				if !tc.bytes {
+					costs = nil
+				}
+				df, err := fast.AdmitCosts(ctx, batch, costs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				dg, err := general.AdmitCosts(ctx, batch, costs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range df {
+					kinds[df[i].Kind]++
+					f, g := df[i], dg[i]
+					f.Reason = strings.ReplaceAll(f.Reason, "fast:", "general:")
+					if f != g {
+						t.Fatalf("call %d, event %d of %s: %+v with cap_one, %+v without", call, i, batch[i], df[i], dg[i])
+					}
+				}
+			}
+			kf, kg := keysOf(t, rdb, "fast:"+tc.name), keysOf(t, rdb, "general:"+tc.name)
+			if len(kf) == 0 || len(kf) != len(kg) {
+				t.Fatalf("%d keys with cap_one, %d without", len(kf), len(kg))
+			}
+			for k, v := range kf {
+				if w, ok := kg[k]; !ok || v != w {
+					t.Errorf("key %s: %q with cap_one, %q without", k, v, w)
+				}
+			}
+			t.Logf("%d keys the same; decisions %v", len(kf), kinds)
+			if kinds[Defer] == 0 || kinds[Admit] == 0 {
+				t.Errorf("decisions %v: want events admitted and deferred (the capacity or the rules binding)", kinds)
+			}
+		})
+	}
+}
+
+// keysOf returns every key under prefix (the prefix cut off) with its
+// content: a hash's fields sorted, a string as is.
+func keysOf(t *testing.T, rdb *redis.Client, prefix string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]string{}
+	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		k := iter.Val()
+		var v string
+		switch typ, _ := rdb.Type(ctx, k).Result(); typ {
+		case "hash":
+			h, err := rdb.HGetAll(ctx, k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			fs := slices.Sorted(maps.Keys(h))
+			for _, f := range fs {
+				v += f + "=" + h[f] + " "
+			}
+		default:
+			s, err := rdb.Get(ctx, k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			v = s
+		}
+		out[strings.TrimPrefix(k, prefix)] = v
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

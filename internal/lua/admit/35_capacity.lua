@@ -25,7 +25,8 @@
 --     t:<tenant>, r:<tenant>  what that tenant booked and was refused there
 --     q:<tenant>  what it is predicted to ask there (see Demand)
 -- ARGV, after the replay arguments, only when a capacity is set (the last
---   ARGV is then "cap:<the index of the first of them>"):
+--   ARGV is then "cap:<the index of the first of them>", and ":general"
+--   after it when a test asks for the general path alone, see cap_one):
 --   number of capacity rules, the index in KEYS of the first capacity key,
 --   the start and the end of the ramp (per mille of the window), the tenants' fields (a
 --   JSON array of strings, in call order), the tenants' shares (a JSON
@@ -215,10 +216,15 @@ local function cap_parse(at)
   end
 end
 
+-- cap_general: the caller (a test) asks that every tenant go through the
+-- general path (no cap_one, 90_run.lua), tail "cap:<at>:general".
+local cap_general = false
 do
   local tail = ARGV[#ARGV]
   if string.sub(tail, 1, 4) == "cap:" then
-    cap_parse(tonumber(string.sub(tail, 5)))
+    local at, mode = string.match(tail, "^cap:(%d+)(.*)$")
+    cap_general = mode == ":general"
+    cap_parse(tonumber(at))
   end
 end
 
@@ -1081,17 +1087,18 @@ local function cap_flush()
   end
   for _, key in ipairs(hkeys) do
     local e = hc[key]
-    local args, v, o = {}, e.v, e.o
-    for _, f in ipairs(e.dl) do
+    local args, v, o, dl, na = {}, e.v, e.o, e.dl, 0
+    for i = 1, #dl do
+      local f = dl[i]
       local x = v[f]
       if x and x ~= BAD and x ~= o[f] then
-        args[#args + 1] = f
         if x % 1 ~= 0 then
           x = fmt(x) -- a level, with six decimals
         else
-          x = num(x)
+          x = numbers[x] or num(x)
         end
-        args[#args + 1] = x
+        args[na + 1], args[na + 2] = f, x
+        na = na + 2
       end
     end
     if #args > 0 then
