@@ -488,12 +488,18 @@ end
 -- hentry adds sign times a tenant's entry (weight w, demand d) to bucket k
 -- of the demand histogram key: packed in one field, or for a capacity of
 -- bytes or units (packed false) in two (see Demand).
+local wfields = {} -- bucket k's field of weights, "w<k>", made once a call
 local function hentry(key, k, sign, w, d, packed)
   if packed then
-    hmove(key, num(k), sign * (w * HP + d))
+    hmove(key, numbers[k] or num(k), sign * (w * HP + d))
   else
-    hmove(key, num(k), sign * d)
-    hmove(key, "w" .. num(k), sign * w)
+    hmove(key, numbers[k] or num(k), sign * d)
+    local wf = wfields[k]
+    if not wf then
+      wf = "w" .. num(k)
+      wfields[k] = wf
+    end
+    hmove(key, wf, sign * w)
   end
 end
 
@@ -1078,7 +1084,8 @@ local function cap_flush()
         local got = redis.call("HMGET", key, unpack(fs, i, j))
         for m = i, j do
           args[#args + 1] = fs[m]
-          args[#args + 1] = (tonumber(got[m - i + 1]) or 0) + h[fs[m]]
+          local x = (tonumber(got[m - i + 1]) or 0) + h[fs[m]]
+          args[#args + 1] = numbers[x] or num(x) -- a string (see fmt)
         end
         i = j + 1
       end
