@@ -136,7 +136,7 @@ func BenchmarkCapacityCalls(b *testing.B) {
 // many tenants at the same times on one private Redis: a capacity that
 // binds, with weights and floors, through the ramp and the end of every
 // window (calls every 30 ms); one of bytes; own rules that bind before the
-// capacity. Their decisions and every key they wrote (prefix aside) must
+// capacity; aligned and ttl windows. Their decisions and every key they wrote (prefix aside) must
 // be the same.
 func TestCapacityFastPathSame(t *testing.T) {
 	rdb := privateRedis(t)
@@ -144,10 +144,15 @@ func TestCapacityFastPathSame(t *testing.T) {
 	for _, tc := range []struct {
 		name, capacity, rules string
 		bytes                 bool
+		kind                  WindowKind
 	}{
-		{"events", "800/1s", "*=100000/1m;a=100000/1m,weight:2,floor:100/1s;b=100000/1m,weight:3;c=100000/1m,floor:60/1s;d=100000/1m,floor:40/1s", false},
-		{"bytes", "150KB/1s", "*=100000/1m;a=100000/1m,weight:2,floor:20KB/1s;b=100000/1m,weight:3", true},
-		{"own-rules", "2000/1s", "*=40/1m;a=100000/1m,weight:2,floor:20/1s", false},
+		{"events", "800/1s", "*=100000/1m;a=100000/1m,weight:2,floor:100/1s;b=100000/1m,weight:3;c=100000/1m,floor:60/1s;d=100000/1m,floor:40/1s", false, Aligned},
+		{"bytes", "150KB/1s", "*=100000/1m;a=100000/1m,weight:2,floor:20KB/1s;b=100000/1m,weight:3", true, Aligned},
+		{"own-rules", "2000/1s", "*=40/1m;a=100000/1m,weight:2,floor:20/1s", false, Aligned},
+		// ttl windows: chains cached by the replies, windows opened in
+		// them (checked against the anchor), own rules that bind.
+		{"events-ttl", "800/1s", "*=100000/1m;a=100000/1m,weight:2,floor:100/1s;b=100000/1m,weight:3;c=100000/1m,floor:60/1s;d=100000/1m,floor:40/1s", false, TTL},
+		{"own-rules-ttl", "2000/1s", "*=10/1s;a=100000/1m,weight:2,floor:20/1s", false, TTL},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			caps, err := ParseCapacity(tc.capacity)
@@ -156,7 +161,7 @@ func TestCapacityFastPathSame(t *testing.T) {
 			}
 			clk := newFakeClock(t0)
 			mk := func(prefix string) *Limiter {
-				return newTestLimiter(t, rdb, tc.rules, Options{Clock: clk.Now, Capacity: caps, Prefix: prefix})
+				return newTestLimiter(t, rdb, tc.rules, Options{Clock: clk.Now, Capacity: caps, Prefix: prefix, WindowKind: tc.kind})
 			}
 			fast, general := mk("fast:"+tc.name), mk("general:"+tc.name)
 			general.capGeneral = true
@@ -185,6 +190,16 @@ func TestCapacityFastPathSame(t *testing.T) {
 				})
 				if !tc.bytes {
 					costs = nil
+				}
+				if tc.kind == TTL && call%40 == 39 {
+					// Lost keys (an eviction): the chains the replies
+					// cached are gone, and a window opened in one must not
+					// be trusted (chains_hold).
+					for _, prefix := range []string{"fast:", "general:"} {
+						for k := range keysOf(t, rdb, prefix+tc.name+":{t1") {
+							rdb.Del(ctx, prefix+tc.name+":{t1"+k)
+						}
+					}
 				}
 				df, err := fast.AdmitCosts(ctx, batch, costs)
 				if err != nil {

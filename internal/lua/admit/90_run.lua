@@ -223,8 +223,8 @@ local function fast_many(ti, p, k, nrules, n, o, capok)
   return true
 end
 
--- cap_one is the fast path of a tenant with one rule of its own (aligned)
--- under one capacity rule (ti, record at recs[p], keys at KEYS[k], n
+-- cap_one is the fast path of a tenant with one rule of its own under one
+-- capacity rule (ti, record at recs[p], keys at KEYS[k], n
 -- events, its writes from journal mark on, its reply at out[o + 1]):
 -- cap_quick, fast_many and cap_book of the tenant in one function, on the
 -- call's view of the current and next capacity windows, without their
@@ -251,9 +251,20 @@ local function cap_one(ti, p, k, n, mark, o)
   if not (cw.ends or type(cv.expire) == "number") or not (nw.ends or type(nv.expire) == "number") then
     return nil -- cap_touch would give one its end
   end
+  -- The tenant's current window, as fast_many finds it.
   local d = descs[recs[p + 2]]
-  if d.kind == "t" then
-    return nil
+  local cs, ce, ttl = d.cur_start, d.cur_end, d.kind == "t"
+  if ttl then
+    local chain_start, chain_end = recs[p + 3], recs[p + 4]
+    if chain_end <= now then
+      return nil
+    end
+    cs = (now - chain_start) / d.step
+    cs = chain_start + (cs - cs % 1) * d.step
+    ce = cs + d.step
+    if ce > chain_end then
+      return nil
+    end
   end
   local tf, rf, qf = capt[ti], capr[ti], capq[ti]
   local b, rv, q0 = cv[tf], cv[rf], nv[qf]
@@ -341,27 +352,41 @@ local function cap_one(ti, p, k, n, mark, o)
   if by > d.limit then
     return nil
   end
-  local key = KEYS[k + 1] .. ":" .. (numbers[d.cur_start] or num(d.cur_start))
+  local key = KEYS[k + 1] .. ":" .. (numbers[cs] or num(cs))
   local cnt = redis.pcall("HINCRBY", key, "count", numbers[by] or num(by))
   if type(cnt) == "table" then -- it wrote nothing
     error({key = key, why = fault(cnt.err), msg = cnt.err, at = {ti, mark, o}})
   end
-  if cnt > d.limit then
-    -- fast_many's counts, journaled, for decide (admit_made).
+  local over, opened_cached = cnt > d.limit, ttl and cnt == by
+  if over or opened_cached then
+    -- fast_many's count, journaled, and what it made (made_*): decide
+    -- goes on from it (admit_made), or from scratch when the window
+    -- opened in a cached chain and the anchor does not hold it.
+    local m = jn
     if cnt == by then
       journal[jn + 1], journal[jn + 2], journal[jn + 3] = 1, key, false
     else
       journal[jn + 1], journal[jn + 2], journal[jn + 3] = 2, key, -by
     end
     jn = jn + 3
-    made_key[1], made_by[1], made_end[1], made_d[1], made_c[1] = key, by, cnt == by and d.cur_end, d, cnt
-    return false, true
+    made_key[1], made_by[1], made_end[1], made_d[1], made_c[1] = key, by, cnt == by and ce, d, cnt
+    if opened_cached and (over or not chains_hold(p, k, 1)) then
+      undo(m)
+      counts[key] = cnt - by
+      return false
+    elseif over then
+      return false, true
+    end
+  else
+    slow[ti] = false -- its count is found again by undo_call
   end
   if cnt == by then
-    opened(key, d.cur_end, d.retention)
+    opened(key, ce, d.retention)
   end
-  slow[ti] = false -- its count is found again by undo_call
   out[o + 1], out[o + 2], out[o + 3], out[o + 4] = n, 0, 0, 0
+  if ttl then
+    out[o + 5], out[o + 6] = recs[p + 3], recs[p + 4]
+  end
   -- cap_book: settled (no field read there is not a number), not journaled.
   cv.count = c + need
   if not cdirty.count then
