@@ -94,23 +94,27 @@ func BenchmarkCapacityCalls(b *testing.B) {
 	for _, m := range []struct {
 		name, capacity, rules string
 		tenants               int
+		kind                  WindowKind
 	}{
-		{"none", "", "*=1000/1m", benchTenants},
-		{"events", "100000000/1s", "*=1000/1m", benchTenants},
-		{"bytes", "100GB/1s", "*=1000/1m", benchTenants},
+		{"none", "", "*=1000/1m", benchTenants, Aligned},
+		{"events", "100000000/1s", "*=1000/1m", benchTenants, Aligned},
+		{"bytes", "100GB/1s", "*=1000/1m", benchTenants, Aligned},
 		// 10,000 tenants (235 a call), and with part of the events
 		// deferred or rejected by their tenant's rule (decide's path).
-		{"none-10k", "", "*=1000/1m", 10000},
-		{"events-10k", "100000000/1s", "*=1000/1m", 10000},
-		{"none-defer", "", "*=20/1m", 10000},
-		{"events-defer", "100000000/1s", "*=20/1m", 10000},
+		{"none-10k", "", "*=1000/1m", 10000, Aligned},
+		{"events-10k", "100000000/1s", "*=1000/1m", 10000, Aligned},
+		{"none-defer", "", "*=20/1m", 10000, Aligned},
+		{"events-defer", "100000000/1s", "*=20/1m", 10000, Aligned},
+		// ttl windows, as the gatekeeper binary's default and make bench.
+		{"none-ttl", "", "*=1000/1m", benchTenants, TTL},
+		{"events-ttl", "100000000/1s", "*=1000/1m", benchTenants, TTL},
 	} {
 		batches := skewedBatches(60, benchBatch, m.tenants)
 		b.Run(m.name, func(b *testing.B) {
 			caps, _ := ParseCapacity(m.capacity)
 			run := func(bs [][]string) {
 				clk := newFakeClock(t0)
-				l := newTestLimiter(b, rdb, m.rules, Options{Clock: clk.Now, Capacity: caps})
+				l := newTestLimiter(b, rdb, m.rules, Options{Clock: clk.Now, Capacity: caps, WindowKind: m.kind})
 				for _, batch := range bs {
 					clk.Add(100 * time.Millisecond)
 					costs := make([]Cost, len(batch))

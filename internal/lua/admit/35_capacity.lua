@@ -111,7 +111,10 @@
 --   (num), and the call's tenants' fields are read without hc_load's
 --   bookkeeping (hc_fresh). (callgrind, TestCapacityCommands' batches: 30.1
 --   M instructions a call before these, 20.2 M after; 5.0 M without a
---   capacity.)
+--   capacity.) Most tenants (one rule of their own, one capacity rule)
+--   take cap_one (90_run.lua): cap_quick, fast_many and cap_book inlined
+--   in one function, 14.0 M a call (TestCapacityFastPathSame holds the
+--   two paths to the same decisions and writes).
 --
 -- Entitlement: tenant i may book in window s at most
 --   e_i(s) = max(floor_i, weight_i * level)
