@@ -140,7 +140,8 @@ func BenchmarkCapacityCalls(b *testing.B) {
 // many tenants at the same times on one private Redis: a capacity that
 // binds, with weights and floors, through the ramp and the end of every
 // window (calls every 30 ms); one of bytes; own rules that bind before the
-// capacity; aligned and ttl windows. Their decisions and every key they wrote (prefix aside) must
+// capacity; aligned and ttl windows; lost keys, and a tenant's window of
+// the wrong type. Their decisions and every key they wrote (prefix aside) must
 // be the same.
 func TestCapacityFastPathSame(t *testing.T) {
 	rdb := privateRedis(t)
@@ -205,6 +206,18 @@ func TestCapacityFastPathSame(t *testing.T) {
 						}
 					}
 				}
+				if call == 50 {
+					// A tenant's own window of the wrong type: it fails
+					// alone, in cap_one as in the general path.
+					for _, prefix := range []string{"fast:", "general:"} {
+						for k := range keysOf(t, rdb, prefix+tc.name+":{t2}") {
+							if !strings.Contains(k, "frontier") && !strings.Contains(k, "anchor") {
+								rdb.Del(ctx, prefix+tc.name+":{t2}"+k)
+								rdb.Set(ctx, prefix+tc.name+":{t2}"+k, "junk", 0)
+							}
+						}
+					}
+				}
 				df, err := fast.AdmitCosts(ctx, batch, costs)
 				if err != nil {
 					t.Fatal(err)
@@ -232,8 +245,8 @@ func TestCapacityFastPathSame(t *testing.T) {
 				}
 			}
 			t.Logf("%d keys the same; decisions %v", len(kf), kinds)
-			if kinds[Defer] == 0 || kinds[Admit] == 0 {
-				t.Errorf("decisions %v: want events admitted and deferred (the capacity or the rules binding)", kinds)
+			if kinds[Defer] == 0 || kinds[Admit] == 0 || kinds[Fail] == 0 {
+				t.Errorf("decisions %v: want events admitted, deferred (the capacity or the rules binding) and failed", kinds)
 			}
 		})
 	}
