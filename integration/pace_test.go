@@ -451,28 +451,6 @@ func TestGatePacedByDownstream(t *testing.T) {
 	t.Logf("plot: %s", path)
 }
 
-// TestGatePacedCPU compares the gate's CPU per million events with a paced
-// capacity against a fixed one, under the same load (one gatekeeper, drain
-// 300/s, producers 450/s, 25 seconds each, one run after the other). It
-// prints the ratio (the issue's target: at most 5% more); a shared machine
-// makes one pair of runs noisy, so it asserts only that both runs are exact.
-// A measurement more than a test, and a minute long, it runs only with
-// GATEKEEPER_TEST_PACE_CPU=1, so that `make test`, which runs the
-// integration package against two Kafka releases, stays short.
-func TestGatePacedCPU(t *testing.T) {
-	if testing.Short() || os.Getenv("GATEKEEPER_TEST_PACE_CPU") == "" {
-		t.Skip("a measurement: set GATEKEEPER_TEST_PACE_CPU=1 to run it (50 seconds of traffic)")
-	}
-	phases := []pacePhase{{25, 300, 450}}
-	fixed := runPaceHarness(t, phases, 1, 300, "GATEKEEPER_CAPACITY", "300/1s")
-	paced := runPaceHarness(t, phases, 1, 3000,
-		"GATEKEEPER_CAPACITY", "3000/1s", "GATEKEEPER_CAPACITY_FROM", "group:DOWNGROUP", "GATEKEEPER_CAPACITY_FLOOR", "50/1s")
-	pf, pp := fixed.cpu/float64(fixed.n)*1e6, paced.cpu/float64(paced.n)*1e6
-	t.Logf("gate CPU per million events: fixed capacity %.1f s (%d events), paced %.1f s (%d events): %+.1f%% [at most +5%%]",
-		pf, fixed.n, pp, paced.n, 100*(pp/pf-1))
-	t.Logf("admitted: fixed %.0f/s, paced %.0f/s (mean of the last 15 s)", mean(fixed.admitted[fixed.secs-15:]), mean(paced.admitted[paced.secs-15:]))
-}
-
 // settle returns the first second in [from, to) from which every second
 // up to to is within [lo, hi]; -1 if none.
 func settle(xs []float64, from, to int, lo, hi float64) int {
