@@ -15,8 +15,7 @@ func testState(tenant string) *tenantState {
 	set := "aligned:1/1m"
 	return &tenantState{
 		key:      stateKey{tenant, set},
-		frontier: k.frontier(tenant, set),
-		keys:     []string{k.tenant(tenant) + ":1m"},
+		keys: []any{k.frontier(tenant, set), k.tenant(tenant) + ":1m"},
 	}
 }
 
