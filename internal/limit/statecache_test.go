@@ -14,7 +14,7 @@ func testState(tenant string) *tenantState {
 	k := keys{prefix: "gk", kind: Aligned}
 	set := "aligned:1/1m"
 	return &tenantState{
-		key:      stateKey{tenant, set},
+		key:  stateKey{tenant, set},
 		keys: []any{k.frontier(tenant, set), k.tenant(tenant) + ":1m"},
 	}
 }
