@@ -13,8 +13,12 @@ import (
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
-// itemPool recycles the Gate's per-batch items.
-var itemPool slicePool[Item]
+// itemPool, eventPool and validPool recycle the Gate's per-batch slices.
+var (
+	itemPool  slicePool[Item]
+	eventPool slicePool[limit.Event]
+	validPool slicePool[int]
+)
 
 // defaultReason is the dead-letter reason of a rejection the limiter gave no reason for.
 const defaultReason = "over limit"
@@ -75,6 +79,8 @@ func (g *Gate) Handle(ctx context.Context, b consume.Batch) error {
 	counts := map[string]int{}
 	orig := newOrigins(msgs)
 	events, valid := g.extract(msgs, items, orig, counts, log)
+	defer eventPool.put(events)
+	defer validPool.put(valid)
 
 	ds, unchecked, err := g.admit(ctx, source(b), events, msgs[0])
 	if err != nil {
@@ -124,8 +130,8 @@ func (g *Gate) Handle(ctx context.Context, b consume.Batch) error {
 // without a tenant or a cost gets its item (dead-lettered, or forwarded in
 // shadow mode) and is counted invalid.
 func (g *Gate) extract(msgs []kafka.Message, items []Item, orig *origins, counts map[string]int, log *slog.Logger) (events []limit.Event, valid []int) {
-	events = make([]limit.Event, 0, len(msgs))
-	valid = make([]int, 0, len(msgs)) // indexes of msgs with a tenant
+	events = eventPool.get(len(msgs))[:0]
+	valid = validPool.get(len(msgs))[:0] // indexes of msgs with a tenant
 	seen := batchTenantsPool.Get().(batchTenants)
 	defer seen.release()
 	for i, m := range msgs {
