@@ -380,7 +380,7 @@ func (l *Limiter) admitFrom(ctx context.Context, s *scratch, src positions, tena
 			hend = before
 		}
 	}
-	replies, err := l.call(ctx, now, calls, src, hend)
+	replies, err := l.call(ctx, s, now, calls, src, hend)
 	if err != nil {
 		return nil, err
 	}

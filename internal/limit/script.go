@@ -98,7 +98,7 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, bu
 // call runs admit.lua: one call for the batch on a single node; on Redis
 // Cluster one call per tenant (each tenant's keys share a slot), pipelined so
 // that go-redis sends one round trip per node, the nodes in parallel.
-func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src positions, hend time.Time) ([]reply, error) {
+func (l *Limiter) call(ctx context.Context, s *scratch, now time.Time, calls []*group, src positions, hend time.Time) ([]reply, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
 	start := time.Now()
@@ -110,7 +110,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src p
 			l.metrics.redisErrors.Inc()
 			return nil, fmt.Errorf("admit batch: %w", replayFull(err))
 		}
-		return l.parseReplies(res, calls)
+		return l.parseReplies(res, calls, s)
 	}
 	cmds := make([]*redis.Cmd, len(calls))
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -141,7 +141,7 @@ func (l *Limiter) call(ctx context.Context, now time.Time, calls []*group, src p
 	}
 	out := make([]reply, len(calls))
 	for i, c := range cmds {
-		r, err := l.parseReplies(c.Val(), calls[i:i+1])
+		r, err := l.parseReplies(c.Val(), calls[i:i+1], nil)
 		if err != nil {
 			return nil, err
 		}
@@ -208,14 +208,23 @@ func (l *Limiter) chainNumbers(g *group) int {
 // admitted, reservations, 3 numbers per reservation, rejected, full_until,
 // then the ttl chain (start, end) of each rule when the window is ttl; or,
 // for a tenant that failed, -1, the broken key and what is wrong with it;
-// then the events found in the replay record (see parseReplayed).
-func (l *Limiter) parseReplies(res any, groups []*group) ([]reply, error) {
+// then the events found in the replay record (see parseReplayed). The
+// replies and their numbers are in s's slices (nil: new ones).
+func (l *Limiter) parseReplies(res any, groups []*group, s *scratch) ([]reply, error) {
 	arr, ok := res.([]any)
 	if !ok {
 		return nil, fmt.Errorf("%w: %T", errReply, res)
 	}
-	flat := make([]int64, 0, len(arr))
-	out := make([]reply, len(groups))
+	if s == nil {
+		s = &scratch{}
+	}
+	if cap(s.flat) < len(arr) {
+		s.flat = make([]int64, 0, len(arr))
+	}
+	flat := s.flat[:0] // never grows past len(arr): the replies' n share it
+	s.replies = grow(s.replies, len(groups))
+	out := s.replies
+	clear(out)
 	for i, g := range groups {
 		if len(arr) >= 3 && arr[0] == int64(-1) {
 			key, kok := arr[1].(string)
