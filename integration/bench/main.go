@@ -80,7 +80,7 @@ const (
 	modeGatekeeperCapacity = "gatekeeper-capacity"
 )
 
-var allModes = []string{modePassthrough, modeGatekeeperIn, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperCapacity, modeGatekeeperOver, modeGatekeeperLib, modeAdversarial}
+var allModes = []string{modePassthrough, modeGatekeeperIn, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperCapacity, modeGatekeeperOver, modeGatekeeperLib, modeAdversarial, modePaceCPU}
 
 // isBinary says whether mode runs the gatekeeper binary.
 func isBinary(mode string) bool {
@@ -89,6 +89,10 @@ func isBinary(mode string) bool {
 
 // containsMode reports whether modes holds mode.
 func containsMode(modes []string, mode string) bool { return slices.Contains(modes, mode) }
+
+// drained says whether mode drains the main data set (the others are
+// scenarios of their own: adversarial, pace-cpu).
+func drained(mode string) bool { return mode != modeAdversarial && mode != modePaceCPU }
 
 type options struct {
 	Brokers      []string
@@ -116,6 +120,8 @@ type options struct {
 	StallTimeout time.Duration
 	Profile      bool
 	Overrides    int
+	PaceCPURates []int
+	PaceCPUFor   time.Duration
 }
 
 func main() {
@@ -136,8 +142,10 @@ func main() {
 	fs.Float64Var(&o.Deferred, "deferred", 1.0/3, "share of events the per-tenant limit leaves over it (diverted)")
 	fs.IntVar(&o.Batch, "batch", 500, "consumer batch size of every mode (GATEKEEPER_BATCH_SIZE)")
 	fs.IntVar(&o.Rounds, "rounds", 1, "times every mode drains the main data set, the modes interleaved; each is reported by its median round")
-	modes := fs.String("modes", "passthrough,gatekeeper-within,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-capacity,gatekeeper-overrides,adversarial", "modes to run: "+strings.Join(allModes, ","))
+	modes := fs.String("modes", "passthrough,gatekeeper-within,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-capacity,gatekeeper-overrides,adversarial,pace-cpu", "modes to run: "+strings.Join(allModes, ","))
 	fs.IntVar(&o.Overrides, "overrides", 100000, "live overrides of the gatekeeper-overrides mode")
+	paceRates := fs.String("pace-cpu-rates", "1000,10000", "events a second of the pace-cpu mode, one measurement each")
+	fs.DurationVar(&o.PaceCPUFor, "pace-cpu-for", time.Minute, "how long the pace-cpu mode produces at each rate")
 	fs.StringVar(&o.Window, "window", "ttl", "Gatekeeper's GATEKEEPER_WINDOW: ttl (the seed's window, as seed-naive counts) or aligned")
 	fs.DurationVar(&o.WindowLen, "window-len", time.Hour, "length of the limit's window (every mode)")
 	fs.IntVar(&o.LiveEvents, "live-events", 10000, "events of the paced latency phase after each drain (0: none)")
@@ -175,6 +183,9 @@ func main() {
 	var err error
 	if o.Rounds < 1 {
 		fatal(fmt.Errorf("-rounds: %d is below 1", o.Rounds))
+	}
+	if o.PaceCPURates, err = intList(*paceRates); err != nil {
+		fatal(fmt.Errorf("-pace-cpu-rates: %w", err))
 	}
 	if o.SweepTenant, err = intList(*sweepTenants); err != nil {
 		fatal(fmt.Errorf("-sweep-tenants: %w", err))
@@ -266,6 +277,9 @@ func run(ctx context.Context, o options) error {
 	if err := d.sweepScenario(ctx, &rep); err != nil {
 		return err
 	}
+	if err := d.paceCPUScenario(ctx, &rep); err != nil {
+		return err
+	}
 	rep.Finished = time.Now().UTC()
 	if err := rep.write(o.Out); err != nil {
 		return err
@@ -310,7 +324,7 @@ func newDriver(ctx context.Context, o options) (d *driver, closeDriver func(), e
 // buildGatekeeper builds ./cmd/gatekeeper into the work directory when a
 // gatekeeper binary mode runs and no binary was given.
 func (d *driver) buildGatekeeper(ctx context.Context) error {
-	if !slices.ContainsFunc(d.o.Modes, isBinary) || d.o.GKBin != "" {
+	if !slices.ContainsFunc(d.o.Modes, isBinary) && !containsMode(d.o.Modes, modePaceCPU) || d.o.GKBin != "" {
 		return nil
 	}
 	bin, err := filepath.Abs(filepath.Join(d.o.Work, "gatekeeper"))
@@ -332,8 +346,8 @@ func (d *driver) buildGatekeeper(ctx context.Context) error {
 func (d *driver) mainScenario(ctx context.Context, rep *report) error {
 	o := d.o
 	wl := o.Workload
-	if len(o.Modes) == 1 && o.Modes[0] == modeAdversarial {
-		// No Kafka mode: no data set.
+	if !slices.ContainsFunc(o.Modes, drained) {
+		// No mode drains the data set: none is made.
 		rep.Main = scenario{Workload: wl, Window: fmt.Sprintf("%s %s", o.Window, ruleUnit(o.WindowLen)), Batch: o.Batch}
 		return nil
 	}
@@ -347,8 +361,8 @@ func (d *driver) mainScenario(ctx context.Context, rep *report) error {
 	rounds := map[string][]result{}
 	for round := 1; round <= o.Rounds; round++ {
 		for _, mode := range o.Modes {
-			if mode == modeAdversarial {
-				continue // not drained from Kafka: see adversarialScenario
+			if !drained(mode) {
+				continue // see adversarialScenario and paceCPUScenario
 			}
 			mr := modeRun{mode: mode, wl: wl, src: src, limit: limit, batch: o.Batch, live: o.LiveEvents, tag: mode}
 			if mode == modeGatekeeperIn {
@@ -367,7 +381,7 @@ func (d *driver) mainScenario(ctx context.Context, rep *report) error {
 			rounds[mode] = append(rounds[mode], r)
 			rep.Main.Results = rep.Main.Results[:0]
 			for _, m := range o.Modes {
-				if len(rounds[m]) > 0 && m != modeAdversarial {
+				if len(rounds[m]) > 0 {
 					rep.Main.Results = append(rep.Main.Results, median(rounds[m]))
 				}
 			}

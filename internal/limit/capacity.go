@@ -39,8 +39,9 @@ func (c Capacity) Measure() Measure {
 }
 
 // ParseCapacity parses GATEKEEPER_CAPACITY: comma-separated rules per aligned
-// second, minute or hour window (hours: a count dividing 24, in a time zone
-// without daylight saving: see CheckCapacityZone), of events, bytes or units as LIMITS writes them
+// second, minute, hour, day or week window (hours: a count dividing 24; days
+// and weeks: one; hours, days and weeks in a time zone without daylight
+// saving: see CheckCapacityZone), of events, bytes or units as LIMITS writes them
 // (e.g. "5000/1s", "5000/1s,200000/1m", "10MiB/1s", "2000u/1s"), all of one
 // measure; empty means no capacity. Errors quote the bad part.
 func ParseCapacity(spec string) (Capacity, error) {
@@ -69,8 +70,8 @@ func ParseCapacity(spec string) (Capacity, error) {
 
 func checkCapacityRule(r Rule) error {
 	switch {
-	case r.Unit != Second && r.Unit != Minute && r.Unit != Hour:
-		return fmt.Errorf("a capacity window is seconds, minutes or hours (e.g. 5000/1s, 200000/1m, 5000000/1h)")
+	case r.Unit == Month:
+		return fmt.Errorf("a capacity window is seconds, minutes, hours, a day or a week, not months (their lengths differ; e.g. 5000/1s, 200000/1m, 5000000/1h, 100000000/1d, 500000000/1w)")
 	case r.Limit < 1:
 		return fmt.Errorf("a capacity must be at least 1")
 	}
@@ -441,20 +442,33 @@ func ShareRaised(before, now Share) bool {
 // CheckCapacityZone reports whether the windows of capacity c tile time
 // with a fixed step in zone loc, as the admission script keeps them (a
 // capacity window is base + i × its length): always for seconds and
-// minutes; for hours, when loc's offset from UTC does not change in the
-// two years from now (UTC, or a zone without daylight saving), since a
-// change of offset moves local hour boundaries against that step.
+// minutes; for hours, days and weeks, when loc's offset from UTC does not
+// change in the two years from now (UTC, or a zone without daylight
+// saving), since a change of offset moves local hour boundaries, and local
+// midnights, against that step.
 func CheckCapacityZone(c Capacity, loc *time.Location, now time.Time) error {
 	for _, r := range c {
-		if r.Unit != Hour {
+		if r.Unit == Second || r.Unit == Minute {
 			continue
 		}
 		_, off := now.In(loc).Zone()
 		for d := 0; d <= 2*366; d++ {
 			if _, o := now.AddDate(0, 0, d).In(loc).Zone(); o != off {
-				return fmt.Errorf("capacity %s: hour windows need a time zone without daylight saving (TIMEZONE %s changes its offset from UTC)", r, loc)
+				return fmt.Errorf("capacity %s: %s windows need a time zone without daylight saving (TIMEZONE %s changes its offset from UTC)", r, unitName(r.Unit), loc)
 			}
 		}
 	}
 	return nil
+}
+
+// unitName names a capacity rule's window unit in an error.
+func unitName(u Unit) string {
+	switch u {
+	case Hour:
+		return "hour"
+	case Day:
+		return "day"
+	default:
+		return "week"
+	}
 }

@@ -9,9 +9,14 @@ import "math"
 // call while current (cap_fix in 35_capacity.lua), so every replica keeps
 // the same capacity for the whole window whatever their view of the rate.
 
-// SetCapacityRate sets the capacity in force to rate events a second: each
-// capacity rule's limit becomes rate times its window, rounded down, at least
-// 1 and at most the configured limit. A rate that is not positive and finite
+// SetCapacityRate sets the capacity in force to rate events a second: the
+// limit of the capacity's rule of the shortest window becomes rate times
+// that window, rounded down, at least 1 and at most the configured limit.
+// Its longer rules keep their configured limits: a window's capacity is
+// fixed at its first call, so a longer rule paced too would hold the rate
+// of its first second for the whole window (an hour at the floor after a
+// cut at the hour's start), and the shortest rule already bounds every
+// longer window by the rate. A rate that is not positive and finite
 // restores the configured capacity. Safe for concurrent use.
 func (l *Limiter) SetCapacityRate(rate float64) {
 	c := l.opts.Capacity
@@ -22,11 +27,17 @@ func (l *Limiter) SetCapacityRate(rate float64) {
 		l.capNow.Store(nil)
 		return
 	}
+	shortest := c[0].Length()
+	for _, r := range c[1:] {
+		shortest = min(shortest, r.Length())
+	}
 	now := make(Capacity, len(c))
 	copy(now, c)
 	for i, r := range c {
-		n := int64(math.Floor(rate * r.Length().Seconds()))
-		now[i].Limit = max(1, min(n, r.Limit))
+		if r.Length() == shortest {
+			n := int64(math.Floor(rate * r.Length().Seconds()))
+			now[i].Limit = max(1, min(n, r.Limit))
+		}
 	}
 	l.capNow.Store(&now)
 }

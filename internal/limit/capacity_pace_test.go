@@ -70,3 +70,22 @@ func TestCapacityPacedFixedPerWindow(t *testing.T) {
 		t.Errorf("rate above the configured: capacity in force %d, want the configured 100", got)
 	}
 }
+
+// TestCapacityRatePacesShortestRule: a paced rate sets the capacity's rule
+// of the shortest window; the longer ones keep their configured limits (a
+// minute paced at the rate of its first second would hold it all minute).
+func TestCapacityRatePacesShortestRule(t *testing.T) {
+	c, err := ParseCapacity("200000/1m,5000/1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newTestLimiter(t, testRedis(t), "*=100000/1m", Options{Capacity: c})
+	l.SetCapacityRate(500)
+	got := l.CapacityInForce()
+	if got[0].Limit != 200000 || got[1].Limit != 500 {
+		t.Errorf("capacity in force at 500/s: %v, want 200000/1m,500/1s", got)
+	}
+	if r := got.Rate(); r != 500 {
+		t.Errorf("rate in force %v, want 500", r)
+	}
+}

@@ -53,7 +53,10 @@ func TestParseCapacityAndShares(t *testing.T) {
 		{"5000/1h", "*=100/1m", ""},
 		{"5000/1h,100000/24h", "*=100/1m;a=floor:100/1h", ""},
 		{"5000/5h", "*=100/1m", "does not tile"},
-		{"5000/1d", "*=100/1m", "seconds, minutes or hours"},
+		{"5000/1d", "*=100/1m;a=floor:100/1d", ""},
+		{"5000/1h,50000/1w", "*=100/1m;a=floor:1000/1w", ""},
+		{"5000/2d", "*=100/1m", "does not tile"},
+		{"5000/1mo", "*=100/1m", "not months"},
 		{"5MiB/1s", "*=100/1m", ""},
 		{"5MiB/1s,200MiB/1m", "a=1000/1m,floor:1MiB/1s,floor:20MiB/1m", ""},
 		{"2000u/1s", "a=floor:500u/1s", ""},
@@ -482,9 +485,9 @@ func capRefused(t testing.TB, l *Limiter, r Rule, start time.Time) map[string]in
 	return out
 }
 
-// TestCapacityZone: hour windows of a capacity need a zone whose offset
-// from UTC does not change (the script steps them by their length);
-// seconds and minutes go anywhere.
+// TestCapacityZone: hour, day and week windows of a capacity need a zone
+// whose offset from UTC does not change (the script steps them by their
+// length); seconds and minutes go anywhere.
 func TestCapacityZone(t *testing.T) {
 	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
 	paris, err := time.LoadLocation("Europe/Paris")
@@ -501,6 +504,10 @@ func TestCapacityZone(t *testing.T) {
 		{"100/1h", kolkata, true},
 		{"100/1h", paris, false},
 		{"100/1s,6000/1m", paris, true},
+		{"100/1d", kolkata, true},
+		{"100/1d", paris, false},
+		{"100/1w", time.UTC, true},
+		{"100/1s,100/1w", paris, false},
 	} {
 		c, err := ParseCapacity(tc.capacity)
 		if err != nil {
@@ -510,5 +517,52 @@ func TestCapacityZone(t *testing.T) {
 		if (err == nil) != tc.ok {
 			t.Errorf("%s in %s: got %v, want ok %v", tc.capacity, tc.loc, err, tc.ok)
 		}
+	}
+}
+
+// TestCapacityDayAndWeek: capacity windows of a day and of a week start at
+// local midnight (a week on Monday) in a zone without daylight saving, hold
+// their capacity, and what is over it is deferred to the next one's start
+// (one event: a tenant alone books at most part of a future window, as in
+// windows of seconds).
+func TestCapacityDayAndWeek(t *testing.T) {
+	kolkata, err := time.LoadLocation("Asia/Kolkata")
+	if err != nil {
+		t.Skip(err)
+	}
+	rdb := testRedis(t)
+	now := time.Date(2026, 12, 2, 15, 0, 0, 0, kolkata) // a Wednesday afternoon
+	for _, tc := range []struct {
+		capacity         string
+		start, next      time.Time
+		admitted, events int
+	}{
+		{"3/1d", time.Date(2026, 12, 2, 0, 0, 0, 0, kolkata), time.Date(2026, 12, 3, 0, 0, 0, 0, kolkata), 3, 4},
+		{"4/1w", time.Date(2026, 11, 30, 0, 0, 0, 0, kolkata), time.Date(2026, 12, 7, 0, 0, 0, 0, kolkata), 4, 5},
+	} {
+		t.Run(tc.capacity, func(t *testing.T) {
+			clk := newFakeClock(now)
+			c, err := ParseCapacity(tc.capacity)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := newTestLimiter(t, rdb, "*=1000/1h", Options{Clock: clk.Now, Location: kolkata, Capacity: c, Horizon: 8 * 24 * time.Hour})
+			ds := admit(t, l, repeat("a", tc.events))
+			want := strings.Repeat("a", tc.admitted) + strings.Repeat("d", tc.events-tc.admitted)
+			if got := kinds(ds); got != want {
+				t.Fatalf("got %s, want %s", got, want)
+			}
+			for _, d := range ds[tc.admitted:] {
+				if !d.Due.Equal(tc.next) {
+					t.Errorf("deferred to %v, want the next window's start %v", d.Due.In(kolkata), tc.next)
+				}
+			}
+			if count, _, _ := capWindow(t, l, c[0], tc.start); count != int64(tc.admitted) {
+				t.Errorf("window of %v: count %d, want %d", tc.start, count, tc.admitted)
+			}
+			if count, _, _ := capWindow(t, l, c[0], tc.next); count != int64(tc.events-tc.admitted) {
+				t.Errorf("window of %v: count %d, want %d", tc.next, count, tc.events-tc.admitted)
+			}
+		})
 	}
 }

@@ -51,7 +51,7 @@ func TestCapacityCapAPI(t *testing.T) {
 		{"ops-token-0123456789", `{"rate":300,"for":"10m"}`, 400, "reason"},
 		{"ops-token-0123456789", `{"rate":300,"reason":"x"}`, 400, "until"},
 		{"ops-token-0123456789", `{"rate":-1,"for":"10m","reason":"x"}`, 400, "rate"},
-		{"ops-token-0123456789", `{"capacity":"5/1d","for":"10m","reason":"x"}`, 400, "capacity"},
+		{"ops-token-0123456789", `{"capacity":"5/1mo","for":"10m","reason":"x"}`, 400, "capacity"},
 		{"ops-token-0123456789", `{"rate":300,"for":"-1m","reason":"x"}`, 400, "end after now"},
 		{"ops-token-0123456789", `{"rate":300,"for":"10m","reason":"x","speed":1}`, 400, "unknown field"},
 		{"ops-token-0123456789", `{"capacity":"18000/1m","for":"10m","reason":"db slow"}`, 200, ""},

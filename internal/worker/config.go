@@ -126,7 +126,7 @@ type LimitsConfig struct {
 	// replaces LIMITS; setting both is an error.
 	LimitsFile string `split_words:"true" desc:"YAML file of rules, reloaded on change (instead of LIMITS)"`
 	// Capacity is the budget shared by every tenant (capacity.go).
-	Capacity string `desc:"one budget for the downstream shared fairly by all tenants: events, bytes or units (one measure) per aligned second, minute or hour (hours in a zone without daylight saving), e.g. 5000/1s, 5000/1s,200000/1m or 10MiB/1s (tenants' weight:N and floor:N/1s in LIMITS, floors in the capacity's measure); single Redis only"`
+	Capacity string `desc:"one budget for the downstream shared fairly by all tenants: events, bytes or units (one measure) per aligned second, minute, hour, day or week (hours, days and weeks in a zone without daylight saving), e.g. 5000/1s, 5000/1s,200000/1m or 10MiB/1s (tenants' weight:N and floor:N/1s in LIMITS, floors in the capacity's measure); single Redis only"`
 	// Window is the window kind: aligned or ttl.
 	Window string `default:"aligned" desc:"window kind: aligned (calendar boundaries) or ttl (from a tenant's first event)"`
 	// Timezone places day, week and month boundaries of aligned windows.

@@ -223,6 +223,10 @@ func TestConfigGoodValues(t *testing.T) {
 		{"capacity", with(minimal(), "CAPACITY", "5000/1s,200000/1m", "LIMITS", "*=100/1m;acme=1000/1m,weight:3,floor:200/1s")},
 		{"byte capacity", with(minimal(), "CAPACITY", "10MiB/1s,200MiB/1m", "LIMITS", "*=100/1m;acme=1000/1m,weight:3,floor:1MiB/1s")},
 		{"hour capacity", with(minimal(), "CAPACITY", "5000/1s,1000000/1h", "TIMEZONE", "Asia/Kolkata", "LIMITS", "*=100/1m;acme=floor:1000/1h")},
+		// Under one event a second: the default CAPACITY_FLOOR is then the capacity's rate.
+		{"slow hour capacity", with(minimal(), "CAPACITY", "3000/1h")},
+		{"day capacity", with(minimal(), "CAPACITY", "100000/1d", "TIMEZONE", "Asia/Kolkata", "LIMITS", "*=100/1m;acme=floor:1000/1d")},
+		{"week capacity", with(minimal(), "CAPACITY", "5000/1s,1000000/1w")},
 		{"unit capacity", with(minimal(), "CAPACITY", "2000u/1s", "COST_FROM", "header:cost", "LIMITS", "*=100/1m;acme=floor:500u/1s")},
 		{"paced capacity", with(minimal(), "CAPACITY", "5000/1s", "CAPACITY_FROM", "group:billing", "CAPACITY_FLOOR", "6000/1m", "CAPACITY_TARGET_WAIT", "500ms", "CAPACITY_SHADOW", "true")},
 		{"json cost", with(minimal(), "COST_FROM", "json:usage.tokens")},
@@ -304,7 +308,8 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "COST_FROM", "json:a..b"), "COST_FROM"},
 		{with(minimal(), "LIMITS", "*=5000u/1m"), "COST_FROM"}, // units need COST_FROM
 		{with(minimal(), "LIMITS", "*=10mib/1m"), "LIMITS"},
-		{with(minimal(), "CAPACITY", "5000/1d"), "CAPACITY"},
+		{with(minimal(), "CAPACITY", "5000/1mo"), "CAPACITY"},
+		{with(minimal(), "CAPACITY", "5000/1d", "TIMEZONE", "Europe/Paris"), "CAPACITY"}, // days too
 		{with(minimal(), "CAPACITY", "5000/2h", "TIMEZONE", "Europe/Paris"), "CAPACITY"}, // hours need a zone without daylight saving
 		{with(minimal(), "CAPACITY", "5000/1s", "REDIS_ADDRS", "a:1,b:2"), "CAPACITY"},
 		{with(minimal(), "CAPACITY", "100/1s", "LIMITS", "*=10/1s;a=floor:60/1s;b=floor:50/1s"), "LIMITS"},

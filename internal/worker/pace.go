@@ -44,11 +44,12 @@ func (c *Config) paceGroup() (string, error) {
 	return g, nil
 }
 
-// paceFloor returns CAPACITY_FLOOR as a rate, a tenth of the capacity's
-// when unset.
+// paceFloor returns CAPACITY_FLOOR as a rate; when unset, a tenth of the
+// capacity's, at least one event a second, at most the capacity's (a
+// capacity of hours, days or weeks may be under one a second).
 func (c *Config) paceFloor(capacity limit.Capacity) (float64, error) {
 	if c.CapacityFloor == "" {
-		return max(1, capacity.Rate()/10), nil
+		return min(capacity.Rate(), max(1, capacity.Rate()/10)), nil
 	}
 	f, err := limit.ParseCapacity(c.CapacityFloor)
 	if err != nil {
