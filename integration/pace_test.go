@@ -96,10 +96,11 @@ type paceOut struct {
 	secs                        int
 	bounds                      []int // the phases' starts
 	admitted, drained, capacity []float64
-	booked                      []float64   // per capacity window: what the gate admitted or reserved there
-	paced                       []float64   // gk1's paced rate, sampled once a second
-	waits                       [][]float64 // per phase: seconds events waited downstream
-	cpu                         float64     // the gatekeepers' CPU seconds during the traffic
+	booked                      []float64     // per capacity window: what the gate admitted or reserved there
+	paced                       []float64     // gk1's paced rate, sampled once a second
+	waits                       [][]float64   // per phase: seconds events waited downstream
+	partWaits                   [][][]float64 // the same per phase and partition
+	cpu                         float64       // the gatekeepers' CPU seconds during the traffic
 }
 
 // runPaceHarness runs procs gatekeepers (the built binary) with a capacity
@@ -310,10 +311,15 @@ func runPaceHarness(t *testing.T, phases []pacePhase, procsN int, ceiling int64,
 	out.admitted = perSecond(admittedAt, start, out.secs)
 	dr.mu.Lock()
 	out.drained = perSecond(dr.done, start, out.secs)
-	out.waits = make([][]float64, len(phases))
+	out.waits, out.partWaits = make([][]float64, len(phases)), make([][][]float64, len(phases))
 	for i, ph := range dr.phase {
 		if at, ok := appended[dr.pos[i]]; ok {
-			out.waits[ph] = append(out.waits[ph], dr.done[i].Sub(at).Seconds())
+			w := dr.done[i].Sub(at).Seconds()
+			out.waits[ph] = append(out.waits[ph], w)
+			if out.partWaits[ph] == nil {
+				out.partWaits[ph] = make([][]float64, parts)
+			}
+			out.partWaits[ph][dr.pos[i][0]] = append(out.partWaits[ph][dr.pos[i][0]], w)
 		}
 	}
 	dr.mu.Unlock()
@@ -420,6 +426,16 @@ func TestGatePacedByDownstream(t *testing.T) {
 	}
 	for i := range phases {
 		t.Logf("downstream wait in phase %d: p50 %.2fs p99 %.2fs (target %v)", i+1, percentile(out.waits[i], 0.5), percentile(out.waits[i], 0.99), target)
+		// Per partition: the downstream consumer takes its partitions
+		// about evenly while the tenants fill them unevenly, so one
+		// partition's events may wait longer than the lag over the drain.
+		var per strings.Builder
+		for p, ws := range out.partWaits[i] {
+			if len(ws) > 0 {
+				fmt.Fprintf(&per, " partition %d: %d events, p50 %.2fs p99 %.2fs;", p, len(ws), percentile(ws, 0.5), percentile(ws, 0.99))
+			}
+		}
+		t.Logf("downstream wait in phase %d per partition:%s", i+1, strings.TrimSuffix(per.String(), ";"))
 	}
 	t.Logf("gate CPU: %.1f s for %d events produced (%.1f s per million)", out.cpu, out.n, out.cpu/float64(out.n)*1e6)
 

@@ -62,7 +62,7 @@ func (l *Limiter) capacityKeys(ks []any) []any {
 }
 
 // capacityArgs appends the capacity's arguments (35_capacity.lua's header),
-// then "cap:<where they start>", last:
+// then "cap:<where they start>" (tests may add ":general", see capGeneral), last:
 // first is the index in KEYS (1-based) of the first capacity key.
 func (l *Limiter) capacityArgs(av []any, groups []*group, now time.Time, first int) []any {
 	c := l.opts.Capacity
@@ -102,5 +102,9 @@ func (l *Limiter) capacityArgs(av []any, groups []*group, now time.Time, first i
 		s, _ := WindowBounds(r, now, l.opts.Location)
 		av = append(av, inForce[i].Limit, r.Length().Milliseconds(), s.UnixMilli(), retention(r, l.opts.Retention).Milliseconds(), sums[i], int(r.Measure))
 	}
-	return append(av, "cap:"+strconv.Itoa(at))
+	tail := "cap:" + strconv.Itoa(at)
+	if l.capGeneral {
+		tail += ":general"
+	}
+	return append(av, tail)
 }

@@ -2,10 +2,15 @@ package limit
 
 import (
 	"context"
+	"maps"
+	"math/rand"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A capacity window is a hash table from its first call (field ht, longer
@@ -89,23 +94,27 @@ func BenchmarkCapacityCalls(b *testing.B) {
 	for _, m := range []struct {
 		name, capacity, rules string
 		tenants               int
+		kind                  WindowKind
 	}{
-		{"none", "", "*=1000/1m", benchTenants},
-		{"events", "100000000/1s", "*=1000/1m", benchTenants},
-		{"bytes", "100GB/1s", "*=1000/1m", benchTenants},
+		{"none", "", "*=1000/1m", benchTenants, Aligned},
+		{"events", "100000000/1s", "*=1000/1m", benchTenants, Aligned},
+		{"bytes", "100GB/1s", "*=1000/1m", benchTenants, Aligned},
 		// 10,000 tenants (235 a call), and with part of the events
 		// deferred or rejected by their tenant's rule (decide's path).
-		{"none-10k", "", "*=1000/1m", 10000},
-		{"events-10k", "100000000/1s", "*=1000/1m", 10000},
-		{"none-defer", "", "*=20/1m", 10000},
-		{"events-defer", "100000000/1s", "*=20/1m", 10000},
+		{"none-10k", "", "*=1000/1m", 10000, Aligned},
+		{"events-10k", "100000000/1s", "*=1000/1m", 10000, Aligned},
+		{"none-defer", "", "*=20/1m", 10000, Aligned},
+		{"events-defer", "100000000/1s", "*=20/1m", 10000, Aligned},
+		// ttl windows, as the gatekeeper binary's default and make bench.
+		{"none-ttl", "", "*=1000/1m", benchTenants, TTL},
+		{"events-ttl", "100000000/1s", "*=1000/1m", benchTenants, TTL},
 	} {
 		batches := skewedBatches(60, benchBatch, m.tenants)
 		b.Run(m.name, func(b *testing.B) {
 			caps, _ := ParseCapacity(m.capacity)
 			run := func(bs [][]string) {
 				clk := newFakeClock(t0)
-				l := newTestLimiter(b, rdb, m.rules, Options{Clock: clk.Now, Capacity: caps})
+				l := newTestLimiter(b, rdb, m.rules, Options{Clock: clk.Now, Capacity: caps, WindowKind: m.kind})
 				for _, batch := range bs {
 					clk.Add(100 * time.Millisecond)
 					costs := make([]Cost, len(batch))
@@ -122,4 +131,158 @@ func BenchmarkCapacityCalls(b *testing.B) {
 			}
 		})
 	}
+}
+
+// cap_one (90_run.lua) decides most tenants of a call with a capacity in one
+// function, an inlined copy of cap_quick, fast_many and cap_book: it must
+// decide and write exactly what the general path does. Two limiters, one
+// forced through the general path (capGeneral), decide the same calls of
+// many tenants at the same times on one private Redis: a capacity that
+// binds, with weights and floors, through the ramp and the end of every
+// window (calls every 30 ms); one of bytes; own rules that bind before the
+// capacity; aligned and ttl windows; lost keys, and a tenant's window of
+// the wrong type. Their decisions and every key they wrote (prefix aside) must
+// be the same.
+func TestCapacityFastPathSame(t *testing.T) {
+	rdb := privateRedis(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, capacity, rules string
+		bytes                 bool
+		kind                  WindowKind
+	}{
+		{"events", "800/1s", "*=100000/1m;a=100000/1m,weight:2,floor:100/1s;b=100000/1m,weight:3;c=100000/1m,floor:60/1s;d=100000/1m,floor:40/1s", false, Aligned},
+		{"bytes", "150KB/1s", "*=100000/1m;a=100000/1m,weight:2,floor:20KB/1s;b=100000/1m,weight:3", true, Aligned},
+		{"own-rules", "2000/1s", "*=40/1m;a=100000/1m,weight:2,floor:20/1s", false, Aligned},
+		// ttl windows: chains cached by the replies, windows opened in
+		// them (checked against the anchor), own rules that bind.
+		{"events-ttl", "800/1s", "*=100000/1m;a=100000/1m,weight:2,floor:100/1s;b=100000/1m,weight:3;c=100000/1m,floor:60/1s;d=100000/1m,floor:40/1s", false, TTL},
+		{"own-rules-ttl", "2000/1s", "*=10/1s;a=100000/1m,weight:2,floor:20/1s", false, TTL},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			caps, err := ParseCapacity(tc.capacity)
+			if err != nil {
+				t.Fatal(err)
+			}
+			clk := newFakeClock(t0)
+			mk := func(prefix string) *Limiter {
+				return newTestLimiter(t, rdb, tc.rules, Options{Clock: clk.Now, Capacity: caps, Prefix: prefix, WindowKind: tc.kind})
+			}
+			fast, general := mk("fast:"+tc.name), mk("general:"+tc.name)
+			general.capGeneral = true
+			rnd := rand.New(rand.NewSource(7))
+			kinds := map[Kind]int{}
+			for call := range 140 {
+				clk.Add(30 * time.Millisecond)
+				var batch []string
+				var costs []Cost
+				add := func(tenant string, n int) {
+					for range n {
+						batch = append(batch, tenant)
+						costs = append(costs, Cost{Bytes: int64(20 + rnd.Intn(380))})
+					}
+				}
+				add("a", 8)
+				add("b", 6)
+				add("c", rnd.Intn(2))
+				add("d", 2)
+				for i := range 30 {
+					add("t"+strconv.Itoa(i), rnd.Intn(2))
+				}
+				rnd.Shuffle(len(batch), func(i, j int) {
+					batch[i], batch[j] = batch[j], batch[i]
+					costs[i], costs[j] = costs[j], costs[i]
+				})
+				if !tc.bytes {
+					costs = nil
+				}
+				if tc.kind == TTL && call%40 == 39 {
+					// Lost keys (an eviction): the chains the replies
+					// cached are gone, and a window opened in one must not
+					// be trusted (chains_hold).
+					for _, prefix := range []string{"fast:", "general:"} {
+						for k := range keysOf(t, rdb, prefix+tc.name+":{t1") {
+							rdb.Del(ctx, prefix+tc.name+":{t1"+k)
+						}
+					}
+				}
+				if call == 50 {
+					// A tenant's own window of the wrong type: it fails
+					// alone, in cap_one as in the general path.
+					for _, prefix := range []string{"fast:", "general:"} {
+						for k := range keysOf(t, rdb, prefix+tc.name+":{t2}") {
+							if !strings.Contains(k, "frontier") && !strings.Contains(k, "anchor") {
+								rdb.Del(ctx, prefix+tc.name+":{t2}"+k)
+								rdb.Set(ctx, prefix+tc.name+":{t2}"+k, "junk", 0)
+							}
+						}
+					}
+				}
+				df, err := fast.AdmitCosts(ctx, batch, costs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				dg, err := general.AdmitCosts(ctx, batch, costs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range df {
+					kinds[df[i].Kind]++
+					f, g := df[i], dg[i]
+					f.Reason = strings.ReplaceAll(f.Reason, "fast:", "general:")
+					if f != g {
+						t.Fatalf("call %d, event %d of %s: %+v with cap_one, %+v without", call, i, batch[i], df[i], dg[i])
+					}
+				}
+			}
+			kf, kg := keysOf(t, rdb, "fast:"+tc.name), keysOf(t, rdb, "general:"+tc.name)
+			if len(kf) == 0 || len(kf) != len(kg) {
+				t.Fatalf("%d keys with cap_one, %d without", len(kf), len(kg))
+			}
+			for k, v := range kf {
+				if w, ok := kg[k]; !ok || v != w {
+					t.Errorf("key %s: %q with cap_one, %q without", k, v, w)
+				}
+			}
+			t.Logf("%d keys the same; decisions %v", len(kf), kinds)
+			if kinds[Defer] == 0 || kinds[Admit] == 0 || kinds[Fail] == 0 {
+				t.Errorf("decisions %v: want events admitted, deferred (the capacity or the rules binding) and failed", kinds)
+			}
+		})
+	}
+}
+
+// keysOf returns every key under prefix (the prefix cut off) with its
+// content: a hash's fields sorted, a string as is.
+func keysOf(t *testing.T, rdb *redis.Client, prefix string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]string{}
+	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		k := iter.Val()
+		var v string
+		switch typ, _ := rdb.Type(ctx, k).Result(); typ {
+		case "hash":
+			h, err := rdb.HGetAll(ctx, k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			fs := slices.Sorted(maps.Keys(h))
+			for _, f := range fs {
+				v += f + "=" + h[f] + " "
+			}
+		default:
+			s, err := rdb.Get(ctx, k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			v = s
+		}
+		out[strings.TrimPrefix(k, prefix)] = v
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

@@ -121,6 +121,10 @@ type Limiter struct {
 	replayBound int
 	drop        *redis.Script
 	sweep       replaySweep
+
+	// capGeneral (tests only) decides every tenant through the capacity's
+	// general path, without cap_one (90_run.lua): the two must agree.
+	capGeneral bool
 }
 
 // stateKey names a tenant under one rule set (the rules' windows name its keys).

@@ -8,7 +8,9 @@ import (
 
 // Params are the controller's settings. It is a value type.
 type Params struct {
-	// TargetWait is the wait downstream (lag / drain rate) to hold.
+	// TargetWait is the wait downstream (lag / drain rate) to keep the
+	// downstream under, through a halving of its drain too: the law holds
+	// a setpoint under it (Controller.setpoint).
 	TargetWait time.Duration
 	// Floor and Ceiling bound the rate (events a second).
 	Floor, Ceiling float64
@@ -59,8 +61,10 @@ type Estimate struct {
 }
 
 // Controller turns samples of the downstream into a rate. With D the
-// downstream group's drain rate, L the lag and L* = D x TargetWait the lag
-// that gives the target wait, its law is
+// downstream group's drain rate, L the lag and L* = D x S the lag that
+// gives the setpoint S (half of TargetWait, but at least 1.75 times the
+// time between the group's commits, at most TargetWait: setpoint), its law
+// is
 //
 //	rate = D + clamp(c(L* - L') / Tc, -D, D/2)
 //
@@ -89,11 +93,17 @@ type Estimate struct {
 // the gain 1/Tc), and the rest of the excess is taken within 6% of the
 // drain (settleLaw).
 //
-// While the downstream keeps up (the predicted lag under a quarter of L*,
-// so its drain is what reaches it, not what it can take) the rate is raised
-// to 1.5 times what reached the downstream over the last second when the
-// gate uses it in full (it probes for a faster downstream), and kept when demand, not the capacity, sets the pace: an
-// idle downstream says nothing of what it can take.
+// Under the setpoint, the rate is not lowered under the drain of the last
+// second (the three seconds' slope lags a ramp).
+//
+// While the downstream keeps up (the least lag of the last interval under
+// a quarter of D x TargetWait, so its drain is what reaches it, not what
+// it can take) the rate is raised to up to 1.5 times what reached the
+// downstream over the last second when the gate uses it in full (it probes
+// for a faster downstream; by less as the least lag nears that bound, so
+// that the probe which reaches the downstream's limit lands near it), and
+// kept when demand, not the capacity, sets the pace: an idle downstream
+// says nothing of what it can take.
 // Not safe for concurrent use.
 type Controller struct {
 	p       Params
@@ -109,6 +119,7 @@ type Controller struct {
 	settle  int       // the stage of the response to the last drop (settle*)
 	before  float64   // the drain estimate before the last drop
 	settled int       // decisions running in settleRest with the excess under restDone
+	short   float64   // the drain over the last second (the short span)
 }
 
 // SampleEvery is how often the downstream is read: a few times per
@@ -141,6 +152,9 @@ const (
 	restBand      = 0.06
 	restDone      = 0.125
 	restDoneN     = 2
+	// gapTimes: the setpoint is at least this many times the time
+	// between two commits of the downstream group (setpoint).
+	gapTimes = 1.75
 )
 
 // The stages of the response to a drop (settleLaw).
@@ -196,6 +210,7 @@ func (c *Controller) Observe(s Sample) Estimate {
 		c.last = e
 		return e
 	}
+	c.short = short
 	e.Input, _ = c.rateOver(s.At, c.shortSpan(), func(x Sample) int64 { return x.End })
 	// The drain: feed-forward, filtered; a drop restarts it at once.
 	// A drop counts only while events wait: when the downstream keeps up,
@@ -233,7 +248,8 @@ func (c *Controller) Observe(s Sample) Estimate {
 	c.decided, e.Decided = s.At, true
 	// A rise is never urgent: by half per interval at most, of the rate
 	// or of the drain if more.
-	rate := math.Min(c.law(e, c.meanLag(s.At)), math.Max(c.rate, e.Drain)*(1+upStep))
+	mean, least := c.lagOver(s.At)
+	rate := math.Min(c.law(e, mean, least), math.Max(c.rate, e.Drain)*(1+upStep))
 	if e.Drop {
 		rate = math.Min(rate, c.rate) // a drop never raises the rate
 	}
@@ -243,13 +259,14 @@ func (c *Controller) Observe(s Sample) Estimate {
 	return e
 }
 
-// law returns the rate for the estimate e and the lag's mean over the last
-// interval (within a window the lag falls from what the window's first
-// calls wrote: one sample would see a different point of that each time).
-func (c *Controller) law(e Estimate, lag float64) float64 {
+// law returns the rate for the estimate e and the lag's mean and least
+// over the last interval (within a window the lag falls from what the
+// window's first calls wrote: one sample would see a different point of
+// that each time).
+func (c *Controller) law(e Estimate, lag, least float64) float64 {
 	d := e.Drain
 	target := c.p.TargetWait.Seconds()
-	want := d * target // L*
+	want := d * c.setpoint() // L*: the lag of the setpoint, under the target
 	// The rate set last takes effect from the next window on: the lag then
 	// is predicted from it, so that one correction is not made twice.
 	ahead := lag + (c.rate-d)*lead*c.p.Interval.Seconds()
@@ -260,14 +277,30 @@ func (c *Controller) law(e Estimate, lag float64) float64 {
 		}
 	}
 	rate := d + clamp(correction(want-ahead, want/4)/tc, -d, upStep*d)
-	if ahead >= keepsUp*want && d > 0 {
+	if lag < want && !e.Drop {
+		// Under the setpoint the rate is not lowered under what the
+		// downstream drained over the last second: the drain's slope over
+		// three seconds lags a ramp, and the first decisions after the
+		// downstream starts to lag would set a rate under what it takes.
+		rate = math.Max(rate, math.Min(c.short, c.rate))
+	}
+	// The downstream keeps up while its lag fell under a quarter of the
+	// target's in the last interval: the least lag of the interval, not the
+	// predicted one (a probe's rise, not yet drained, is no backlog while
+	// the downstream keeps up), and of the target, not the setpoint (what
+	// the reads and commits leave in the lag does not shrink with it).
+	keep := keepsUp * d * target
+	if least >= keep && d > 0 {
 		return rate
 	}
 	// The downstream keeps up: its drain is what reaches it.
 	inForce := math.Min(c.rate, c.prev)
 	if e.Input >= used*inForce {
-		// Used in full: probe, by half of what reached the downstream.
-		return math.Max(rate, math.Min(c.rate, e.Input)*(1+upStep))
+		// Used in full: probe, by half of what reached the downstream
+		// when its lag fell to nothing, less as the lag nears the bound
+		// above: the probe that reaches the downstream's limit lands near
+		// it instead of half over it.
+		return math.Max(rate, math.Min(c.rate, e.Input)*(1+upStep*(1-least/keep)))
 	}
 	return math.Max(rate, c.rate) // demand sets the pace: keep the rate
 }
@@ -324,16 +357,53 @@ func (c *Controller) slope(at time.Time) float64 {
 	return math.Max(0, (n*stc-st*sc)/den)
 }
 
-// meanLag returns the lag's mean over the samples of the last interval.
-func (c *Controller) meanLag(at time.Time) float64 {
+// lagOver returns the lag's mean and least over the samples of the last
+// interval.
+func (c *Controller) lagOver(at time.Time) (mean, least float64) {
 	var sum, k float64
+	least = math.Inf(1)
 	for _, x := range c.samples {
 		if at.Sub(x.At) < c.p.Interval {
-			sum += float64(max(0, x.End-x.Committed))
-			k++
+			l := float64(max(0, x.End-x.Committed))
+			sum, k, least = sum+l, k+1, math.Min(least, l)
 		}
 	}
-	return sum / math.Max(1, k)
+	return sum / math.Max(1, k), least
+}
+
+// setpoint returns the wait the law holds, in seconds. TargetWait is the
+// wait the downstream is kept under, through a halving of its drain too:
+// held at the target, a halving would take what is queued to twice the
+// target, and what is admitted while the drop is seen and acted on (about
+// two intervals at the old rate) further. So the law holds half the
+// target: a halving takes the queue to the target, the reaction adds its
+// seconds, and the wait stays within twice the target. But at least
+// gapTimes the time between two commits of the downstream group: the lag
+// is seen to within a commit's worth of events, and a setpoint near that
+// reads as held while the downstream keeps up (in the model, with commits
+// a second apart, setpoints of 1.5 s and less stall the start and the
+// recovery); and at most the target.
+func (c *Controller) setpoint() float64 {
+	t := c.p.TargetWait.Seconds()
+	return clamp(gapTimes*c.commitGap().Seconds(), t/2, t)
+}
+
+// commitGap returns the shortest time between two moves of the committed
+// offsets over the samples kept (0: fewer than two moves seen).
+func (c *Controller) commitGap() time.Duration {
+	var gap, last time.Duration
+	moved := false
+	for i := 1; i < len(c.samples); i++ {
+		if c.samples[i].Committed == c.samples[i-1].Committed {
+			continue
+		}
+		at := c.samples[i].At.Sub(c.samples[0].At)
+		if moved && (gap == 0 || at-last < gap) {
+			gap = at - last
+		}
+		last, moved = at, true
+	}
+	return gap
 }
 
 // Lost records that the signal could not be read at time at (reason says

@@ -5,7 +5,8 @@
 // downstream group's committed offsets and the downstream topic's end
 // offsets, estimates the group's drain rate and the time events wait
 // downstream (lag / drain rate), and sets a rate in events a second so that
-// the wait stays near its target, between a floor and a ceiling. The rate is
+// the wait stays under its target, through a halving of the drain too (it
+// holds half the target), between a floor and a ceiling. The rate is
 // one value for the fleet, in Redis; every replica reads it and passes it to
 // its limiter (limit.Limiter.SetCapacityRate), which fixes each window's
 // capacity at the window's first call, so that the capacity in force is the

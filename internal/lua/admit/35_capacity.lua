@@ -25,7 +25,8 @@
 --     t:<tenant>, r:<tenant>  what that tenant booked and was refused there
 --     q:<tenant>  what it is predicted to ask there (see Demand)
 -- ARGV, after the replay arguments, only when a capacity is set (the last
---   ARGV is then "cap:<the index of the first of them>"):
+--   ARGV is then "cap:<the index of the first of them>", and ":general"
+--   after it when a test asks for the general path alone, see cap_one):
 --   number of capacity rules, the index in KEYS of the first capacity key,
 --   the start and the end of the ramp (per mille of the window), the tenants' fields (a
 --   JSON array of strings, in call order), the tenants' shares (a JSON
@@ -110,7 +111,10 @@
 --   (num), and the call's tenants' fields are read without hc_load's
 --   bookkeeping (hc_fresh). (callgrind, TestCapacityCommands' batches: 30.1
 --   M instructions a call before these, 20.2 M after; 5.0 M without a
---   capacity.)
+--   capacity.) Most tenants (one rule of their own, one capacity rule)
+--   take cap_one (90_run.lua): cap_quick, fast_many and cap_book inlined
+--   in one function, 14.0 M a call (TestCapacityFastPathSame holds the
+--   two paths to the same decisions and writes).
 --
 -- Entitlement: tenant i may book in window s at most
 --   e_i(s) = max(floor_i, weight_i * level)
@@ -215,10 +219,15 @@ local function cap_parse(at)
   end
 end
 
+-- cap_general: the caller (a test) asks that every tenant go through the
+-- general path (no cap_one, 90_run.lua), tail "cap:<at>:general".
+local cap_general = false
 do
   local tail = ARGV[#ARGV]
   if string.sub(tail, 1, 4) == "cap:" then
-    cap_parse(tonumber(string.sub(tail, 5)))
+    local at, mode = string.match(tail, "^cap:(%d+)(.*)$")
+    cap_general = mode == ":general"
+    cap_parse(tonumber(at))
   end
 end
 
@@ -482,12 +491,18 @@ end
 -- hentry adds sign times a tenant's entry (weight w, demand d) to bucket k
 -- of the demand histogram key: packed in one field, or for a capacity of
 -- bytes or units (packed false) in two (see Demand).
+local wfields = {} -- bucket k's field of weights, "w<k>", made once a call
 local function hentry(key, k, sign, w, d, packed)
   if packed then
-    hmove(key, num(k), sign * (w * HP + d))
+    hmove(key, numbers[k] or num(k), sign * (w * HP + d))
   else
-    hmove(key, num(k), sign * d)
-    hmove(key, "w" .. num(k), sign * w)
+    hmove(key, numbers[k] or num(k), sign * d)
+    local wf = wfields[k]
+    if not wf then
+      wf = "w" .. num(k)
+      wfields[k] = wf
+    end
+    hmove(key, wf, sign * w)
   end
 end
 
@@ -1072,7 +1087,8 @@ local function cap_flush()
         local got = redis.call("HMGET", key, unpack(fs, i, j))
         for m = i, j do
           args[#args + 1] = fs[m]
-          args[#args + 1] = (tonumber(got[m - i + 1]) or 0) + h[fs[m]]
+          local x = (tonumber(got[m - i + 1]) or 0) + h[fs[m]]
+          args[#args + 1] = numbers[x] or num(x) -- a string (see fmt)
         end
         i = j + 1
       end
@@ -1081,17 +1097,18 @@ local function cap_flush()
   end
   for _, key in ipairs(hkeys) do
     local e = hc[key]
-    local args, v, o = {}, e.v, e.o
-    for _, f in ipairs(e.dl) do
+    local args, v, o, dl, na = {}, e.v, e.o, e.dl, 0
+    for i = 1, #dl do
+      local f = dl[i]
       local x = v[f]
       if x and x ~= BAD and x ~= o[f] then
-        args[#args + 1] = f
         if x % 1 ~= 0 then
           x = fmt(x) -- a level, with six decimals
         else
-          x = num(x)
+          x = numbers[x] or num(x)
         end
-        args[#args + 1] = x
+        args[na + 1], args[na + 2] = f, x
+        na = na + 2
       end
     end
     if #args > 0 then

@@ -223,6 +223,261 @@ local function fast_many(ti, p, k, nrules, n, o, capok)
   return true
 end
 
+-- cap_one is the fast path of a tenant with one rule of its own under one
+-- capacity rule (ti, record at recs[p], keys at KEYS[k], n
+-- events, its writes from journal mark on, its reply at out[o + 1]):
+-- cap_quick, fast_many and cap_book of the tenant in one function, on the
+-- call's view of the current and next capacity windows, without their
+-- tables and calls (a Lua call, a table write or a math function costs
+-- Redis hundreds of instructions, and this runs for most tenants of a
+-- call: see Cost in 35_capacity.lua). It does what they do, in the same
+-- order and with the same results, once the call has read both windows
+-- and fixed the level and no field read there is not a number; otherwise,
+-- or when the capacity has no room for all n events, or the events cost
+-- more than the tenant's rule's whole limit, it returns nil and run takes
+-- the general path (cap_mark, which it may have done, does nothing twice).
+-- Else it returns as fast_many does: true when the tenant is decided (its
+-- count, as the one-rule fast path's, not journaled: undo_call finds it),
+-- false and true when its rule has no room (made_*: decide goes on).
+-- Whole numbers are floored as x - x % 1, which is math.floor(x) exactly.
+local one_r = {w = 0, f = 0, cap = false} -- cap_demand's view of the tenant
+local function cap_one(ti, p, k, n, mark, o)
+  local cd = capd[1]
+  local cw, nw = cd.scur, cd.snext
+  if not (cw and nw and cd.lv and nw.hkey) or cw.bad or nw.bad then
+    return nil
+  end
+  local cv, nv = cw.v, nw.v
+  if not (cw.ends or type(cv.expire) == "number") or not (nw.ends or type(nv.expire) == "number") then
+    return nil -- cap_touch would give one its end
+  end
+  -- The tenant's current window, as fast_many finds it.
+  local d = descs[recs[p + 2]]
+  local cs, ce, ttl = d.cur_start, d.cur_end, d.kind == "t"
+  if ttl then
+    local chain_start, chain_end = recs[p + 3], recs[p + 4]
+    if chain_end <= now then
+      return nil
+    end
+    cs = (now - chain_start) / d.step
+    cs = chain_start + (cs - cs % 1) * d.step
+    ce = cs + d.step
+    if ce > chain_end then
+      return nil
+    end
+  end
+  local tf, rf, qf = capt[ti], capr[ti], capq[ti]
+  local b, rv, q0 = cv[tf], cv[rf], nv[qf]
+  local c, a = cv.count, cv.a
+  if b == nil or rv == nil or q0 == nil or c == nil or a == nil then
+    return nil -- not read (see cap_tenant, hc_num)
+  end
+  b, q0, c = b or 0, q0 or 0, c or 0
+  local w, f = caps[ti + ti - 1], caps[ti + ti]
+  local cdirty, cdl = cw.dirty, cw.dl
+  -- cap_mark: active in the window from its first call (journaled).
+  if rv == false then
+    local key = cw.key
+    journal[jn + 1], journal[jn + 2], journal[jn + 3] = 6, key, rf
+    journal[jn + 4], journal[jn + 5], journal[jn + 6] = 6, key, "a"
+    jn = jn + 6
+    local co = #capold
+    capold[co + 1], capold[co + 2] = false, a
+    cv[rf] = 0
+    if not cdirty[rf] then
+      cdirty[rf] = true
+      cdl[#cdl + 1] = rf
+    end
+    a = (a or 0) + w
+    cv.a = a
+    if not cdirty.a then
+      cdirty.a = true
+      cdl[#cdl + 1] = "a"
+    end
+  end
+  a = a or 0
+  -- cap_room of the current window (no next event: one is 1).
+  local C, lv0 = cd.cl, cd.lv
+  local lv = lv0
+  if lv == 0 then
+    lv = C / (a > 1 and a or 1)
+  end
+  local phi = (now - cd.cs) / cd.step
+  local protect = phi < ramp_hi
+  local e
+  if phi > ramp_lo and cd.wc > 0 then
+    local spare = C - (c - (cv.x or 0)) - (1 - phi) * cd.sf
+    if spare > 0 then
+      local wa = cd.wc
+      if a < wa then
+        wa = a
+      end
+      lv = lv + spare / (wa > 1 and wa or 1)
+      e = -(w * lv - 1e-9) -- math.ceil
+      e = -(e - e % 1)
+    end
+  elseif not protect then
+    lv = C
+  end
+  if not e then
+    e = w * lv + 1e-9
+    e = e - e % 1
+  end
+  if f > e then
+    e = f
+  end
+  local room, free = e - b, C - c
+  if protect and cd.ffloor > 0 then
+    local others = cd.ffloor - (cv.fb or 0) - (f > b and f - b or 0)
+    if others > 0 then
+      free = free - others
+    end
+  end
+  if free < room then
+    room = free
+  end
+  local need = n
+  local costs = cost_at[ti]
+  if costs then
+    need = cap_cost(ti, 1, n, room)
+  end
+  if room < need then
+    return nil
+  end
+  -- fast_many's count of the tenant's own rule.
+  local by = n
+  if costs then
+    by = cost_total(ti, 1, n, d.limit)
+  end
+  if by > d.limit then
+    return nil
+  end
+  local key = KEYS[k + 1] .. ":" .. (numbers[cs] or num(cs))
+  local cnt = redis.pcall("HINCRBY", key, "count", numbers[by] or num(by))
+  if type(cnt) == "table" then -- it wrote nothing
+    error({key = key, why = fault(cnt.err), msg = cnt.err, at = {ti, mark, o}})
+  end
+  local over, opened_cached = cnt > d.limit, ttl and cnt == by
+  if over or opened_cached then
+    -- fast_many's count, journaled, and what it made (made_*): decide
+    -- goes on from it (admit_made), or from scratch when the window
+    -- opened in a cached chain and the anchor does not hold it.
+    local m = jn
+    if cnt == by then
+      journal[jn + 1], journal[jn + 2], journal[jn + 3] = 1, key, false
+    else
+      journal[jn + 1], journal[jn + 2], journal[jn + 3] = 2, key, -by
+    end
+    jn = jn + 3
+    made_key[1], made_by[1], made_end[1], made_d[1], made_c[1] = key, by, cnt == by and ce, d, cnt
+    if opened_cached and (over or not chains_hold(p, k, 1)) then
+      undo(m)
+      counts[key] = cnt - by
+      return false
+    elseif over then
+      return false, true
+    end
+  else
+    slow[ti] = false -- its count is found again by undo_call
+  end
+  if cnt == by then
+    opened(key, ce, d.retention)
+  end
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4] = n, 0, 0, 0
+  if ttl then
+    out[o + 5], out[o + 6] = recs[p + 3], recs[p + 4]
+  end
+  -- cap_book: settled (no field read there is not a number), not journaled.
+  cv.count = c + need
+  if not cdirty.count then
+    cdirty.count = true
+    cdl[#cdl + 1] = "count"
+  end
+  cv[tf] = b + need
+  if not cdirty[tf] then
+    cdirty[tf] = true
+    cdl[#cdl + 1] = tf
+  end
+  if lv0 > 0 then
+    local base = w * lv0 + 1e-9
+    base = base - base % 1
+    if f > base then
+      base = f
+    end
+    local over = need
+    if b < base then
+      over = b + need - base
+    end
+    if over > 0 then
+      cv.x = (cv.x or 0) + over
+      if not cdirty.x then
+        cdirty.x = true
+        cdl[#cdl + 1] = "x"
+      end
+    end
+  end
+  if f > 0 and b < f then
+    local under = (b + need < f and b + need or f) - b
+    if under > 0 then
+      cv.fb = (cv.fb or 0) + under
+      if not cdirty.fb then
+        cdirty.fb = true
+        cdl[#cdl + 1] = "fb"
+      end
+    end
+  end
+  -- cap_ask: what it asks of the next window, and its demand there.
+  local q1 = q0 + need
+  nv[qf] = q1
+  local ndirty = nw.dirty
+  if not ndirty[qf] then
+    ndirty[qf] = true
+    local ndl = nw.dl
+    ndl[#ndl + 1] = qf
+  end
+  if f > 0 or cd.bycost then
+    one_r.w, one_r.f, one_r.cap = w, f, cd
+    settled = true
+    cap_demand(one_r, nw.hkey, q0, q1)
+    settled = false
+  elseif q1 ~= q0 then
+    -- cap_demand, events without a floor (hmove, settled): one bucket, or
+    -- two.
+    local hk = nw.hkey
+    local h = hd[hk]
+    if not h then
+      h = {}
+      hd[hk] = h
+      hdl[#hdl + 1] = hk
+    end
+    local k1 = q1 / w
+    if k1 < HB then
+      k1 = k1 - k1 % 1
+    else
+      k1 = bucket(k1)
+    end
+    local s1 = numbers[k1] or num(k1)
+    if q0 > 0 then
+      local k0 = q0 / w
+      if k0 < HB then
+        k0 = k0 - k0 % 1
+      else
+        k0 = bucket(k0)
+      end
+      if k0 == k1 then
+        h[s1] = (h[s1] or 0) + (q1 - q0)
+      else
+        local s0 = numbers[k0] or num(k0)
+        h[s0] = (h[s0] or 0) - (w * HP + q0)
+        h[s1] = (h[s1] or 0) + (w * HP + q1)
+      end
+    else
+      h[s1] = (h[s1] or 0) + (w * HP + q1)
+    end
+  end
+  return true
+end
+
 -- run decides the tenants from the first-th on. An error stops it at the
 -- failing tenant, which the loop at the end fails alone, or the whole call
 -- with it.
@@ -254,11 +509,19 @@ local function run(first)
       -- those counts.
       slow[ti] = true
       if cap_fast then
-        at[1], at[2], at[3] = ti, mark, o
-        local qs = cap_quick(ti, n)
-        done, c = fast_many(ti, p, k, nrules, n, o, qs)
-        if done then
-          cap_book(qs)
+        local one = nil
+        if ncap == 1 and nrules == 1 and not cap_general then
+          one, c = cap_one(ti, p, k, n, mark, o)
+        end
+        if one ~= nil then
+          done = one
+        else
+          at[1], at[2], at[3] = ti, mark, o
+          local qs = cap_quick(ti, n)
+          done, c = fast_many(ti, p, k, nrules, n, o, qs)
+          if done then
+            cap_book(qs)
+          end
         end
       end
     elseif nrules == 1 then
