@@ -323,7 +323,7 @@ func (d *driver) drainFigures(ctx context.Context, mr modeRun, nm modeNames, res
 	res.EventsPerSec = float64(mr.wl.Events) / max(res.Seconds, 0.001)
 	logf("[%s] drained %d events in %.1fs: %.0f ev/s; redis calls %d (evalsha %d), redis busy %.2fs; out %d, diverted %d, dlq %d",
 		mr.tag, mr.wl.Events, res.Seconds, res.EventsPerSec, res.RedisCalls, res.EvalSHA, res.RedisBusySeconds, res.Forwarded, res.Diverted, res.DeadLettered)
-	logf("[%s] CPU from start to drained: process %.1fs, Kafka broker %s, Redis %.1fs", mr.tag, res.DrainCPU, kafkaCPU(res.KafkaCPU), res.RedisCPU)
+	logf("[%s] CPU from start to drained: process %.2fs, Kafka broker %s, Redis %.2fs", mr.tag, res.DrainCPU, kafkaCPU(res.KafkaCPU), res.RedisCPU)
 	return ends, nil
 }
 

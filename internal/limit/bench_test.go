@@ -146,3 +146,38 @@ func BenchmarkAdmitFrom(b *testing.B) {
 	}
 	b.ReportMetric(float64(benchBatch*b.N)/time.Since(start).Seconds(), "events/s")
 }
+
+// BenchmarkAdmitWithin is the limiter's call as the bench's
+// gatekeeper-within mode makes it (issue 23): ttl windows of an hour, a
+// limit no tenant reaches, 500-event batches of 10,000 Zipf tenants with a
+// Source. It measures the process's side of the call (grouping, keys,
+// arguments, the client's encoding and decoding, the reply); run it with
+// -benchmem, or under callgrind for instruction counts.
+func BenchmarkAdmitWithin(b *testing.B) {
+	rdb := testRedis(b)
+	ctx := context.Background()
+	batches := skewedBatches(64, benchBatch, 10000)
+	l := newTestLimiter(b, rdb, "*=1000000/1h", Options{WindowKind: TTL})
+	events := make([][]Event, len(batches))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s := src(max(0, int64(i-1)*benchBatch), int64(i)*benchBatch)
+		k := i % len(batches)
+		if events[k] == nil {
+			events[k] = s.events(batches[k], nil)
+		}
+		evs := events[k]
+		for j := range evs {
+			evs[j].Offset = s.from + int64(j)
+		}
+		ds, err := l.AdmitFrom(ctx, s.Source, evs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if ds[0].Kind != Admit {
+			b.Fatalf("decision %v, want Admit", ds[0])
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchBatch), "ns/event")
+}

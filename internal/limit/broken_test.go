@@ -140,7 +140,7 @@ func TestFailedCallCountsNothing(t *testing.T) {
 			}
 			recs[len(recs)-3] = 99 // bad's rule is descriptor 99
 			av[len(av)-2], _ = json.Marshal(recs)
-			if err := l.admit.Run(ctx, rdb, ks, av...).Err(); err == nil {
+			if err := l.runAdmit(ctx, ks, av).Err(); err == nil {
 				t.Fatal("script with a bad record: got no error, want one")
 			}
 			for tenant, want := range map[string]int64{"a": 1, "s": 0} {

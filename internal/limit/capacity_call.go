@@ -54,7 +54,7 @@ func (l *Limiter) setID(rules []Rule) string {
 }
 
 // capacityKeys appends the capacity rules' keys.
-func (l *Limiter) capacityKeys(ks []string) []string {
+func (l *Limiter) capacityKeys(ks []any) []any {
 	for _, r := range l.opts.Capacity {
 		ks = append(ks, l.keys.capacity(r))
 	}

@@ -16,10 +16,25 @@ func (g *group) chainOf(i int) chain {
 }
 
 // replyChains returns the chains (start, end) of rules rules that end a
-// tenant's reply r.
-func replyChains(r []int64, rules int) []chain {
-	cs := make([]chain, rules)
+// tenant's reply r: old itself when they are the same (within its limits a
+// tenant's chains move only when a window opens, so most calls allocate
+// nothing here), else a new slice (old is never changed: calls under way
+// may read it).
+func replyChains(old []chain, r []int64, rules int) []chain {
 	at := len(r) - 2*rules
+	if len(old) == rules {
+		same := true
+		for i := range old {
+			if old[i] != (chain{start: r[at+2*i], end: r[at+2*i+1]}) {
+				same = false
+				break
+			}
+		}
+		if same {
+			return old
+		}
+	}
+	cs := make([]chain, rules)
 	for i := range cs {
 		cs[i] = chain{start: r[at+2*i], end: r[at+2*i+1]}
 	}

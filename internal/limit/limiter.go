@@ -135,9 +135,11 @@ type stateKey struct{ tenant, set string }
 // never change once built; full, chain and the cache fields are guarded by
 // Limiter.mu.
 type tenantState struct {
-	key      stateKey
-	frontier string
-	keys     []string // the rules' key prefixes, in rule order
+	key stateKey
+	// keys: the frontier key, then the rules' key prefixes in rule order,
+	// each boxed once, as go-redis takes a command's arguments: a call
+	// passes them on without boxing each again (see admitCmd).
+	keys []any
 	// full: no room within the horizon before this time (zero: not known)
 	// for an event that costs fullCost or more (see fullFor).
 	full     time.Time
@@ -382,7 +384,7 @@ func (l *Limiter) admitFrom(ctx context.Context, s *scratch, src positions, tena
 			hend = before
 		}
 	}
-	replies, err := l.call(ctx, now, calls, src, hend)
+	replies, err := l.call(ctx, s, now, calls, src, hend)
 	if err != nil {
 		return nil, err
 	}
@@ -471,7 +473,7 @@ func (l *Limiter) cacheChains(calls []*group, replies []reply) {
 	defer l.mu.Unlock()
 	for j, g := range calls {
 		if replies[j].failed == "" {
-			g.st.chains = replyChains(replies[j].n, len(g.rules))
+			g.st.chains = replyChains(g.st.chains, replies[j].n, len(g.rules))
 		}
 	}
 }
@@ -484,9 +486,10 @@ func (l *Limiter) stateLocked(g *group, now time.Time) *tenantState {
 	if st := l.states.get(k, now); st != nil {
 		return st
 	}
-	st := &tenantState{key: k, frontier: l.keys.frontier(g.tenant, g.set), keys: make([]string, len(g.rules))}
+	st := &tenantState{key: k, keys: make([]any, 1+len(g.rules))}
+	st.keys[0] = l.keys.frontier(g.tenant, g.set)
 	for i, r := range g.rules {
-		st.keys[i] = l.keys.rule(g.tenant, r)
+		st.keys[1+i] = l.keys.rule(g.tenant, r)
 	}
 	l.states.add(st, now)
 	return st

@@ -103,7 +103,7 @@ type replayed struct {
 // replayArgs appends the replay record's key and arguments of one script
 // call over groups to ks and av (see "Replay record" in admit.lua): with no
 // source, the one argument "".
-func (l *Limiter) replayArgs(ks []string, av []any, groups []*group, src positions) ([]string, []any) {
+func (l *Limiter) replayArgs(ks, av []any, groups []*group, src positions) ([]any, []any) {
 	if src.Topic == "" {
 		return ks, append(av, "")
 	}

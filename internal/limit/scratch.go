@@ -18,6 +18,9 @@ type scratch struct {
 	slab     []group
 	order    []*group
 	idx      []int
+	// The call's reply, split per group (parseReplies).
+	flat    []int64
+	replies []reply
 }
 
 var scratchPool = sync.Pool{New: func() any { return &scratch{byTenant: map[string]int32{}} }}
@@ -30,6 +33,7 @@ func (s *scratch) release() {
 	clear(s.tenants[:cap(s.tenants)])
 	clear(s.slab[:cap(s.slab)])
 	clear(s.order[:cap(s.order)])
+	clear(s.replies[:cap(s.replies)])
 	clear(s.byTenant)
 	scratchPool.Put(s)
 }

@@ -93,12 +93,14 @@ func newStateCache(budget int64, m *metrics) *stateCache {
 // Estimated heap bytes of one state besides its strings: the tenantState
 // (176-byte size class, with the cost it is known full for) and its map
 // slot (key and pointer, 40 bytes, and a control byte); each rule adds 16
-// bytes to the keys slice's array and 16 to its ttl chains'. A Go
+// bytes to its ttl chains' array, and each key, the frontier's too, 16 to the
+// keys slice's array and 16 to its box (an interface value). A Go
 // map's table is between 7/16 and 7/8 full when it grows; deleted slots
 // may make it double once more before stateCache copies it (after as many
 // deletions as entries), so a slot costs at most about 41*32/7 bytes.
 const (
 	stateFixedBytes = 176 + 41*32/7
+	stateRuleBytes  = 16
 	stateKeyBytes   = 16 + 16
 )
 
@@ -117,10 +119,10 @@ func stringBytes(n int) int64 {
 // rule-set string is shared by the tenants of one batch; counting it per
 // state errs on the safe side.
 func stateBytes(st *tenantState) int64 {
-	n := int64(stateFixedBytes+stateKeyBytes*len(st.keys)) +
-		stringBytes(len(st.key.tenant)) + stringBytes(len(st.key.set)) + stringBytes(len(st.frontier))
+	n := int64(stateFixedBytes+stateRuleBytes*(len(st.keys)-1)+stateKeyBytes*len(st.keys)) +
+		stringBytes(len(st.key.tenant)) + stringBytes(len(st.key.set))
 	for _, k := range st.keys {
-		n += stringBytes(len(k))
+		n += stringBytes(len(k.(string)))
 	}
 	return n
 }

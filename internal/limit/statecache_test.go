@@ -14,9 +14,8 @@ func testState(tenant string) *tenantState {
 	k := keys{prefix: "gk", kind: Aligned}
 	set := "aligned:1/1m"
 	return &tenantState{
-		key:      stateKey{tenant, set},
-		frontier: k.frontier(tenant, set),
-		keys:     []string{k.tenant(tenant) + ":1m"},
+		key:  stateKey{tenant, set},
+		keys: []any{k.frontier(tenant, set), k.tenant(tenant) + ":1m"},
 	}
 }
 

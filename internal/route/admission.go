@@ -25,7 +25,8 @@ import (
 // the batch is tried again. A limit.Fail decision (a broken counter key of
 // the event's tenant, which trying again does not mend) sends the event to
 // the dead-letter topic with the decision's reason.
-// Implementations must be safe for concurrent use.
+// Implementations must be safe for concurrent use, and must not keep
+// events once AdmitFrom returned (the Gate reuses the slice).
 type Admitter interface {
 	AdmitFrom(ctx context.Context, src limit.Source, events []limit.Event) ([]limit.Decision, error)
 }

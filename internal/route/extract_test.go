@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -144,27 +145,61 @@ func TestTenant(t *testing.T) {
 			if err != nil {
 				t.Fatalf("ParseTenantFrom(%q): %v", tt.spec, err)
 			}
-			got, err := e.Tenant(tt.msg)
-			if tt.wantErr != "" {
-				if err == nil {
-					t.Fatalf("got tenant %q, want error %q", got, tt.wantErr)
+			// Tenant, then the Gate's tenantIn twice in one batch: the
+			// second time the tenant's bytes were seen (when valid).
+			seen := batchTenants{}
+			for _, how := range []string{"Tenant", "tenantIn", "tenantIn again"} {
+				got, err := e.Tenant(tt.msg)
+				if how != "Tenant" {
+					got, err = e.tenantIn(tt.msg, seen)
 				}
-				if err.Error() != tt.wantErr {
-					t.Fatalf("got error %q, want %q", err.Error(), tt.wantErr)
+				if tt.wantErr != "" {
+					if err == nil {
+						t.Fatalf("%s: got tenant %q, want error %q", how, got, tt.wantErr)
+					}
+					if err.Error() != tt.wantErr {
+						t.Fatalf("%s: got error %q, want %q", how, err.Error(), tt.wantErr)
+					}
+					continue
 				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("got error %q, want tenant %q", err, tt.want)
-			}
-			if got != tt.want {
-				t.Errorf("got tenant %q, want %q", got, tt.want)
+				if err != nil {
+					t.Fatalf("%s: got error %q, want tenant %q", how, err, tt.want)
+				}
+				if got != tt.want {
+					t.Errorf("%s: got tenant %q, want %q", how, got, tt.want)
+				}
 			}
 		})
 	}
 }
 
 func jsonMsg(v string) kafka.Message { return kafka.Message{Value: []byte(v)} }
+
+// A batch's events of one tenant share one string, made once, and a tenant
+// seen valid does not make a later event's bad header pass.
+func TestTenantInBatch(t *testing.T) {
+	e, err := ParseTenantFrom("header:t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := batchTenants{}
+	first, err := e.tenantIn(kafka.Message{Headers: hdr("t", "acme")}, seen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := kafka.Message{Headers: hdr("x", "1", "t", "acme")}
+	if allocs := testing.AllocsPerRun(20, func() {
+		got, err := e.tenantIn(msg, seen)
+		if err != nil || got != first || unsafe.StringData(got) != unsafe.StringData(first) {
+			t.Fatalf("got %q %v, want the batch's string %q", got, err, first)
+		}
+	}); allocs != 0 {
+		t.Errorf("a tenant seen in the batch: got %.0f allocations, want 0", allocs)
+	}
+	if got, err := e.tenantIn(kafka.Message{Headers: hdr("t", "acme", "t", "victim")}, seen); err == nil {
+		t.Errorf("header twice, the first value seen: got tenant %q, want an error", got)
+	}
+}
 
 // FuzzTenant checks that Tenant never panics, that a tenant it returns is
 // non-empty, at most MaxTenantBytes and valid UTF-8, that valid JSON is never

@@ -13,8 +13,12 @@ import (
 	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
-// itemPool recycles the Gate's per-batch items.
-var itemPool slicePool[Item]
+// itemPool, eventPool and validPool recycle the Gate's per-batch slices.
+var (
+	itemPool  slicePool[Item]
+	eventPool slicePool[limit.Event]
+	validPool slicePool[int]
+)
 
 // defaultReason is the dead-letter reason of a rejection the limiter gave no reason for.
 const defaultReason = "over limit"
@@ -75,24 +79,32 @@ func (g *Gate) Handle(ctx context.Context, b consume.Batch) error {
 	counts := map[string]int{}
 	orig := newOrigins(msgs)
 	events, valid := g.extract(msgs, items, orig, counts, log)
+	defer eventPool.put(events)
+	defer validPool.put(valid)
 
 	ds, unchecked, err := g.admit(ctx, source(b), events, msgs[0])
 	if err != nil {
 		return fmt.Errorf("gate: %w", err)
 	}
 
+	// Decisions are counted by kind here and named once per batch below.
+	var kinds [limit.Fail + 1]int
 	for j, i := range valid {
-		m, tenant := msgs[i], events[j].Tenant
 		if unchecked {
-			items[i] = Item{Msg: orig.with(m, ""), Outcome: Forward}
+			items[i] = Item{Msg: orig.with(msgs[i], ""), Outcome: Forward}
 			continue
 		}
-		d := ds[j]
+		d := &ds[j]
 		if d.Kind != limit.Admit && d.Kind != limit.Defer && d.Kind != limit.Reject && d.Kind != limit.Fail {
-			return fmt.Errorf("gate: decision %d for tenant %q is not valid", d.Kind, tenant)
+			return fmt.Errorf("gate: decision %d for tenant %q is not valid", d.Kind, events[j].Tenant)
 		}
-		counts[d.Kind.String()]++
-		items[i] = g.decided(m, tenant, d, now, orig, log, debug)
+		kinds[d.Kind]++
+		g.decided(&items[i], &msgs[i], events[j].Tenant, d, now, orig, log, debug)
+	}
+	for k, n := range kinds {
+		if n > 0 {
+			counts[limit.Kind(k).String()] += n
+		}
 	}
 
 	if err := g.Router.Route(ctx, items); err != nil {
@@ -118,10 +130,12 @@ func (g *Gate) Handle(ctx context.Context, b consume.Batch) error {
 // without a tenant or a cost gets its item (dead-lettered, or forwarded in
 // shadow mode) and is counted invalid.
 func (g *Gate) extract(msgs []kafka.Message, items []Item, orig *origins, counts map[string]int, log *slog.Logger) (events []limit.Event, valid []int) {
-	events = make([]limit.Event, 0, len(msgs))
-	valid = make([]int, 0, len(msgs)) // indexes of msgs with a tenant
+	events = eventPool.get(len(msgs))[:0]
+	valid = validPool.get(len(msgs))[:0] // indexes of msgs with a tenant
+	seen := batchTenantsPool.Get().(batchTenants)
+	defer seen.release()
 	for i, m := range msgs {
-		tenant, err := g.Extractor.Tenant(m)
+		tenant, err := g.Extractor.tenantIn(m, seen)
 		var cost limit.Cost
 		if err == nil {
 			cost, err = g.CostFrom.Cost(m)
@@ -142,13 +156,23 @@ func (g *Gate) extract(msgs []kafka.Message, items []Item, orig *origins, counts
 	return events, valid
 }
 
-// decided returns the item of event m of tenant after decision d (Admit,
+// decided sets it, the item of event m of tenant, after decision d (Admit,
 // Defer, Reject or Fail): forwarded, deferred or dead-lettered, and
-// forwarded whatever d in shadow mode.
-func (g *Gate) decided(m kafka.Message, tenant string, d limit.Decision, now time.Time, orig *origins, log *slog.Logger, debug bool) Item {
-	if g.Shadow {
-		return Item{Msg: orig.with(m, tenant), Outcome: Forward}
+// forwarded whatever d in shadow mode. It works in place: an Item is about
+// 300 bytes, and copies of it and of the message were a tenth of the Gate's
+// work per event.
+func (g *Gate) decided(it *Item, m *kafka.Message, tenant string, d *limit.Decision, now time.Time, orig *origins, log *slog.Logger, debug bool) {
+	if g.Shadow || d.Kind == limit.Admit {
+		*it = Item{Msg: *m, Outcome: Forward}
+		orig.set(&it.Msg, tenant)
+		return
 	}
+	*it = g.notAdmitted(*m, tenant, *d, now, orig, log, debug)
+}
+
+// notAdmitted returns the item of event m of tenant after decision d
+// (Defer, Reject or Fail): deferred or dead-lettered.
+func (g *Gate) notAdmitted(m kafka.Message, tenant string, d limit.Decision, now time.Time, orig *origins, log *slog.Logger, debug bool) Item {
 	switch d.Kind {
 	case limit.Defer:
 		if debug {
@@ -170,7 +194,7 @@ func (g *Gate) decided(m kafka.Message, tenant string, d limit.Decision, now tim
 				"decision", d.Kind.String(), "reason", rejectReason(d))
 		}
 		return Item{Msg: orig.with(m, tenant), Outcome: DeadLetter, Reason: rejectReason(d)}
-	default: // limit.Admit
+	default: // limit.Admit, handled by decided
 		return Item{Msg: orig.with(m, tenant), Outcome: Forward}
 	}
 }

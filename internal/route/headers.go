@@ -199,6 +199,12 @@ func (o *origins) value(f func([]byte) []byte) []byte {
 // with returns a copy of m with its origin headers and the tenant's, as
 // withOrigin does.
 func (o *origins) with(m kafka.Message, tenant string) kafka.Message {
+	o.set(&m, tenant)
+	return m
+}
+
+// set gives m its origin headers and the tenant's in place, as with does.
+func (o *origins) set(m *kafka.Message, tenant string) {
 	if o.topic == nil || m.Topic != o.topicName || m.Partition != o.partitionNum {
 		o.topicName, o.partitionNum = m.Topic, m.Partition
 		o.topic = o.value(func(b []byte) []byte { return append(b, m.Topic...) })
@@ -219,7 +225,6 @@ func (o *origins) with(m kafka.Message, tenant string) kafka.Message {
 		kafka.Header{Key: HeaderOriginOffset, Value: o.value(func(b []byte) []byte { return strconv.AppendInt(b, m.Offset, 10) })},
 	)
 	m.Headers = o.hdrs[start:len(o.hdrs):len(o.hdrs)]
-	return m
 }
 
 // ParseDeferral reads the deferral headers of m. If a header appears more than
