@@ -314,12 +314,13 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "CAPACITY", "5000/1s", "REDIS_ADDRS", "a:1,b:2"), "CAPACITY"},
 		{with(minimal(), "CAPACITY", "100/1s", "LIMITS", "*=10/1s;a=floor:60/1s;b=floor:50/1s"), "LIMITS"},
 		{with(minimal(), "LIMITS", "*=10/1s;a=weight:0"), "LIMITS"},
-		{with(minimal(), "CAPACITY", "10MiB/1s", "LIMITS", "*=10/1s;a=floor:200/1s"), "LIMITS"}, // a floor of events, a capacity of bytes
-		{with(minimal(), "CAPACITY", "100/1s", "LIMITS", "*=10/1s;a=floor:1KiB/1s"), "LIMITS"},  // the reverse
-		{with(minimal(), "CAPACITY", "10MiB/1s,100/1m"), "CAPACITY"},                            // two measures
-		{with(minimal(), "CAPACITY", "2000u/1s"), "CAPACITY"},                                   // units need COST_FROM
-		{with(minimal(), "CAPACITY", "10MiB/1s", "CAPACITY_FROM", "group:b"), "CAPACITY_FROM"},  // pacing is in events
-		{with(minimal(), "CAPACITY_FROM", "group:billing"), "CAPACITY_FROM"},                    // needs CAPACITY
+		{with(minimal(), "CAPACITY", "10MiB/1s", "LIMITS", "*=10/1s;a=floor:200/1s"), "LIMITS"},  // a floor of events, a capacity of bytes
+		{with(minimal(), "CAPACITY", "100/1s", "LIMITS", "*=10/1s;a=floor:1KiB/1s"), "LIMITS"},   // the reverse
+		{with(minimal(), "CAPACITY", "10MiB/1s,100/1m"), "CAPACITY"},                             // two measures
+		{with(minimal(), "CAPACITY", "2000u/1s"), "CAPACITY"},                                    // units need COST_FROM
+		{with(minimal(), "CAPACITY", "10MiB/1s", "CAPACITY_FROM", "group:b"), "CAPACITY_FROM"},   // pacing is in events
+		{with(minimal(), "CAPACITY", "1000000/1h", "CAPACITY_FROM", "group:b"), "CAPACITY_FROM"}, // the hour fixed at its first call
+		{with(minimal(), "CAPACITY_FROM", "group:billing"), "CAPACITY_FROM"},                     // needs CAPACITY
 		{with(minimal(), "CAPACITY", "100/1s", "CAPACITY_FROM", "billing"), "CAPACITY_FROM"},
 		{with(minimal(), "CAPACITY", "100/1s", "CAPACITY_FROM", "group:"), "CAPACITY_FROM"},
 		{with(minimal(), "CAPACITY", "100/1s", "CAPACITY_FROM", "group:gatekeeper"), "CAPACITY_FROM"}, // its own group

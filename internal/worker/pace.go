@@ -62,8 +62,9 @@ func (c *Config) paceFloor(capacity limit.Capacity) (float64, error) {
 	return f.Rate(), nil
 }
 
-// checkPace checks the Pace group: CAPACITY_FROM needs CAPACITY and a
-// group other than GROUP_ID; the floor is under the capacity.
+// checkPace checks the Pace group: CAPACITY_FROM needs CAPACITY of
+// events with a rule of at most a minute and a group other than GROUP_ID;
+// the floor is under the capacity.
 func (c *Config) checkPace() error {
 	g, err := c.paceGroup()
 	if err != nil {
@@ -78,6 +79,9 @@ func (c *Config) checkPace() error {
 	}
 	if g != "" && g == c.GroupID {
 		return bad("CAPACITY_FROM", "group %q is Gatekeeper's own GROUP_ID, not the downstream's", g)
+	}
+	if g != "" && shortestWindow(capacity) > time.Minute {
+		return bad("CAPACITY_FROM", "paces the capacity's rule of the shortest window, fixed at each window's first call: CAPACITY %s would follow the drain once every %s; give a rule of at most a minute beside it (e.g. 5000/1s,%s)", capacity, strings.TrimSuffix(strings.TrimSuffix(shortestWindow(capacity).String(), "0s"), "0m"), capacity)
 	}
 	if c.CapacityFloor != "" && len(capacity) == 0 {
 		return bad("CAPACITY_FLOOR", "needs CAPACITY and CAPACITY_FROM")
@@ -144,4 +148,16 @@ func runPace(ctx context.Context, r *pace.Runner) error {
 		return nil
 	}
 	return r.Run(ctx)
+}
+
+// shortestWindow returns the length of the capacity's shortest rule (the
+// one a paced rate sets: limit.Limiter.SetCapacityRate).
+func shortestWindow(c limit.Capacity) time.Duration {
+	var d time.Duration
+	for i, r := range c {
+		if i == 0 || r.Length() < d {
+			d = r.Length()
+		}
+	}
+	return d
 }
