@@ -40,3 +40,30 @@ func replyChains(old []chain, r []int64, rules int) []chain {
 	}
 	return cs
 }
+
+// sentChains is replyChains for a reply that left g's chains as the call
+// sent them (g.chainOf of each of its rules rules): old itself when they
+// are the same, else g.chains (never changed in place either), or a new
+// slice when the call sent none.
+func sentChains(old []chain, g *group, rules int) []chain {
+	if len(old) == rules {
+		same := true
+		for i := range old {
+			if old[i] != g.chainOf(i) {
+				same = false
+				break
+			}
+		}
+		if same {
+			return old
+		}
+	}
+	if len(g.chains) == rules {
+		return g.chains
+	}
+	cs := make([]chain, rules)
+	for i := range cs {
+		cs[i] = g.chainOf(i)
+	}
+	return cs
+}

@@ -125,6 +125,9 @@ type Limiter struct {
 	// capGeneral (tests only) decides every tenant through the capacity's
 	// general path, without cap_one (90_run.lua): the two must agree.
 	capGeneral bool
+	// fullReply (tests only) asks admit.lua for its full reply, every
+	// tenant's numbers, rather than the compact one: the two must agree.
+	fullReply bool
 }
 
 // stateKey names a tenant under one rule set (the rules' windows name its keys).
@@ -467,12 +470,16 @@ func (l *Limiter) groups(s *scratch, tenants []string, noCosts bool) ([]*group, 
 }
 
 // cacheChains keeps the ttl chains of the tenants in replies (the last two
-// numbers per rule of each reply).
+// numbers per rule of each reply; those the call sent when the compact
+// reply left the tenant out).
 func (l *Limiter) cacheChains(calls []*group, replies []reply) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for j, g := range calls {
-		if replies[j].failed == "" {
+		switch {
+		case replies[j].cached:
+			g.st.chains = sentChains(g.st.chains, g, len(g.rules))
+		case replies[j].failed == "":
 			g.st.chains = replyChains(g.st.chains, replies[j].n, len(g.rules))
 		}
 	}

@@ -85,7 +85,11 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, bu
 	}
 	recs = append(recs, ']')
 	av := make([]any, 0, 6+len(d.args))
-	av = append(av, now.UnixMilli(), hend.UnixMilli(), budget, len(d.index), len(groups))
+	ntenants := len(groups)
+	if l.fullReply {
+		ntenants = -ntenants // (see admit.lua's Reply)
+	}
+	av = append(av, now.UnixMilli(), hend.UnixMilli(), budget, len(d.index), ntenants)
 	av = append(av, d.args...)
 	av = append(av, recs)
 	ks, av = l.replayArgs(ks, av, groups, src)
@@ -184,11 +188,16 @@ func (l *Limiter) runAdmit(ctx context.Context, ks, av []any) *redis.Cmd {
 var errReply = errors.New("admit: unexpected script reply")
 
 // reply is one tenant's part of admit.lua's reply: its numbers, or, when a
-// broken key failed the tenant, the reason; and its events found in the
-// replay record, which the numbers are not about.
+// broken key failed the tenant, the reason, or, when the compact reply left
+// it out, cached; and its events found in the replay record, which the
+// numbers are not about.
 type reply struct {
-	n        []int64
-	failed   string
+	n      []int64
+	failed string
+	// cached: the compact reply left the tenant out (see admit.lua's
+	// Reply): every event not replayed was admitted, and its ttl chains are
+	// the ones the call sent (group.chains).
+	cached   bool
 	replayed []replayed
 	// recordHi is the highest offset of the call's replay record once the
 	// call was done (-1: none, or no source).
@@ -204,12 +213,17 @@ func (l *Limiter) chainNumbers(g *group) int {
 	return 0
 }
 
-// parseReplies splits admit.lua's flat reply into one reply per group:
-// admitted, reservations, 3 numbers per reservation, rejected, full_until,
-// then the ttl chain (start, end) of each rule when the window is ttl; or,
-// for a tenant that failed, -1, the broken key and what is wrong with it;
-// then the events found in the replay record (see parseReplayed). The
-// replies and their numbers are in s's slices (nil: new ones).
+// parseReplies splits admit.lua's reply into one reply per group (see
+// Reply there). The compact reply (the default) starts with the number of
+// tenants it lists and the sum of the new events of the others, which it
+// left out (cached), then lists each by its number (1-based) and its full
+// part; the full reply (Limiter.fullReply) has every tenant's full part, in
+// order. A full part is admitted, reservations, 3 numbers per reservation,
+// rejected, full_until, then the ttl chain (start, end) of each rule when
+// the window is ttl; or, for a tenant that failed, -1, the broken key and
+// what is wrong with it. Then come the events found in the replay record
+// (see parseReplayed). The replies and their numbers are in s's slices
+// (nil: new ones).
 func (l *Limiter) parseReplies(res any, groups []*group, s *scratch) ([]reply, error) {
 	arr, ok := res.([]any)
 	if !ok {
@@ -225,40 +239,96 @@ func (l *Limiter) parseReplies(res any, groups []*group, s *scratch) ([]reply, e
 	s.replies = grow(s.replies, len(groups))
 	out := s.replies
 	clear(out)
-	for i, g := range groups {
-		if len(arr) >= 3 && arr[0] == int64(-1) {
-			key, kok := arr[1].(string)
-			why, wok := arr[2].(string)
-			if !kok || !wok {
-				return nil, fmt.Errorf("%w: tenant %d: failure %v", errReply, i, arr[:3])
+	var err error
+	if l.fullReply {
+		for i, g := range groups {
+			if arr, flat, err = l.parsePart(arr, i, g, &out[i], flat); err != nil {
+				return nil, err
 			}
-			out[i].failed = "counter key " + key + " " + why
-			arr = arr[3:]
-			continue
 		}
-		var nres int64
-		if len(arr) >= 2 {
-			nres, _ = arr[1].(int64)
+		if err := l.parseReplayed(arr, groups, out); err != nil {
+			return nil, err
 		}
-		chains := l.chainNumbers(g)
-		if nres < 0 || int64(len(arr)-4-chains) < 3*nres {
-			return nil, fmt.Errorf("%w: tenant %d: %v", errReply, i, arr)
+		return out, nil
+	}
+	if len(arr) < 2 {
+		return nil, fmt.Errorf("%w: %v", errReply, arr)
+	}
+	m, mok := arr[0].(int64)
+	sum, sok := arr[1].(int64)
+	if !mok || !sok || m < 0 || m > int64(len(groups)) {
+		return nil, fmt.Errorf("%w: compact head %v", errReply, arr[:2])
+	}
+	arr = arr[2:]
+	next := 0 // the first group not yet listed or left out
+	for range m {
+		if len(arr) == 0 {
+			return nil, fmt.Errorf("%w: compact: %d tenants listed, the reply ends after %d", errReply, m, next)
 		}
-		n := 4 + chains + 3*int(nres)
-		start := len(flat)
-		for j, x := range arr[:n] {
-			v, ok := x.(int64)
-			if !ok {
-				return nil, fmt.Errorf("%w: tenant %d: field %d: %T", errReply, i, j, x)
-			}
-			flat = append(flat, v)
+		ti, ok := arr[0].(int64)
+		if !ok || ti <= int64(next) || ti > int64(len(groups)) {
+			return nil, fmt.Errorf("%w: compact: tenant %v after %d of %d", errReply, arr[0], next, len(groups))
 		}
-		out[i].n, arr = flat[start:len(flat):len(flat)], arr[n:]
+		for ; next < int(ti)-1; next++ {
+			out[next].cached = true
+		}
+		i := int(ti) - 1
+		if arr, flat, err = l.parsePart(arr[1:], i, groups[i], &out[i], flat); err != nil {
+			return nil, err
+		}
+		next = i + 1
+	}
+	for ; next < len(groups); next++ {
+		out[next].cached = true
 	}
 	if err := l.parseReplayed(arr, groups, out); err != nil {
 		return nil, err
 	}
+	// The tenants left out had every new event admitted: as many as the
+	// script says.
+	left := 0
+	for i, g := range groups {
+		if out[i].cached {
+			left += len(g.idx) - len(out[i].replayed)
+		}
+	}
+	if int64(left) != sum {
+		return nil, fmt.Errorf("%w: compact: %d new events of the tenants left out, %d in the reply", errReply, left, sum)
+	}
 	return out, nil
+}
+
+// parsePart parses the full part of group g (the i-th) at the start of arr
+// into r, its numbers appended to flat, and returns what follows it and flat.
+func (l *Limiter) parsePart(arr []any, i int, g *group, r *reply, flat []int64) ([]any, []int64, error) {
+	if len(arr) >= 3 && arr[0] == int64(-1) {
+		key, kok := arr[1].(string)
+		why, wok := arr[2].(string)
+		if !kok || !wok {
+			return nil, nil, fmt.Errorf("%w: tenant %d: failure %v", errReply, i, arr[:3])
+		}
+		r.failed = "counter key " + key + " " + why
+		return arr[3:], flat, nil
+	}
+	var nres int64
+	if len(arr) >= 2 {
+		nres, _ = arr[1].(int64)
+	}
+	chains := l.chainNumbers(g)
+	if nres < 0 || int64(len(arr)-4-chains) < 3*nres {
+		return nil, nil, fmt.Errorf("%w: tenant %d: %v", errReply, i, arr)
+	}
+	n := 4 + chains + 3*int(nres)
+	start := len(flat)
+	for j, x := range arr[:n] {
+		v, ok := x.(int64)
+		if !ok {
+			return nil, nil, fmt.Errorf("%w: tenant %d: field %d: %T", errReply, i, j, x)
+		}
+		flat = append(flat, v)
+	}
+	r.n = flat[start:len(flat):len(flat)]
+	return arr[n:], flat, nil
 }
 
 // apply turns one tenant's reply into decisions, in the tenant's event order:
@@ -270,6 +340,12 @@ func (l *Limiter) apply(g *group, rep reply, now time.Time, out []Decision, nowO
 	if rep.failed != "" {
 		for _, i := range idx {
 			out[i] = Decision{Kind: Fail, Reason: rep.failed}
+		}
+		return nil
+	}
+	if rep.cached {
+		for _, i := range idx {
+			out[i] = Decision{Kind: Admit}
 		}
 		return nil
 	}

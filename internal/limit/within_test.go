@@ -8,8 +8,11 @@ import (
 
 // A batch of tenants within their limits costs the process few allocations
 // per tenant (issue 23): the tenants' key names are built once and kept, a
-// ttl chain that did not move is not copied again, and the call's keys and
-// reply are not boxed one by one. It was about 5.4 allocations per tenant.
+// ttl chain that did not move is not copied again, the call's keys are not
+// boxed one by one, and the compact reply leaves out the tenants whose
+// numbers the process has already (go-redis boxed each chain number). It
+// was about 5.4 allocations per tenant, then 2.2 before the compact reply
+// (0.22 with it).
 func TestAdmitWithinAllocations(t *testing.T) {
 	rdb := testRedis(t)
 	ctx := context.Background()
@@ -40,7 +43,7 @@ func TestAdmitWithinAllocations(t *testing.T) {
 	admit() // the tenants' states and chains
 	allocs := testing.AllocsPerRun(20, admit)
 	perTenant := allocs / tenants
-	bound := 3.0
+	bound := 0.5
 	if raceEnabled {
 		bound *= 2 // the pool drops scratches at random
 	}

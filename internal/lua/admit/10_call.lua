@@ -41,7 +41,8 @@
 --   record key, last (see Replay record below).
 -- ARGV[1] now (unix ms)      ARGV[2] horizon end (now + horizon, unix ms)
 -- ARGV[3] the call's budget of window reads (see Budget)
--- ARGV[4] number of rule descriptors   ARGV[5] number of tenants
+-- ARGV[4] number of rule descriptors   ARGV[5] number of tenants, negated
+--   when the caller asks for the full reply (see Reply)
 --   then per rule descriptor (each distinct rule once per call, whatever the
 --   number of tenants it applies to):
 --     limit, kind, step ms, base ms, retention ms, number of boundaries,
@@ -69,7 +70,16 @@
 --   grown; the script reads the anchor before writing it, and before trusting
 --   the cache to open a window (a lost anchor then starts a new chain).
 --   Then, with a source partition, the replay arguments (see Replay record).
--- Reply: one flat array, per tenant in order:
+-- Reply (compact, the default): m, the number of tenants listed, then the
+--   sum of the new events of the others, then per listed tenant: its number
+--   in the call (1-based) and its part of the full reply (below); then the
+--   replay part as in the full reply. A tenant not listed had every new event
+--   admitted (its admitted = its n, none reserved or rejected, full_until 0)
+--   and its ttl chains are the cached ones it was sent: the caller has all
+--   of its full part already. (Within limits most tenants are such, and the
+--   full reply's four to six numbers each cost both sides more than the
+--   one pass over the tenants that leaves them out: issue 23.)
+-- Full reply (ARGV[5] negated): one flat array, per tenant in order:
 --   admitted, reservations, due_1, count_1, until_1, ..., rejected, full_until,
 --   then chain start, chain end per rule for ttl rules
 --   where until_i is the end of the reserved slot (the earliest end of the
@@ -148,6 +158,10 @@ local budget = tonumber(ARGV[3]) -- window reads left for the searches (see Budg
 local keep_most = math.floor(budget / 4) -- the most a search leaves to those after it
 local ndescs = tonumber(ARGV[4])
 local ntenants = tonumber(ARGV[5])
+local full_reply = ntenants < 0 -- (see Reply)
+if full_reply then
+  ntenants = -ntenants
+end
 
 -- The longest life of a frontier of a tenant that got nothing (see Budget).
 local idle_frontier_ms = 60000

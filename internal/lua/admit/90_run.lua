@@ -608,6 +608,47 @@ local function undo_call()
   end
 end
 
+-- compact returns the compact reply's head (see Reply): the tenants whose
+-- part of the full reply (in out) the caller does not have already, each
+-- with its number; the others' new events are all admitted and their ttl
+-- chains are as sent (the full part's numbers equal the record's: n, then
+-- zeros, then the cached chains).
+local function compact()
+  local recs, descs, out = recs, descs, out
+  local c, m, sum = {0, 0}, 0, 0
+  for ti = 1, ntenants do
+    local o, p = out_at[ti], rec_at[ti]
+    local n = recs[p + 1]
+    local same = out[o] == n and out[o + 1] == 0 and out[o + 2] == 0
+    if same and descs[recs[p + 2]].kind == "t" then
+      local q = o + 4
+      for r = p + 3, p + 3 * recs[p], 3 do
+        if out[q] ~= recs[r] or out[q + 1] ~= recs[r + 1] then
+          same = false
+          break
+        end
+        q = q + 2
+      end
+    end
+    if same then
+      sum = sum + n
+    else
+      m = m + 1
+      local e = #out
+      if ti < ntenants then
+        e = out_at[ti + 1] - 1
+      end
+      local k = #c
+      c[k + 1] = ti
+      for i = o, e do
+        c[k + 2 + i - o] = out[i]
+      end
+    end
+  end
+  c[1], c[2] = m, sum
+  return c
+end
+
 -- finish records the call's decisions and ends the reply with the
 -- replayed events; a failure to write the record takes the call back.
 local function finish()
@@ -621,13 +662,17 @@ local function finish()
   if ncap > 0 then
     cap_flush() -- the capacity's writes, kept until now (35_capacity.lua)
   end
-  local o = #out
-  out[o + 1] = #replayed / 4
-  for i = 1, #replayed do
-    out[o + 1 + i] = replayed[i]
+  local r = out
+  if not full_reply then
+    r = compact()
   end
-  out[#out + 1] = rec_hi
-  return out
+  local o = #r
+  r[o + 1] = #replayed / 4
+  for i = 1, #replayed do
+    r[o + 1 + i] = replayed[i]
+  end
+  r[#r + 1] = rec_hi
+  return r
 end
 
 if rkey then
