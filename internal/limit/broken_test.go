@@ -132,7 +132,7 @@ func TestFailedCallCountsNothing(t *testing.T) {
 				g.chains = g.st.chains
 			}
 			l.mu.Unlock()
-			ks, av := l.script(groups, now, now.Add(l.opts.Horizon), positions{}, l.scanBudget(1))
+			ks, av := l.script(groups, now, now.Add(l.opts.Horizon), positions{}, l.scanBudget(1), nil)
 			// The tenants' records come last but for the replay argument (none).
 			var recs []int64
 			if err := json.Unmarshal(av[len(av)-2].([]byte), &recs); err != nil {
@@ -140,7 +140,7 @@ func TestFailedCallCountsNothing(t *testing.T) {
 			}
 			recs[len(recs)-3] = 99 // bad's rule is descriptor 99
 			av[len(av)-2], _ = json.Marshal(recs)
-			if err := l.runAdmit(ctx, ks, av).Err(); err == nil {
+			if err := l.runAdmit(ctx, ks, av, nil).Err(); err == nil {
 				t.Fatal("script with a bad record: got no error, want one")
 			}
 			for tenant, want := range map[string]int64{"a": 1, "s": 0} {

@@ -103,7 +103,7 @@ type replayed struct {
 // replayArgs appends the replay record's key and arguments of one script
 // call over groups to ks and av (see "Replay record" in admit.lua): with no
 // source, the one argument "".
-func (l *Limiter) replayArgs(ks, av []any, groups []*group, src positions) ([]any, []any) {
+func (l *Limiter) replayArgs(ks, av []any, groups []*group, src positions, b *callBufs) ([]any, []any) {
 	if src.Topic == "" {
 		return ks, append(av, "")
 	}
@@ -126,7 +126,7 @@ func (l *Limiter) replayArgs(ks, av []any, groups []*group, src positions) ([]an
 	}
 	// Offsets minus lo, one array per tenant: short numbers, and the
 	// script finds each tenant's without the tenants' records.
-	offs := make([]byte, 0, 4*n+3*len(groups)+2)
+	offs := b.offs[:0]
 	offs = append(offs, '[')
 	for gi, g := range groups {
 		if gi > 0 {
@@ -142,6 +142,7 @@ func (l *Limiter) replayArgs(ks, av []any, groups []*group, src positions) ([]an
 		offs = append(offs, ']')
 	}
 	offs = append(offs, ']')
+	b.offs = offs
 	return ks, append(av, src.Low, ReplayRecordTTL.Milliseconds(), lo, hi, offs, l.replayBound)
 }
 

@@ -21,6 +21,8 @@ type scratch struct {
 	// The call's reply, split per group (parseReplies).
 	flat    []int64
 	replies []reply
+	// The script call's arguments.
+	call callBufs
 }
 
 var scratchPool = sync.Pool{New: func() any { return &scratch{byTenant: map[string]int32{}} }}
@@ -34,6 +36,7 @@ func (s *scratch) release() {
 	clear(s.slab[:cap(s.slab)])
 	clear(s.order[:cap(s.order)])
 	clear(s.replies[:cap(s.replies)])
+	s.call.clear()
 	clear(s.byTenant)
 	scratchPool.Put(s)
 }

@@ -49,10 +49,16 @@ func (l *Limiter) describe(d *descriptors, r Rule, now, hend time.Time) int {
 // own: see admitCmd). The tenants' records go in one argument, a JSON array
 // of numbers (see admit.lua), followed by the costs of the tenants whose
 // rules count bytes or units.
-func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, budget int) ([]any, []any) {
+//
+// The keys, the records and the offsets are built in b's buffers (nil: new
+// ones), which the call's command holds until it returns.
+func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, budget int, b *callBufs) ([]any, []any) {
+	if b == nil {
+		b = &callBufs{}
+	}
 	d := descriptors{index: map[Rule]int{}}
-	ks := make([]any, 0, 2*len(groups))
-	recs := make([]byte, 0, 40*len(groups))
+	ks := b.ks[:0]
+	recs := b.recs[:0]
 	recs = append(recs, '[')
 	nums := 0
 	num := func(n int64) {
@@ -84,7 +90,7 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, bu
 		num(int64(-costsAt))
 	}
 	recs = append(recs, ']')
-	av := make([]any, 0, 6+len(d.args))
+	av := b.av[:0]
 	ntenants := len(groups)
 	if l.fullReply {
 		ntenants = -ntenants // (see admit.lua's Reply)
@@ -92,11 +98,31 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, bu
 	av = append(av, now.UnixMilli(), hend.UnixMilli(), budget, len(d.index), ntenants)
 	av = append(av, d.args...)
 	av = append(av, recs)
-	ks, av = l.replayArgs(ks, av, groups, src)
+	ks, av = l.replayArgs(ks, av, groups, src, b)
 	if src.late != nil {
 		av = append(av, lateArg(groups, src.late))
 	}
-	return ks, l.capacityArgs(av, groups, now, capFirst)
+	av = l.capacityArgs(av, groups, now, capFirst)
+	b.ks, b.recs, b.av = ks, recs, av
+	return ks, av
+}
+
+// callBufs are the buffers one script call's KEYS and ARGV are built in
+// (script, replayArgs, admitCmd), kept in a scratch from call to call: a
+// batch within its limits allocated about 40 KB of them (issue 23). The
+// command holds them until it returns; scratch.release clears what they
+// point at.
+type callBufs struct {
+	ks, av, args []any
+	recs, offs   []byte
+}
+
+// clear drops what b's buffers point at (the tenants' keys), keeping their
+// arrays.
+func (b *callBufs) clear() {
+	clear(b.ks[:cap(b.ks)])
+	clear(b.av[:cap(b.av)])
+	clear(b.args[:cap(b.args)])
 }
 
 // call runs admit.lua: one call for the batch on a single node; on Redis
@@ -108,8 +134,8 @@ func (l *Limiter) call(ctx context.Context, s *scratch, now time.Time, calls []*
 	start := time.Now()
 	defer func() { l.metrics.redisSeconds.WithLabelValues("admit").Observe(time.Since(start).Seconds()) }()
 	if !l.cluster {
-		ks, av := l.script(calls, now, hend, src, l.scanBudget(1))
-		res, err := l.runAdmit(ctx, ks, av).Result()
+		ks, av := l.script(calls, now, hend, src, l.scanBudget(1), &s.call)
+		res, err := l.runAdmit(ctx, ks, av, &s.call).Result()
 		if err != nil {
 			l.metrics.redisErrors.Inc()
 			return nil, fmt.Errorf("admit batch: %w", replayFull(err))
@@ -119,8 +145,8 @@ func (l *Limiter) call(ctx context.Context, s *scratch, now time.Time, calls []*
 	cmds := make([]*redis.Cmd, len(calls))
 	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range calls {
-			ks, av := l.script(calls[i:i+1], now, hend, src, l.scanBudget(len(calls)))
-			cmds[i] = l.admitCmd(ctx, ks, av, false)
+			ks, av := l.script(calls[i:i+1], now, hend, src, l.scanBudget(len(calls)), nil)
+			cmds[i] = l.admitCmd(ctx, ks, av, false, nil)
 			_ = p.Process(ctx, cmds[i])
 		}
 		return nil
@@ -131,8 +157,8 @@ func (l *Limiter) call(ctx context.Context, s *scratch, now time.Time, calls []*
 		_, err = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i := range calls {
 				if cmds[i].Err() != nil && redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
-					ks, av := l.script(calls[i:i+1], now, hend, src, l.scanBudget(len(calls)))
-					cmds[i] = l.admitCmd(ctx, ks, av, true)
+					ks, av := l.script(calls[i:i+1], now, hend, src, l.scanBudget(len(calls)), nil)
+					cmds[i] = l.admitCmd(ctx, ks, av, true, nil)
 					_ = p.Process(ctx, cmds[i])
 				}
 			}
@@ -158,9 +184,16 @@ func (l *Limiter) call(ctx context.Context, s *scratch, now time.Time, calls []*
 // av: EVALSHA, or EVAL with the source when eval. It is what
 // redis.Script's EvalSha and Eval build, but for the keys: they come boxed,
 // most of them once per tenant state rather than once per call (about 300
-// allocations per 500-event batch of 10,000 tenants; issue 23).
-func (l *Limiter) admitCmd(ctx context.Context, ks, av []any, eval bool) *redis.Cmd {
-	args := make([]any, 0, 3+len(ks)+len(av))
+// allocations per 500-event batch of 10,000 tenants; issue 23). The
+// command's arguments are built in b's buffer (nil: a new one).
+func (l *Limiter) admitCmd(ctx context.Context, ks, av []any, eval bool, b *callBufs) *redis.Cmd {
+	var args []any
+	if b != nil {
+		args = b.args[:0]
+	}
+	if cap(args) < 3+len(ks)+len(av) {
+		args = make([]any, 0, 3+len(ks)+len(av))
+	}
 	if eval {
 		args = append(args, "eval", lua.Admit)
 	} else {
@@ -169,17 +202,20 @@ func (l *Limiter) admitCmd(ctx context.Context, ks, av []any, eval bool) *redis.
 	args = append(args, len(ks))
 	args = append(args, ks...)
 	args = append(args, av...)
+	if b != nil {
+		b.args = args
+	}
 	return redis.NewCmd(ctx, args...)
 }
 
 // runAdmit runs admit.lua on the single node with KEYS ks and ARGV av, as
 // redis.Script.Run does: EVALSHA, then EVAL when the node lacks the script
 // (a restart, a failover).
-func (l *Limiter) runAdmit(ctx context.Context, ks, av []any) *redis.Cmd {
-	cmd := l.admitCmd(ctx, ks, av, false)
+func (l *Limiter) runAdmit(ctx context.Context, ks, av []any, b *callBufs) *redis.Cmd {
+	cmd := l.admitCmd(ctx, ks, av, false, b)
 	_ = l.rdb.Process(ctx, cmd)
 	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd = l.admitCmd(ctx, ks, av, true)
+		cmd = l.admitCmd(ctx, ks, av, true, b)
 		_ = l.rdb.Process(ctx, cmd)
 	}
 	return cmd
