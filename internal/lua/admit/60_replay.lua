@@ -253,8 +253,9 @@ local function replay_phase()
 end
 
 -- keep_record writes the record: the chunks that may still be replayed and
--- this call's, when the call decided something new or a chunk was dropped.
-local function keep_record()
+-- this call's, when the call decided something new or a chunk was dropped;
+-- ex, when given, is exceptions() (the compact reply finds them on its way).
+local function keep_record(ex)
   local parts, dropped = {}, false
   for _, c in ipairs(chunks) do
     if c.hi >= low then
@@ -264,7 +265,7 @@ local function keep_record()
     end
   end
   if nfresh > 0 then
-    local x = cjson.encode(exceptions())
+    local x = cjson.encode(ex or exceptions())
     parts[#parts + 1] = ARGV[arg_lo] .. " " .. ARGV[arg_hi] .. " " .. #rec_offs .. " " .. #x .. "\n" .. rec_offs .. x
     rec_hi = math.max(rec_hi, tonumber(ARGV[arg_hi]))
   elseif not dropped then

@@ -612,10 +612,13 @@ end
 -- part of the full reply (in out) the caller does not have already, each
 -- with its number; the others' new events are all admitted and their ttl
 -- chains are as sent (the full part's numbers equal the record's: n, then
--- zeros, then the cached chains).
+-- zeros, then the cached chains). It returns the replay record's
+-- exceptions too, the tenants listed whose events were not all admitted
+-- (60_replay.lua's exceptions(), found on the way).
 local function compact()
   local recs, descs, out = recs, descs, out
   local c, m, sum = {0, 0}, 0, 0
+  local ex = {}
   for ti = 1, ntenants do
     local o, p = out_at[ti], rec_at[ti]
     local n = recs[p + 1]
@@ -643,17 +646,30 @@ local function compact()
       for i = o, e do
         c[k + 2 + i - o] = out[i]
       end
+      k = #ex
+      if out[o] == -1 then
+        ex[k + 1], ex[k + 2] = ti, -1
+      elseif out[o] ~= n then
+        ex[k + 1] = ti
+        for i = o, o + 3 + 3 * out[o + 1] do
+          ex[k + 2 + i - o] = out[i]
+        end
+      end
     end
   end
   c[1], c[2] = m, sum
-  return c
+  return c, ex
 end
 
 -- finish records the call's decisions and ends the reply with the
 -- replayed events; a failure to write the record takes the call back.
 local function finish()
+  local r, ex = out, nil
+  if not full_reply then
+    r, ex = compact()
+  end
   if rkey then
-    local ok, e = pcall(keep_record)
+    local ok, e = pcall(keep_record, ex)
     if not ok then
       undo_call()
       return redis.error_reply(tostring(type(e) == "table" and (e.err or e.msg) or e))
@@ -661,10 +677,6 @@ local function finish()
   end
   if ncap > 0 then
     cap_flush() -- the capacity's writes, kept until now (35_capacity.lua)
-  end
-  local r = out
-  if not full_reply then
-    r = compact()
   end
   local o = #r
   r[o + 1] = #replayed / 4
