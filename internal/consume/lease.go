@@ -43,7 +43,12 @@ import (
 // that goes through: a peer checks leases only after a whole LeaseTTL of its
 // own renewals in the generation, so a lease not renewed in it cannot have
 // been seen held, and a member that rejoins while Redis is still out of reach
-// goes on writing (no one removes it). The price: when the lease store
+// goes on writing (no one removes it). A removal that a peer decided in the
+// old generation cannot end the next one: kafka-go rejoins only once every
+// routine of a generation has returned, the peer's lease watch included, so
+// the peer's LeaveGroup has been answered (or cancelled) before its own
+// JoinGroup goes out, and the removed member's pending join is refused
+// (it joins again under a new ID; TestCutRedis shows it). The price: when the lease store
 // stalls for three quarters of LeaseTTL (a Redis freeze), every member ends
 // its generation once, and the group rebalances.
 
