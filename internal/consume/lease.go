@@ -47,10 +47,10 @@ import (
 // old generation cannot end the next one: kafka-go rejoins only once every
 // routine of a generation has returned, the peer's lease watch included, so
 // the peer's LeaveGroup has been answered (or cancelled) before its own
-// JoinGroup goes out, and the removed member's pending join is refused
-// (it joins again under a new ID; TestCutRedis shows it). The price: when the lease store
-// stalls for three quarters of LeaseTTL (a Redis freeze), every member ends
-// its generation once, and the group rebalances.
+// JoinGroup goes out, and the removed member's pending join is refused (it
+// joins again under a new ID; TestCutRedis shows it). The price: when the
+// lease store stalls for three quarters of LeaseTTL (a Redis freeze), every
+// member ends its generation once, and the group rebalances.
 
 // Leases keeps the members' leases of consumer groups. Implementations must
 // be safe for concurrent use.
