@@ -68,12 +68,22 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, bu
 		recs = strconv.AppendInt(recs, n, 10)
 		nums++
 	}
+	// Most tenants share one rule list (the "*" rules, or an override's):
+	// its descriptors are looked up once for a run of such tenants.
+	var last []Rule
+	descOf := b.descOf[:0]
 	for _, g := range groups {
 		ks = append(ks, g.st.keys...)
 		num(int64(len(g.rules)))
 		num(int64(len(g.idx)))
-		for i, r := range g.rules {
-			num(int64(l.describe(&d, r, now, hend)))
+		if len(g.rules) == 0 || len(last) != len(g.rules) || &last[0] != &g.rules[0] {
+			last, descOf = g.rules, descOf[:0]
+			for _, r := range g.rules {
+				descOf = append(descOf, int64(l.describe(&d, r, now, hend)))
+			}
+		}
+		for i := range g.rules {
+			num(descOf[i])
 			c := g.chainOf(i)
 			num(c.start)
 			num(c.end)
@@ -103,7 +113,7 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, bu
 		av = append(av, lateArg(groups, src.late))
 	}
 	av = l.capacityArgs(av, groups, now, capFirst)
-	b.ks, b.recs, b.av = ks, recs, av
+	b.ks, b.recs, b.av, b.descOf = ks, recs, av, descOf
 	return ks, av
 }
 
@@ -115,6 +125,7 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, bu
 type callBufs struct {
 	ks, av, args []any
 	recs, offs   []byte
+	descOf       []int64 // the descriptor of each rule of a rule list
 }
 
 // clear drops what b's buffers point at (the tenants' keys), keeping their
