@@ -76,9 +76,11 @@
 --   replay part as in the full reply. A tenant not listed had every new event
 --   admitted (its admitted = its n, none reserved or rejected, full_until 0)
 --   and its ttl chains are the cached ones it was sent: the caller has all
---   of its full part already. (Within limits most tenants are such, and the
---   full reply's four to six numbers each cost both sides more than the
---   one pass over the tenants that leaves them out: issue 23.)
+--   of its full part already. (Within limits most tenants are such: the
+--   full reply's four to six numbers each cost the caller far more to read
+--   than the one pass that leaves them out costs here, and Redis about as
+--   much to send; the pass also finds the replay record's exceptions, see
+--   finish in 90_run.lua. Issue 23.)
 -- Full reply (ARGV[5] negated): one flat array, per tenant in order:
 --   admitted, reservations, due_1, count_1, until_1, ..., rejected, full_until,
 --   then chain start, chain end per rule for ttl rules
