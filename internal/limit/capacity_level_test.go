@@ -199,21 +199,23 @@ func TestCapacityRampActive(t *testing.T) {
 	}
 }
 
-// TestCapacityRampShortfall: four tenants send 40 events a second each
-// (two every twentieth of a second) under a capacity of 100 a second,
-// beside ten light tenants that send three a second for three seconds,
-// then one. The fourth second's level is solved on the demand predicted
-// from the third (the lights' 30): 17.5, so the four book 17 each and the
-// lights 10, 78; the lights' 20 missing are spare, and the four have events
-// waiting all along. The ramp (the capped tenants share what is spare, the
-// satisfied tenants' expected rest left to them) starts at half the
-// window: the four take the spare as it shows, and the second is full
-// (98 at least: the capacity used whenever demand exceeds it). (With the
-// ramp from 90% of the window, they take it only from the events they
-// send in its last tenth: 86 booked, 19 each. TestGateCapacityFair's
-// under-used windows are these: a window asked 5-10% less than predicted,
-// its level 16 and 19 where water-filling of what it asked gives 26 and
-// 30, no stall in its decisions, 95-96% used.)
+// TestCapacityRampShortfall: four tenants send 50 events a second each
+// (one every fiftieth of a second) under a capacity of 100 a second,
+// beside ten light tenants that send three a second (at 10%, 44% and 78%
+// of it) for three seconds, then one. The fourth second's level is solved
+// on the demand predicted from the third (the lights' 30): 17.5, so the
+// four book 17 each and the lights 10, 78; the lights' 20 missing are
+// spare, and the four have events waiting all along. The ramp (the capped
+// tenants share what is spare, the satisfied tenants' expected rest kept
+// for them) starts at half the window: the four take the spare as it
+// shows, and the second is full (98 at least: the capacity used whenever
+// demand exceeds it); in the seconds before, the lights' third events
+// still find their room (the rest is kept with a margin). (With the ramp
+// from 90% of the window, the four took it only from the events they sent
+// in its last tenth: 94 booked, 21 each. TestGateCapacityFair's under-used
+// windows without a stall are these: a window asked 5-10% less than
+// predicted, its level 16 and 19 where water-filling of what it asked
+// gives 26 and 30, no gap over 45 ms in its decisions, 95-96% used.)
 func TestCapacityRampShortfall(t *testing.T) {
 	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	c, _ := ParseCapacity("100/1s")
