@@ -141,10 +141,15 @@
 -- the spare (C - G) shared by the active weight a of the window before;
 -- with no history (lv 0) it is the equal share C / a of the window's
 -- active weight so far.
--- In the current window the level holds until ramp_lo of the window has
--- passed; from then on the capped tenants may share what is spare, the
+-- In the current window the level holds until ramp_lo (half) of the window
+-- has passed; from then on the capped tenants may share what is spare, the
 -- capacity not booked less what the satisfied tenants are still expected
--- to ask in the rest of the window ((1 - phase) * sf), split by weight
+-- to ask in the rest of the window ((1 - phase) * sf, and until ramp_mid a
+-- margin, cap_rest; each then takes above the level at most what is spare
+-- and not taken yet, rounded up: a level fixed from a prediction that
+-- missed leaves what the satisfied do not ask, and a ramp of the last 10%
+-- gave it back only from what the capped sent there,
+-- TestCapacityRampShortfall), split by weight
 -- (wc, at most the window's active weight a: the parts of capped tenants
 -- that sent nothing in the window would be lost), each the same part
 -- (field x: what they took above the level, is counted as spare), rounded
