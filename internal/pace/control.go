@@ -23,14 +23,20 @@ type Params struct {
 
 // Sample is one reading of the downstream: the sums over the downstream
 // topic's partitions of the group's committed offsets and of the end
-// offsets, and the group's members (-1: not read with this sample; the
-// last count read holds). It is a value type.
+// offsets, the same per partition, and the group's members (-1: not read
+// with this sample; the last count read holds). It is a value type.
 type Sample struct {
 	At        time.Time
 	Committed int64
 	End       int64
 	Members   int
+	// Parts are the offsets per partition, in the order of the topic's
+	// partitions (nil: not read).
+	Parts []Offsets
 }
+
+// Offsets are one partition's committed and end offsets. A value type.
+type Offsets struct{ Committed, End int64 }
 
 // States of the controller, as in the fleet record, /readyz and the metrics.
 const (

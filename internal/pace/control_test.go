@@ -54,6 +54,10 @@ type stepCase struct {
 	steps   []step
 	commit  time.Duration
 	startBy int
+	// parts and buffer: the downstream's partitions and the consumer's
+	// buffer (model.parts, model.buffer; nil: one partition).
+	parts  []float64
+	buffer float64
 }
 
 // The harness's steps (drain 300/s, cut to 150/s, then 1,500/s, asked 450,
@@ -63,6 +67,15 @@ var (
 	harnessSteps = []step{{25, 300, 450}, {20, 150, 450}, {40, 1500, 1800}}
 	issueSteps   = []step{{40, 2000, 1e9}, {40, 1000, 1e9}, {60, 10000, 1e9}}
 )
+
+// stepCases are the model runs of TestControllerConverges and
+// TestControllerCutSettles: the harness's steps and the issue's, with the
+// downstream committing every 200 ms, 100 ms or every second.
+var stepCases = []stepCase{
+	{name: "harness", ceiling: 3000, steps: harnessSteps, commit: 200 * time.Millisecond, startBy: 15},
+	{name: "issue, commit every 100ms", ceiling: 20000, steps: issueSteps, commit: 100 * time.Millisecond, startBy: 15},
+	{name: "issue, commit every 1s", ceiling: 20000, steps: issueSteps, commit: time.Second},
+}
 
 // modelTarget is the target wait of the model runs.
 const modelTarget = 2 * time.Second
@@ -91,7 +104,7 @@ func (tc stepCase) run(seed int64) stepRun {
 	secs := b2 + tc.steps[2].secs
 	d1, d2, d3 := tc.steps[0].drain, tc.steps[1].drain, tc.steps[2].drain
 	m := model{p: Params{TargetWait: modelTarget, Floor: tc.ceiling / 60, Ceiling: tc.ceiling, Interval: time.Second, Hold: 10 * time.Second},
-		commitEvery: tc.commit, jitter: 0.15, seed: seed,
+		commitEvery: tc.commit, jitter: 0.15, seed: seed, parts: tc.parts, buffer: tc.buffer,
 		drain: func(s float64) float64 { return at(s).drain }, demand: func(s float64) float64 { return at(s).demand }}
 	r := stepRun{}
 	var waits [][2]float64
@@ -114,11 +127,7 @@ func (tc stepCase) run(seed int64) stepRun {
 // downstream committing every 200 ms, 100 ms or every second, its drain
 // jittered.
 func TestControllerConverges(t *testing.T) {
-	for _, tc := range []stepCase{
-		{"harness", 3000, harnessSteps, 200 * time.Millisecond, 15},
-		{"issue, commit every 100ms", 20000, issueSteps, 100 * time.Millisecond, 15},
-		{"issue, commit every 1s", 20000, issueSteps, time.Second, 0},
-	} {
+	for _, tc := range stepCases {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.run(1)
 			t.Logf("admitted per second: %v", roundTo(r.admitted))
@@ -166,11 +175,7 @@ func TestControllerConverges(t *testing.T) {
 // in most runs, up to 1.41 times the drain).
 func TestControllerCutSettles(t *testing.T) {
 	const seeds = 40
-	for _, tc := range []stepCase{
-		{"harness", 3000, harnessSteps, 200 * time.Millisecond, 15},
-		{"issue, commit every 100ms", 20000, issueSteps, 100 * time.Millisecond, 15},
-		{"issue, commit every 1s", 20000, issueSteps, time.Second, 0},
-	} {
+	for _, tc := range stepCases {
 		t.Run(tc.name, func(t *testing.T) {
 			var cuts, starts []int
 			var p99s []float64

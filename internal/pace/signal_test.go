@@ -69,6 +69,18 @@ func TestDownstreamRead(t *testing.T) {
 	if s.End != 30 || s.Committed != 20 || s.Members != 0 {
 		t.Errorf("after the group left: %+v, want end 30, committed 20, no members", s)
 	}
+	// Per partition: the same offsets, one entry a partition, each end 15
+	// (the writer took the partitions in turn), summing to the totals.
+	var sum Offsets
+	for _, o := range s.Parts {
+		sum.Committed, sum.End = sum.Committed+o.Committed, sum.End+o.End
+		if o.End != 15 || o.Committed > o.End {
+			t.Errorf("a partition's offsets %+v, want end 15 and committed at most it", o)
+		}
+	}
+	if len(s.Parts) != 2 || sum.Committed != s.Committed || sum.End != s.End {
+		t.Errorf("per partition %+v, want two summing to committed %d, end %d", s.Parts, s.Committed, s.End)
+	}
 	// The next reads: the committed and the end offsets only (the
 	// partitions, first offsets and members are not read again yet).
 	first, s0 := calls.n.Load(), s
