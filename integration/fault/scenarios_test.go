@@ -130,14 +130,19 @@ func TestFaultMix(t *testing.T) {
 // cut replica pauses (ON_REDIS_ERROR=pause: nothing forwarded unchecked) and
 // its lease of the retry group ends, so the others take its retry
 // partitions; once Redis is back it resumes. Nothing is lost, duplicated
-// beyond a crash's bound, or early, and the counts match the events.
+// beyond a crash's bound, or early, the counts match the events, and no copy
+// downstream is a stray one (strayCopies): the cut replica's retry fence ends
+// with its lease, before the others may remove it (consume's lease.go).
+// Before, it forwarded in-slot claims until its next heartbeat said it had
+// been removed, and their next owner forwarded them again (100/50 downstream
+// with 97 to 197 copies on both releases, Redis counting 50).
 // max_window is reported, not asserted: the cut replica's backlog is
 // admitted at once when Redis returns, at any point of a window, and an
 // event decided at a window's end and appended in the next is placed in the
 // next by the tally (which knows only append times; Redis counted at most
 // the limit in every window there in the runs so far).
 func TestCutRedis(t *testing.T) {
-	runScenario(t, scenario{name: "cut-redis", replicas: 3, load: loadDuration,
+	runScenario(t, scenario{name: "cut-redis", replicas: 3, load: loadDuration, noStrayCopies: true,
 		lastEnv: func() map[string]string { return map[string]string{"GATEKEEPER_REDIS_ADDRS": servers.redisCut.Addr()} },
 		fault:   func(r *run) dupParams { return cutOff(r, servers.redisCut, "redis") }})
 }

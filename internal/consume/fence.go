@@ -54,7 +54,10 @@ type WriteFence struct {
 	cancel context.CancelCauseFunc
 
 	mu    sync.Mutex
-	until time.Time
+	until time.Time // by the heartbeats answered
+	// lease, when set, is a second end, by the member's lease renewals
+	// (extendLease): the fence ends at the earlier of the two.
+	lease time.Time
 	timer *time.Timer
 }
 
@@ -98,8 +101,8 @@ func (f *WriteFence) Close(reason string) {
 	f.cancel(fmt.Errorf("%w (%s)", ErrFenced, reason))
 }
 
-// extend moves the end of the fence to until, if that is later and the fence
-// is still open.
+// extend moves the heartbeats' end of the fence to until, if that is later
+// and the fence is still open.
 func (f *WriteFence) extend(until time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -107,7 +110,27 @@ func (f *WriteFence) extend(until time.Time) {
 		return
 	}
 	f.until = until
-	f.timer.Reset(time.Until(until))
+	f.timer.Reset(time.Until(f.end()))
+}
+
+// extendLease moves the lease's end of the fence to until, if that is later
+// and the fence is still open; the first call sets it (see leaseWatch).
+func (f *WriteFence) extendLease(until time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ctx.Err() != nil || f.timer == nil || !until.After(f.lease) {
+		return
+	}
+	f.lease = until
+	f.timer.Reset(time.Until(f.end()))
+}
+
+// end is when the fence ends: the earlier of its two ends. Called with mu held.
+func (f *WriteFence) end() time.Time {
+	if !f.lease.IsZero() && f.lease.Before(f.until) {
+		return f.lease
+	}
+	return f.until
 }
 
 // expire ends the fence if its time has come (the timer may have been reset
@@ -118,11 +141,15 @@ func (f *WriteFence) expire() {
 	if f.ctx.Err() != nil {
 		return
 	}
-	if d := time.Until(f.until); d > 0 {
+	if d := time.Until(f.end()); d > 0 {
 		f.timer.Reset(d)
 		return
 	}
-	f.cancel(fmt.Errorf("%w (no heartbeat of the generation answered in time)", ErrFenced))
+	why := "no heartbeat of the generation answered in time"
+	if f.end().Equal(f.lease) && f.lease.Before(f.until) {
+		why = "no renewal of the member's lease went through in time: the other members may remove it from the group"
+	}
+	f.cancel(fmt.Errorf("%w (%s)", ErrFenced, why))
 }
 
 // fenceKey is the context key of the WriteFence of a batch.

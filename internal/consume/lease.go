@@ -28,6 +28,29 @@ import (
 // ones have renewed again. Removing a live member by mistake (a process
 // paused longer than LeaseTTL) costs a rebalance and, at worst, the batch it
 // was handling handled again: at least once, as after a crash.
+//
+// A member's lease also bounds its write fence (fence.go). A member cut off
+// from Redis (not from Kafka) is removed by its peers once its lease ends,
+// and its partitions' next owner may write as soon as the group has
+// rebalanced, while the removed member learns it only from its next
+// heartbeat: meanwhile it would forward what it holds a second time. So each
+// renewal that goes through extends the generation's fence to the time it
+// was sent plus three quarters of LeaseTTL: the lease it set cannot end
+// before the time it was sent plus LeaseTTL, and no peer removes the member
+// before that. Once renewals fail for that long, the fence ends, and with it
+// the generation: the member commits what it finished and rejoins, before a
+// peer may remove it. The bound starts with the generation's first renewal
+// that goes through: a peer checks leases only after a whole LeaseTTL of its
+// own renewals in the generation, so a lease not renewed in it cannot have
+// been seen held, and a member that rejoins while Redis is still out of reach
+// goes on writing (no one removes it). A removal that a peer decided in the
+// old generation cannot end the next one: kafka-go rejoins only once every
+// routine of a generation has returned, the peer's lease watch included, so
+// the peer's LeaveGroup has been answered (or cancelled) before its own
+// JoinGroup goes out, and the removed member's pending join is refused (it
+// joins again under a new ID; TestCutRedis shows it). The price: when the
+// lease store stalls for three quarters of LeaseTTL (a Redis freeze), every
+// member ends its generation once, and the group rebalances.
 
 // Leases keeps the members' leases of consumer groups. Implementations must
 // be safe for concurrent use.
@@ -51,12 +74,14 @@ type leaseWatch struct {
 	streak, last time.Time
 	// seen are the peers whose lease this member saw held.
 	seen map[string]bool
+	// fence is the generation's write fence, which each renewal extends.
+	fence *WriteFence
 }
 
 // watchLeases renews this member's lease and removes peers whose lease
 // ended, every LeaseTTL/5, until gctx is done (the generation ended).
-func (m *member) watchLeases(gctx context.Context, gen *kafka.Generation) {
-	w := &leaseWatch{m: m, gen: gen, seen: map[string]bool{}}
+func (m *member) watchLeases(gctx context.Context, gen *kafka.Generation, fence *WriteFence) {
+	w := &leaseWatch{m: m, gen: gen, seen: map[string]bool{}, fence: fence}
 	tick := time.NewTicker(m.cfg.LeaseTTL / 5)
 	defer tick.Stop()
 	for {
@@ -82,6 +107,7 @@ func (w *leaseWatch) round(ctx context.Context, now time.Time) {
 		w.streak = time.Time{}
 		return
 	}
+	w.fence.extendLease(now.Add(c.LeaseTTL - c.LeaseTTL/4))
 	if w.streak.IsZero() || now.Sub(w.last) > c.LeaseTTL/2 {
 		w.streak = now
 	}

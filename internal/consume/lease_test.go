@@ -3,7 +3,9 @@ package consume
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -147,4 +149,74 @@ func TestKafkaLeaseMovesACrashedMembersPartitions(t *testing.T) {
 	if session := testConfig(t, broker, group, topic).SessionTimeout; took >= session {
 		t.Errorf("the crashed member's partitions moved after %v, want within its lease (%v) and a rebalance, well before the session timeout %v", took, ttl, session)
 	}
+}
+
+// revive lets member renew again.
+func (l *memLeases) revive(member string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.dead, member)
+}
+
+// A member cut off from Redis but not from Kafka: its heartbeats are
+// answered, but its peers remove it once its lease ends, and the next owner
+// of its partitions writes as soon as the group has rebalanced. Its fence
+// must end before that: within three quarters of a lease after the last
+// renewal that went through. A lease never renewed in the generation (Redis
+// out of reach since before it began) bounds nothing: no peer saw it held.
+func TestWriteFenceEndsWithTheLease(t *testing.T) {
+	const ttl = 400 * time.Millisecond
+	leases := &memLeases{ends: map[string]time.Time{}, dead: map[string]bool{}}
+	m := &member{cfg: Config{Leases: leases, LeaseTTL: ttl}, log: slog.New(slog.DiscardHandler),
+		client: &kafka.Client{Addr: kafka.TCP("127.0.0.1:1"), Timeout: 50 * time.Millisecond}}
+	start := func(t *testing.T) *fenceKeeper {
+		k := testKeeper(&fakeHeartbeater{}, 10*time.Second, 50*time.Millisecond)
+		gctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		go k.run(gctx, make(chan struct{}), slog.New(slog.DiscardHandler))
+		go m.watchLeases(gctx, k.gen, k.fence)
+		return k
+	}
+
+	t.Run("renewals stop", func(t *testing.T) {
+		leases.revive("m")
+		k := start(t)
+		time.Sleep(3 * ttl)
+		if err := k.fence.Err(); err != nil {
+			t.Fatalf("with the lease renewed: got %v, want the fence open", err)
+		}
+		leases.kill("m")
+		cut := time.Now()
+		select {
+		case <-k.fence.Done():
+		case <-time.After(5 * ttl):
+			t.Fatal("the fence is still open five leases after the renewals stopped, its heartbeats answered")
+		}
+		if took, most := time.Since(cut), ttl-ttl/4; took > most+100*time.Millisecond {
+			t.Errorf("the fence ended %v after the renewals stopped, want within %v of the last one", took, most)
+		}
+		if err := k.fence.Err(); !errors.Is(err, ErrFenced) || !strings.Contains(err.Error(), "lease") {
+			t.Errorf("got %v, want ErrFenced naming the lease", err)
+		}
+	})
+
+	t.Run("never renewed in the generation", func(t *testing.T) {
+		leases.kill("m")
+		k := start(t)
+		time.Sleep(4 * ttl)
+		if err := k.fence.Err(); err != nil {
+			t.Fatalf("a lease not renewed in the generation ended its fence: %v", err)
+		}
+		leases.revive("m") // Redis back: the lease is held, peers may see it
+		time.Sleep(2 * ttl)
+		if err := k.fence.Err(); err != nil {
+			t.Fatalf("with the lease renewed again: got %v, want the fence open", err)
+		}
+		leases.kill("m")
+		select {
+		case <-k.fence.Done():
+		case <-time.After(5 * ttl):
+			t.Fatal("once renewed in the generation, the lease does not bound the fence")
+		}
+	})
 }

@@ -268,7 +268,7 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 	}()
 	gen.Start(func(gctx context.Context) { keeper.run(gctx, drained, m.log) })
 	if m.cfg.Leases != nil {
-		gen.Start(func(gctx context.Context) { m.watchLeases(gctx, gen) })
+		gen.Start(func(gctx context.Context) { m.watchLeases(gctx, gen, keeper.fence) })
 	}
 	m.log.Info("consumer group generation started", "generation", gen.ID, "member", gen.MemberID, "partitions", parts)
 	if m.onGeneration != nil {
