@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -36,7 +37,7 @@ type Downstream struct {
 
 // Read returns a sample: the group's committed offsets and the topic's end
 // offsets, summed over the topic's partitions and per partition (in the
-// order of the topic's metadata), and the group's members
+// order of their numbers), and the group's members
 // (-1 when they were not read this time). A partition the group never
 // committed, or committed below the topic's first offset, counts from its
 // first offset.
@@ -159,6 +160,7 @@ func (d *Downstream) readMeta(ctx context.Context) error {
 		}
 		first[p.Partition] = p.FirstOffset
 	}
+	slices.Sort(parts) // a sample's Parts are in this order: the same from read to read
 	d.parts, d.first = parts, first
 	return nil
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol/metadata"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
@@ -59,7 +61,9 @@ func TestDownstreamRead(t *testing.T) {
 	}
 	r.Close()
 
-	calls := &countingTransport{RoundTripper: kafka.DefaultTransport}
+	// The broker's metadata lists the partitions in reverse (the order is
+	// the broker's): the sample's are still in the order of their numbers.
+	calls := &countingTransport{RoundTripper: kafka.DefaultTransport, reverse: true}
 	counted := &kafka.Client{Addr: kafka.TCP(addr), Timeout: 10 * time.Second, Transport: calls}
 	d := &Downstream{Client: counted, Group: group, Topic: topic, Timeout: 5 * time.Second, MembersEvery: time.Hour}
 	s, err := d.Read(ctx)
@@ -80,6 +84,9 @@ func TestDownstreamRead(t *testing.T) {
 	}
 	if len(s.Parts) != 2 || sum.Committed != s.Committed || sum.End != s.End {
 		t.Errorf("per partition %+v, want two summing to committed %d, end %d", s.Parts, s.Committed, s.End)
+	}
+	if !slices.Equal(d.parts, []int{0, 1}) {
+		t.Errorf("partitions %v from a metadata listing them in reverse, want [0 1]", d.parts)
 	}
 	// The next reads: the committed and the end offsets only (the
 	// partitions, first offsets and members are not read again yet).
@@ -108,13 +115,21 @@ func TestDownstreamRead(t *testing.T) {
 	}
 }
 
-// countingTransport counts the requests made through it.
+// countingTransport counts the requests made through it; reverse: it
+// reverses the partitions of each topic in a metadata response.
 type countingTransport struct {
 	kafka.RoundTripper
-	n atomic.Int64
+	n       atomic.Int64
+	reverse bool
 }
 
 func (c *countingTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
 	c.n.Add(1)
-	return c.RoundTripper.RoundTrip(ctx, addr, req)
+	res, err := c.RoundTripper.RoundTrip(ctx, addr, req)
+	if md, ok := res.(*metadata.Response); ok && c.reverse {
+		for i := range md.Topics {
+			slices.Reverse(md.Topics[i].Partitions)
+		}
+	}
+	return res, err
 }
