@@ -18,10 +18,10 @@ const (
 	capacityRampHigh = 980
 )
 
-// ErrCapacityCluster is returned by New for a capacity on Redis Cluster:
-// the capacity's keys are global, and a call per tenant there touches only
-// that tenant's slot.
-var ErrCapacityCluster = errors.New("a capacity needs a single Redis (on Redis Cluster each tenant's keys sit in their own slot, and the capacity's keys in none of them)")
+// ErrCapacityCluster is returned by New for a capacity on Redis Cluster
+// under a key prefix without a hash tag: the capacity's keys are global, and
+// a call per tenant there touches only that tenant's slot.
+var ErrCapacityCluster = errors.New("a capacity on Redis Cluster needs every key in one slot, under a key prefix with a {hash tag} (its keys are global; each tenant's sit in a slot of their own)")
 
 // checkCapacityUse reports whether the capacity of opts can be kept with
 // these rules and this Redis.
