@@ -253,6 +253,61 @@ func gateCapacityFair(t *testing.T, bytes bool) {
 			}
 		}
 	}
+	// When each event was decided in the source (about when its first
+	// record was appended: downstream without gk-due, or its first retry
+	// record), per window of a second: how many, how many in its last 10%
+	// (the ramp), the largest gap between decisions and the largest lag
+	// from produce to decision (a stall of a gatekeeper or of Kafka).
+	decided := map[int]int64{}
+	note := func(i int, at int64) {
+		if i < 0 {
+			return
+		}
+		if d, ok := decided[i]; !ok || at < d {
+			decided[i] = at
+		}
+	}
+	for _, m := range o.down {
+		if header(m, "gk-due") == "" {
+			note(idOf(m), m.Time.UnixMilli())
+		}
+	}
+	for _, m := range o.retry {
+		note(idOf(m), m.Time.UnixMilli())
+	}
+	type decWin struct {
+		n, tail  int
+		gap, lag int64
+		times    []int64
+	}
+	decs := map[int64]*decWin{}
+	for i, at := range decided {
+		s := at - at%1000
+		d := decs[s]
+		if d == nil {
+			d = &decWin{}
+			decs[s] = d
+		}
+		d.n++
+		if at-s >= 900 {
+			d.tail++
+		}
+		d.lag = max(d.lag, at-sent[i])
+		d.times = append(d.times, at)
+	}
+	produced1s := map[int64]int{} // events produced per second (by sent time)
+	for i := range n {
+		produced1s[sent[i]-sent[i]%1000]++
+	}
+	for s, d := range decs {
+		slices.Sort(d.times)
+		prev := s
+		for _, x := range d.times {
+			d.gap = max(d.gap, x-prev)
+			prev = x
+		}
+		d.gap = max(d.gap, s+1000-prev)
+	}
 	lost, copies := lostAndCopies(o, down, n, idOf)
 	t.Logf("routed: %s; lost %d, early %d, copies downstream %d", o, lost, early, copies)
 	if lost != 0 || early != 0 {
@@ -351,6 +406,11 @@ func gateCapacityFair(t *testing.T, bytes bool) {
 		// The window's figures: Jain, used, its level against water-filling's,
 		// the demand predicted for it against what was asked.
 		fmt.Fprintf(&rows, " %d:j%.3f/u%.3f/lv%.0f~%.0f/q%d~%d", w.start/1000%1000, j, u, w.lv, level, w.asked, total)
+		if d := decs[w.start]; d != nil {
+			// Decided in the window: events, in its last 10%, the largest
+			// gap between decisions and lag from produce (ms).
+			fmt.Fprintf(&rows, "/p%d/d%d/t%d/g%d/l%d", produced1s[w.start], d.n, d.tail, d.gap, d.lag)
+		}
 		if j < worstJain {
 			worstJain = j
 			slices.Sort(held)
@@ -368,7 +428,7 @@ func gateCapacityFair(t *testing.T, bytes bool) {
 			t.Logf("window %d: level %.1f (lv sf wc a %v), demand %d, booked %d: %v", w.start, level, v, total, w.count, top)
 		}
 	}
-	t.Logf("per window (the first four: level, capped weight, count, the three largest bookings; then the steady ones: Jain/used/level~water-filling's/demand predicted~asked):%s", rows.String())
+	t.Logf("per window (the first four: level, capped weight, count, the three largest bookings; then the steady ones: Jain/used/level~water-filling's/demand predicted~asked/produced/decided/in its last 10%%/largest gap ms/largest lag ms):%s", rows.String())
 	t.Logf("worst Jain window %s", worstRow)
 	t.Logf("steady windows %d: allocations within 5%% (or 1 event) of water-filling: %d of %d tenant-windows (%.2f%%)%s",
 		steady, within, cells, 100*float64(within)/float64(max(1, cells)), worst)

@@ -97,7 +97,7 @@ type paceOut struct {
 	bounds                      []int // the phases' starts
 	admitted, drained, capacity []float64
 	booked                      []float64     // per capacity window: what the gate admitted or reserved there
-	paced                       []float64     // gk1's paced rate, sampled once a second
+	paced, skew                 []float64     // gk1's paced rate and skew, sampled once a second
 	waits                       [][]float64   // per phase: seconds events waited downstream
 	partWaits                   [][][]float64 // the same per phase and partition
 	cpu                         float64       // the gatekeepers' CPU seconds during the traffic
@@ -227,7 +227,8 @@ func runPaceHarness(t *testing.T, phases []pacePhase, procsN int, ceiling int64,
 			if !now.Before(nextSample) {
 				nextSample = nextSample.Add(time.Second)
 				p, _ := procs[0].metricValue("gatekeeper_capacity_paced_rate")
-				out.paced = append(out.paced, p)
+				k, _ := procs[0].metricValue("gatekeeper_capacity_downstream_skew")
+				out.paced, out.skew = append(out.paced, p), append(out.skew, k)
 				// Every window up to two seconds ago, those a slow
 				// second skipped included.
 				for s := now.Truncate(time.Second).Add(-2 * time.Second); !nextWin.After(s); nextWin = nextWin.Add(time.Second) {
@@ -384,6 +385,11 @@ func TestGatePacedByDownstream(t *testing.T) {
 	}
 	t.Logf("per second, arrived downstream/booked in the window/drained/capacity in force:%s", rows.String())
 	t.Logf("paced rate (gk1's view, per second): %v", roundAll(out.paced))
+	skews := make([]string, len(out.skew))
+	for i, k := range out.skew {
+		skews[i] = strconv.FormatFloat(k, 'f', 2, 64)
+	}
+	t.Logf("skew (gk1's view, per second: the longest partition's wait over the summed lag's, filtered): %s", strings.Join(skews, " "))
 
 	b1, b2, secs := out.bounds[1], out.bounds[2], out.secs
 	d2, d3 := phases[1].drain, phases[2].drain

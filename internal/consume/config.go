@@ -92,10 +92,13 @@ type Config struct {
 	// Leases, if set, makes a crashed member's partitions move within
 	// LeaseTTL (default DefaultLeaseTTL) plus a heartbeat rather than a
 	// session timeout (see lease.go). OnLeaseEnded, if set, is called each
-	// time this member removed a peer whose lease ended.
-	Leases       Leases
-	LeaseTTL     time.Duration
-	OnLeaseEnded func()
+	// time this member removed a peer whose lease ended; OnLeaseFenced each
+	// time it ended a generation of its own because its lease could not be
+	// renewed in time (its write fence ended with the lease).
+	Leases        Leases
+	LeaseTTL      time.Duration
+	OnLeaseEnded  func()
+	OnLeaseFenced func()
 
 	// Dialer sets TLS, SASL or a client ID (default: kafka-go's dialer with
 	// Timeout as its dial timeout).

@@ -56,9 +56,11 @@ type WriteFence struct {
 	mu    sync.Mutex
 	until time.Time // by the heartbeats answered
 	// lease, when set, is a second end, by the member's lease renewals
-	// (extendLease): the fence ends at the earlier of the two.
-	lease time.Time
-	timer *time.Timer
+	// (extendLease): the fence ends at the earlier of the two; byLease says
+	// that it ended there.
+	lease   time.Time
+	byLease bool
+	timer   *time.Timer
 }
 
 // newWriteFence returns a fence open until until.
@@ -125,6 +127,14 @@ func (f *WriteFence) extendLease(until time.Time) {
 	f.timer.Reset(time.Until(f.end()))
 }
 
+// endedByLease reports whether the fence ended because the member's lease
+// was not renewed in time.
+func (f *WriteFence) endedByLease() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.byLease
+}
+
 // end is when the fence ends: the earlier of its two ends. Called with mu held.
 func (f *WriteFence) end() time.Time {
 	if !f.lease.IsZero() && f.lease.Before(f.until) {
@@ -148,6 +158,7 @@ func (f *WriteFence) expire() {
 	why := "no heartbeat of the generation answered in time"
 	if f.end().Equal(f.lease) && f.lease.Before(f.until) {
 		why = "no renewal of the member's lease went through in time: the other members may remove it from the group"
+		f.byLease = true
 	}
 	f.cancel(fmt.Errorf("%w (%s)", ErrFenced, why))
 }
@@ -235,12 +246,14 @@ func (k *fenceKeeper) beat(ctx context.Context) {
 // run heartbeats every interval until the generation has ended (gctx) and
 // its partitions have drained (drained is closed), then closes the fence. If
 // the fence ends first, run returns at once, so that kafka-go ends the
-// generation: when run is started with gen.Start, that is what its return does.
+// generation: when run is started with gen.Start, that is what its return
+// does; if the fence ended with the member's lease, onLease (if set) is
+// called first.
 //
 // The heartbeats go out from a goroutine of their own, so that one that hangs
 // (a dial through a cut network outlasts its context) delays neither the end
 // of the fence nor the end of the generation.
-func (k *fenceKeeper) run(gctx context.Context, drained <-chan struct{}, log *slog.Logger) {
+func (k *fenceKeeper) run(gctx context.Context, drained <-chan struct{}, log *slog.Logger, onLease func()) {
 	bctx, stopBeats := context.WithCancel(context.Background())
 	defer stopBeats()
 	go k.beatEvery(bctx)
@@ -251,6 +264,9 @@ func (k *fenceKeeper) run(gctx context.Context, drained <-chan struct{}, log *sl
 			if genDone != nil {
 				log.Warn("write fence ended: ending the generation; its writes not yet sent are dropped and its batches handled again by the partitions' next owner",
 					"generation", k.gen.ID, "err", k.fence.Err())
+				if onLease != nil && k.fence.endedByLease() {
+					onLease()
+				}
 			}
 			return
 		case <-genDone:

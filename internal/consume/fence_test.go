@@ -63,7 +63,7 @@ func TestWriteFenceEndsWithoutHeartbeats(t *testing.T) {
 	ran := make(chan struct{})
 	go func() {
 		defer close(ran)
-		k.run(gctx, make(chan struct{}), slog.New(slog.DiscardHandler))
+		k.run(gctx, make(chan struct{}), slog.New(slog.DiscardHandler), nil)
 	}()
 	time.Sleep(session) // longer than the fence would last without heartbeats
 	if err := k.fence.Err(); err != nil {
@@ -135,7 +135,7 @@ func TestWriteFenceClosesAfterTheDrain(t *testing.T) {
 	ran := make(chan struct{})
 	go func() {
 		defer close(ran)
-		k.run(gctx, drained, slog.New(slog.DiscardHandler))
+		k.run(gctx, drained, slog.New(slog.DiscardHandler), nil)
 	}()
 	gcancel()
 	time.Sleep(100 * time.Millisecond)

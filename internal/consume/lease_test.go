@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -169,11 +170,12 @@ func TestWriteFenceEndsWithTheLease(t *testing.T) {
 	leases := &memLeases{ends: map[string]time.Time{}, dead: map[string]bool{}}
 	m := &member{cfg: Config{Leases: leases, LeaseTTL: ttl}, log: slog.New(slog.DiscardHandler),
 		client: &kafka.Client{Addr: kafka.TCP("127.0.0.1:1"), Timeout: 50 * time.Millisecond}}
+	var fenced atomic.Int32
 	start := func(t *testing.T) *fenceKeeper {
 		k := testKeeper(&fakeHeartbeater{}, 10*time.Second, 50*time.Millisecond)
 		gctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
-		go k.run(gctx, make(chan struct{}), slog.New(slog.DiscardHandler))
+		go k.run(gctx, make(chan struct{}), slog.New(slog.DiscardHandler), func() { fenced.Add(1) })
 		go m.watchLeases(gctx, k.gen, k.fence)
 		return k
 	}
@@ -198,6 +200,7 @@ func TestWriteFenceEndsWithTheLease(t *testing.T) {
 		if err := k.fence.Err(); !errors.Is(err, ErrFenced) || !strings.Contains(err.Error(), "lease") {
 			t.Errorf("got %v, want ErrFenced naming the lease", err)
 		}
+		eventually(t, time.Second, "OnLeaseFenced called", func() bool { return fenced.Load() == 1 })
 	})
 
 	t.Run("never renewed in the generation", func(t *testing.T) {

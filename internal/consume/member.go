@@ -266,7 +266,7 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 		wg.Wait()
 		close(drained)
 	}()
-	gen.Start(func(gctx context.Context) { keeper.run(gctx, drained, m.log) })
+	gen.Start(func(gctx context.Context) { keeper.run(gctx, drained, m.log, m.cfg.OnLeaseFenced) })
 	if m.cfg.Leases != nil {
 		gen.Start(func(gctx context.Context) { m.watchLeases(gctx, gen, keeper.fence) })
 	}

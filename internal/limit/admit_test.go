@@ -73,6 +73,16 @@ func TestAdmitRedisCluster(t *testing.T) {
 	}
 }
 
+// TestAdmitRedisClusterOneSlot runs the same cases on Redis Cluster under
+// key prefixes with a hash tag (testPrefix): every key in one slot, one
+// call per batch as on one Redis (OneSlot).
+func TestAdmitRedisClusterOneSlot(t *testing.T) {
+	rdb := testCluster(t)
+	for name, tc := range admitCases {
+		t.Run(name, func(t *testing.T) { tc(t, rdb) })
+	}
+}
+
 func admit(t *testing.T, l *Limiter, tenants []string) []Decision {
 	t.Helper()
 	ds, err := l.Admit(context.Background(), tenants)

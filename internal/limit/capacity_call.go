@@ -11,17 +11,19 @@ import (
 // The ramp of the current window's level, in per mille of the window: it
 // holds until capacityRampLow, then the capped tenants share what is spare
 // (the capacity not booked less what the satisfied are still expected to
-// ask), and from capacityRampHigh on what is left is anyone's (README: the
-// model).
+// ask, with a margin until capacityRampTight, and each at most what is
+// spare and not taken yet), and from capacityRampHigh on what is left is
+// anyone's (README: the model).
 const (
-	capacityRampLow  = 900
-	capacityRampHigh = 980
+	capacityRampLow   = 500
+	capacityRampTight = 900
+	capacityRampHigh  = 980
 )
 
-// ErrCapacityCluster is returned by New for a capacity on Redis Cluster:
-// the capacity's keys are global, and a call per tenant there touches only
-// that tenant's slot.
-var ErrCapacityCluster = errors.New("a capacity needs a single Redis (on Redis Cluster each tenant's keys sit in their own slot, and the capacity's keys in none of them)")
+// ErrCapacityCluster is returned by New for a capacity on Redis Cluster
+// under a key prefix without a hash tag: the capacity's keys are global, and
+// a call per tenant there touches only that tenant's slot.
+var ErrCapacityCluster = errors.New("a capacity on Redis Cluster needs every key in one slot, under a key prefix with a {hash tag} (its keys are global; each tenant's sit in a slot of their own)")
 
 // checkCapacityUse reports whether the capacity of opts can be kept with
 // these rules and this Redis.
@@ -95,7 +97,7 @@ func (l *Limiter) capacityArgs(av []any, groups []*group, now time.Time, first i
 	names = append(names, ']')
 	shares = append(shares, ']')
 	at := len(av) + 1 // where the capacity's arguments start in ARGV
-	av = append(av, len(c), first, capacityRampLow, capacityRampHigh, names, shares)
+	av = append(av, len(c), first, capacityRampLow, capacityRampTight, capacityRampHigh, names, shares)
 	sums := floorSums(rules, c)
 	inForce := l.CapacityInForce()
 	for i, r := range c {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
@@ -188,12 +189,15 @@ func TestCapacityExactAcrossLimiters(t *testing.T) {
 // of both rules within the capacity (capWindow: the count is what the
 // tenants booked).
 func exactAcrossLimiters(t *testing.T, capacity, limits string, cost func(*rand.Rand) Cost) {
-	rdb := testRedis(t)
+	exactAcross(t, testRedis(t), testPrefix(t), capacity, limits, cost)
+}
+
+// exactAcross is exactAcrossLimiters on rdb under the key prefix prefix.
+func exactAcross(t *testing.T, rdb redis.UniversalClient, prefix, capacity, limits string, cost func(*rand.Rand) Cost) {
 	c, err := ParseCapacity(capacity)
 	if err != nil {
 		t.Fatal(err)
 	}
-	prefix := testPrefix(t)
 	var ls []*Limiter
 	for i := 0; i < 4; i++ {
 		ls = append(ls, newTestLimiter(t, rdb, limits, Options{Prefix: prefix, Capacity: c, Horizon: 30 * time.Second}))

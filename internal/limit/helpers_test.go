@@ -28,7 +28,11 @@ var prefixSeq atomic.Int64
 
 // testPrefix returns a key prefix no other test run uses.
 func testPrefix(t testing.TB) string {
-	return fmt.Sprintf("gktest:%d:%d:%s", time.Now().UnixNano(), prefixSeq.Add(1), strings.ReplaceAll(t.Name(), "/", "."))
+	p := fmt.Sprintf("gktest:%d:%d:%s", time.Now().UnixNano(), prefixSeq.Add(1), strings.ReplaceAll(t.Name(), "/", "."))
+	if strings.Contains(t.Name(), "OneSlot/") {
+		return "{" + p + "}" // every key in one Redis Cluster slot (OneSlot)
+	}
+	return p
 }
 
 // fakeClock is testenv's settable clock.

@@ -28,7 +28,8 @@ import (
 // applies to what the window already counted (raising 5/1m to 50/1m
 // mid-window admits 45 more, lowering it to 2/1m admits none). The tenant
 // sits in a {hash tag} so that all keys of a tenant live in one Redis Cluster
-// slot and one script call can touch them all.
+// slot and one script call can touch them all; a prefix with a tag of its
+// own ("{gk}") puts every key in one slot (OneSlot).
 //
 // Tenants are opaque bytes. A tenant made only of [A-Za-z0-9._@-] is written
 // as is; any other is written as "~" and its unpadded base64url form. Plain
@@ -69,6 +70,15 @@ func plain(s string) bool {
 		}
 	}
 	return true
+}
+
+// OneSlot reports whether every key under prefix lives in one Redis Cluster
+// slot: prefix holds a hash tag, a "{" followed later by a "}" with at least
+// one byte between (Redis hashes only the first such tag of a key, so the
+// tenants' own tags after it no longer count).
+func OneSlot(prefix string) bool {
+	i := strings.IndexByte(prefix, '{')
+	return i >= 0 && strings.IndexByte(prefix[i+1:], '}') > 0
 }
 
 // keys builds the counter keys of one limiter. It is a value type.

@@ -15,7 +15,10 @@ import (
 
 // Options configure a Limiter. The zero value of each field means its default.
 type Options struct {
-	// Prefix starts every counter key. Default "gk".
+	// Prefix starts every counter key. Default "gk". On Redis Cluster, a
+	// prefix holding a hash tag ("{gk}", see OneSlot) puts every key in one
+	// slot: the limiter then makes one call per batch, as on one Redis, and
+	// may keep a capacity.
 	Prefix string
 	// WindowKind is Aligned (default) or TTL.
 	WindowKind WindowKind
@@ -176,6 +179,9 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		return nil, err
 	}
 	_, cluster := rdb.(*redis.ClusterClient)
+	if cluster && OneSlot(opts.Prefix) {
+		cluster = false // every key in one slot: one call per batch, as on one Redis
+	}
 	if err := checkCapacityUse(rules, opts, cluster); err != nil {
 		return nil, err
 	}

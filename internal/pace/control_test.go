@@ -54,6 +54,10 @@ type stepCase struct {
 	steps   []step
 	commit  time.Duration
 	startBy int
+	// parts and buffer: the downstream's partitions and the consumer's
+	// buffer (model.parts, model.buffer; nil: one partition).
+	parts  []float64
+	buffer float64
 }
 
 // The harness's steps (drain 300/s, cut to 150/s, then 1,500/s, asked 450,
@@ -62,7 +66,24 @@ type stepCase struct {
 var (
 	harnessSteps = []step{{25, 300, 450}, {20, 150, 450}, {40, 1500, 1800}}
 	issueSteps   = []step{{40, 2000, 1e9}, {40, 1000, 1e9}, {60, 10000, 1e9}}
+	// harnessParts are the shares of the harness's downstream partitions
+	// (run Z and after: the weight-3 tenant's partition receives about
+	// 41% of what is admitted, the two others 25% and 34%).
+	harnessParts = []float64{0.41, 0.25, 0.34}
 )
+
+// stepCases are the model runs of TestControllerConverges and
+// TestControllerCutSettles: the harness's steps and the issue's, with the
+// downstream committing every 200 ms, 100 ms or every second, and the
+// harness's steps on partitions filled unevenly, taken as kafka-go's
+// reader takes them, without a buffer and with one of 100 events.
+var stepCases = []stepCase{
+	{name: "harness", ceiling: 3000, steps: harnessSteps, commit: 200 * time.Millisecond, startBy: 15},
+	{name: "issue, commit every 100ms", ceiling: 20000, steps: issueSteps, commit: 100 * time.Millisecond, startBy: 15},
+	{name: "issue, commit every 1s", ceiling: 20000, steps: issueSteps, commit: time.Second},
+	{name: "harness, partitions filled unevenly", ceiling: 3000, steps: harnessSteps, commit: 200 * time.Millisecond, startBy: 15, parts: harnessParts},
+	{name: "harness, partitions filled unevenly, a buffer", ceiling: 3000, steps: harnessSteps, commit: 200 * time.Millisecond, startBy: 15, parts: harnessParts, buffer: 100},
+}
 
 // modelTarget is the target wait of the model runs.
 const modelTarget = 2 * time.Second
@@ -91,7 +112,7 @@ func (tc stepCase) run(seed int64) stepRun {
 	secs := b2 + tc.steps[2].secs
 	d1, d2, d3 := tc.steps[0].drain, tc.steps[1].drain, tc.steps[2].drain
 	m := model{p: Params{TargetWait: modelTarget, Floor: tc.ceiling / 60, Ceiling: tc.ceiling, Interval: time.Second, Hold: 10 * time.Second},
-		commitEvery: tc.commit, jitter: 0.15, seed: seed,
+		commitEvery: tc.commit, jitter: 0.15, seed: seed, parts: tc.parts, buffer: tc.buffer,
 		drain: func(s float64) float64 { return at(s).drain }, demand: func(s float64) float64 { return at(s).demand }}
 	r := stepRun{}
 	var waits [][2]float64
@@ -114,11 +135,7 @@ func (tc stepCase) run(seed int64) stepRun {
 // downstream committing every 200 ms, 100 ms or every second, its drain
 // jittered.
 func TestControllerConverges(t *testing.T) {
-	for _, tc := range []stepCase{
-		{"harness", 3000, harnessSteps, 200 * time.Millisecond, 15},
-		{"issue, commit every 100ms", 20000, issueSteps, 100 * time.Millisecond, 15},
-		{"issue, commit every 1s", 20000, issueSteps, time.Second, 0},
-	} {
+	for _, tc := range stepCases {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.run(1)
 			t.Logf("admitted per second: %v", roundTo(r.admitted))
@@ -166,11 +183,7 @@ func TestControllerConverges(t *testing.T) {
 // in most runs, up to 1.41 times the drain).
 func TestControllerCutSettles(t *testing.T) {
 	const seeds = 40
-	for _, tc := range []stepCase{
-		{"harness", 3000, harnessSteps, 200 * time.Millisecond, 15},
-		{"issue, commit every 100ms", 20000, issueSteps, 100 * time.Millisecond, 15},
-		{"issue, commit every 1s", 20000, issueSteps, time.Second, 0},
-	} {
+	for _, tc := range stepCases {
 		t.Run(tc.name, func(t *testing.T) {
 			var cuts, starts []int
 			var p99s []float64
@@ -419,5 +432,73 @@ func TestControllerSettleStages(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestControllerSkew: partsWait on a downstream of two partitions that
+// drains each at 150/s. With the lag even (300 events in each) the longest
+// partition's wait is the summed lag over the summed drain (skew 1); with
+// all of it in one partition (600 events: 4 s, where the sums say 2 s) the
+// skew is 2, and the longest of the partitions' least waits 4 s (the
+// downstream does not keep up, whatever the summed lag). A partition that drains nothing (a stalled member) does not
+// count (the rate cannot help it), and the skew is at most maxSkew. The
+// controller filters it over skewTau and holds a setpoint under half the
+// target by it (at least gapTimes the commit gap), so the rate it sets for
+// the uneven lag is lower than for the even one.
+func TestControllerSkew(t *testing.T) {
+	p := Params{TargetWait: 2 * time.Second, Floor: 10, Ceiling: 5000, Interval: time.Second, Hold: 5 * time.Second}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	run := func(secs float64, parts func(sec float64) []Offsets) (*Controller, Estimate) {
+		c := NewController(p, 300)
+		var e Estimate
+		for sec := 0.0; sec <= secs; sec += 0.25 {
+			ps := parts(sec)
+			s := Sample{At: t0.Add(time.Duration(sec * float64(time.Second))), Members: 1, Parts: ps}
+			for _, o := range ps {
+				s.Committed, s.End = s.Committed+o.Committed, s.End+o.End
+			}
+			e = c.Observe(s)
+		}
+		return c, e
+	}
+	even := func(sec float64) []Offsets {
+		return []Offsets{{int64(150 * sec), int64(150*sec) + 300}, {int64(150 * sec), int64(150*sec) + 300}}
+	}
+	uneven := func(sec float64) []Offsets {
+		return []Offsets{{int64(150 * sec), int64(150*sec) + 600}, {int64(150 * sec), int64(150 * sec)}}
+	}
+	stalled := func(sec float64) []Offsets {
+		return []Offsets{{int64(300 * sec), int64(300*sec) + 300}, {1000, 1600}}
+	}
+	now := func(c *Controller) float64 { k, _, _ := partsWait(c.samples, p.Interval, c.shortSpan()); return k }
+	cEven, eEven := run(60, even)
+	cUneven, eUneven := run(60, uneven)
+	cStalled, _ := run(60, stalled)
+	cEarly, _ := run(5, uneven)
+	t.Logf("even: skew %.2f (filtered %.2f), rate %.0f/s; uneven: skew %.2f (filtered %.2f, after 5 s %.2f), rate %.0f/s; a stalled partition: skew %.2f",
+		now(cEven), cEven.skew, eEven.Rate, now(cUneven), cUneven.skew, cEarly.skew, eUneven.Rate, now(cStalled))
+	if math.Abs(now(cEven)-1) > 0.01 || math.Abs(now(cUneven)-2) > 0.05 {
+		t.Errorf("skew even %.2f, uneven %.2f; want 1 and 2", now(cEven), now(cUneven))
+	}
+	if math.Abs(cEven.skew-1) > 0.01 || math.Abs(cUneven.skew-2) > 0.05 || cEarly.skew > 1.5 {
+		t.Errorf("filtered skew even %.2f, uneven %.2f after 60 s and %.2f after 5 s; want 1, 2, and under 1.5 (filtered over %v)", cEven.skew, cUneven.skew, cEarly.skew, skewTau(p.Interval))
+	}
+	if hold, band := cUneven.setpoint(); math.Abs(hold-0.5) > 0.02 || band != 1 {
+		t.Errorf("setpoint with the skew at 2: %.2f s (band %.2f s), want 0.5 s (band 1 s)", hold, band)
+	}
+	if eUneven.Rate >= eEven.Rate {
+		t.Errorf("rate with the lag in one partition %.0f/s, want under the rate with it even, %.0f/s", eUneven.Rate, eEven.Rate)
+	}
+	if _, least, _ := partsWait(cUneven.samples, p.Interval, cUneven.shortSpan()); math.Abs(least-4) > 0.1 || cUneven.partLeast != least {
+		t.Errorf("the longest least wait %.2f s (kept %.2f s), want 4 s", least, cUneven.partLeast)
+	}
+	if now(cStalled) > 1.01 {
+		t.Errorf("skew with a stalled partition %.2f, want 1 (it does not count)", now(cStalled))
+	}
+	if k, _, _ := partsWait([]Sample{{At: t0, Parts: []Offsets{{0, 0}, {0, 0}}}, {At: t0.Add(3 * time.Second), Parts: []Offsets{{3, 10003}, {3000, 3000}}}}, p.Interval, time.Second); k != maxSkew {
+		t.Errorf("skew of a partition that nearly stopped %.2f, want the bound %d", k, maxSkew)
+	}
+	if k, least, ok := partsWait([]Sample{{At: t0}, {At: t0.Add(3 * time.Second), Committed: 10, End: 100}}, p.Interval, time.Second); k != 1 || least != -1 || ok {
+		t.Errorf("without the partitions' offsets: skew %.2f, least wait %.2f, read %v; want 1, -1, false", k, least, ok)
 	}
 }

@@ -115,7 +115,7 @@ func (f *Fleet) Publish(ctx context.Context, p Paced) (bool, error) {
 	defer cancel()
 	av := []any{p.By,
 		"rate", fmtFloat(p.Rate), "drain", fmtFloat(p.Drain), "input", fmtFloat(p.Input),
-		"lag", p.Lag, "wait_ms", p.Wait.Milliseconds(), "state", p.State, "reason", p.Reason,
+		"lag", p.Lag, "wait_ms", p.Wait.Milliseconds(), "skew", fmtFloat(p.Skew), "state", p.State, "reason", p.Reason,
 		"lost_since", unixMs(p.LostSince), "at", unixMs(p.At), "by", p.By}
 	n, err := publishScript.Run(ctx, f.rdb, []string{f.keys.lease, f.keys.state}, av...).Int()
 	if err != nil {
@@ -142,7 +142,7 @@ func (f *Fleet) Read(ctx context.Context) (*Paced, *Cap, error) {
 	if m := st.Val(); len(m) > 0 {
 		paced = &Paced{At: fromMs(m["at"]), By: m["by"], Estimate: Estimate{
 			Rate: toFloat(m["rate"]), Drain: toFloat(m["drain"]), Input: toFloat(m["input"]),
-			Lag: int64(toFloat(m["lag"])), Wait: time.Duration(toFloat(m["wait_ms"])) * time.Millisecond,
+			Lag: int64(toFloat(m["lag"])), Wait: time.Duration(toFloat(m["wait_ms"])) * time.Millisecond, Skew: toFloat(m["skew"]),
 			State: m["state"], Reason: m["reason"], LostSince: fromMs(m["lost_since"]),
 		}}
 	}

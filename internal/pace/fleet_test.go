@@ -29,7 +29,7 @@ func TestFleetLeaseAndCap(t *testing.T) {
 	if ok, _ := f.Publish(ctx, Paced{Estimate: Estimate{Rate: 999, State: StateOK}, At: now, By: "b"}); ok {
 		t.Fatal("b published without the lease")
 	}
-	if ok, err := f.Publish(ctx, Paced{Estimate: Estimate{Rate: 750, Drain: 700, Lag: 1400, Wait: 2 * time.Second, State: StateOK}, At: now, By: "a"}); !ok || err != nil {
+	if ok, err := f.Publish(ctx, Paced{Estimate: Estimate{Rate: 750, Drain: 700, Lag: 1400, Wait: 2 * time.Second, Skew: 1.5, State: StateOK}, At: now, By: "a"}); !ok || err != nil {
 		t.Fatalf("a publish: %v, %v", ok, err)
 	}
 	// Two replicas' runners (no downstream of their own) apply the fleet's
@@ -41,7 +41,7 @@ func TestFleetLeaseAndCap(t *testing.T) {
 	r := &Runner{Fleet: f, Downstream: &Downstream{}, Params: Params{Floor: 10, Interval: time.Second}, Ceiling: 1000, Apply: func(x float64) { applied = x }}
 	r.m = newMetrics()
 	r.apply(ctx)
-	if s := r.Status(); applied != 500 || s.Cap == nil || s.Cap.By != "ops" || s.Fleet == nil || s.Fleet.Rate != 750 {
+	if s := r.Status(); applied != 500 || s.Cap == nil || s.Cap.By != "ops" || s.Fleet == nil || s.Fleet.Rate != 750 || s.Fleet.Skew != 1.5 {
 		t.Fatalf("with a cap: applied %v, status %+v; want 500 and the fleet's 750", applied, s)
 	}
 	r.Shadow = true

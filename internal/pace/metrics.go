@@ -4,9 +4,9 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // metrics are the pacing's metrics, as one replica sees the fleet's.
 type metrics struct {
-	paced, inForce, drain, lag, wait, capRate, leader, lost prometheus.Gauge
-	state                                                   *prometheus.GaugeVec
-	readErrors                                              prometheus.Counter
+	paced, inForce, drain, lag, wait, skew, capRate, leader, lost prometheus.Gauge
+	state                                                         *prometheus.GaugeVec
+	readErrors                                                    prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -19,6 +19,7 @@ func newMetrics() *metrics {
 		drain:   g("downstream_drain_rate", "The downstream group's drain rate, events a second."),
 		lag:     g("downstream_lag", "The downstream group's lag on the downstream topic, events."),
 		wait:    g("downstream_wait_seconds", "The downstream wait: lag / drain rate."),
+		skew:    g("downstream_skew", "How much longer the downstream partition that waits longest waits than lag / drain rate (filtered, 1 to 3): the paced rate holds the lag at the target's half over it."),
 		capRate: g("cap_rate", "An operator's cap on the capacity, events a second (bytes or units for a capacity of them; 0: none)."),
 		leader:  g("pace_leader", "1 when this replica computes the fleet's paced rate."),
 		lost:    g("pace_signal_lost", "1 when the downstream group's offsets cannot be read or it has no members (the rate is held, then the floor)."),
@@ -30,7 +31,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.paced, m.inForce, m.drain, m.lag, m.wait, m.capRate, m.leader, m.lost, m.state, m.readErrors} {
+	for _, c := range []prometheus.Collector{m.paced, m.inForce, m.drain, m.lag, m.wait, m.skew, m.capRate, m.leader, m.lost, m.state, m.readErrors} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -50,6 +51,7 @@ func (m *metrics) observe(s Status) {
 		m.drain.Set(f.Drain)
 		m.lag.Set(float64(f.Lag))
 		m.wait.Set(f.Wait.Seconds())
+		m.skew.Set(f.Skew)
 		m.lost.Set(b2f(f.State == StateHeld || f.State == StateFloor))
 		for _, st := range []string{StateOK, StateWarming, StateHeld, StateFloor} {
 			m.state.WithLabelValues(st).Set(b2f(f.State == st))

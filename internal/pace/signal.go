@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -35,7 +36,8 @@ type Downstream struct {
 }
 
 // Read returns a sample: the group's committed offsets and the topic's end
-// offsets, summed over the topic's partitions, and the group's members
+// offsets, summed over the topic's partitions and per partition (in the
+// order of their numbers), and the group's members
 // (-1 when they were not read this time). A partition the group never
 // committed, or committed below the topic's first offset, counts from its
 // first offset.
@@ -96,6 +98,11 @@ func (d *Downstream) read(ctx context.Context) (Sample, error) {
 		return Sample{}, fmt.Errorf("downstream topic %s: end offsets: %w", d.Topic, err)
 	}
 	seen := 0
+	s.Parts = make([]Offsets, len(d.parts))
+	index := make(map[int]int, len(d.parts))
+	for i, p := range d.parts {
+		index[p] = i
+	}
 	for _, p := range lo.Topics[d.Topic] {
 		if p.Error != nil {
 			return Sample{}, fmt.Errorf("downstream topic %s: partition %d: %w", d.Topic, p.Partition, p.Error)
@@ -110,6 +117,11 @@ func (d *Downstream) read(ctx context.Context) (Sample, error) {
 		}
 		s.Committed += min(c, p.LastOffset)
 		s.End += p.LastOffset
+		i, ok := index[p.Partition]
+		if !ok {
+			return Sample{}, fmt.Errorf("downstream topic %s: end offsets of partition %d, not in its metadata", d.Topic, p.Partition)
+		}
+		s.Parts[i] = Offsets{Committed: min(c, p.LastOffset), End: p.LastOffset}
 		seen++
 	}
 	if seen != len(d.parts) {
@@ -148,6 +160,7 @@ func (d *Downstream) readMeta(ctx context.Context) error {
 		}
 		first[p.Partition] = p.FirstOffset
 	}
+	slices.Sort(parts) // a sample's Parts are in this order: the same from read to read
 	d.parts, d.first = parts, first
 	return nil
 }

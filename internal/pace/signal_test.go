@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol/metadata"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
 )
@@ -59,7 +61,9 @@ func TestDownstreamRead(t *testing.T) {
 	}
 	r.Close()
 
-	calls := &countingTransport{RoundTripper: kafka.DefaultTransport}
+	// The broker's metadata lists the partitions in reverse (the order is
+	// the broker's): the sample's are still in the order of their numbers.
+	calls := &countingTransport{RoundTripper: kafka.DefaultTransport, reverse: true}
 	counted := &kafka.Client{Addr: kafka.TCP(addr), Timeout: 10 * time.Second, Transport: calls}
 	d := &Downstream{Client: counted, Group: group, Topic: topic, Timeout: 5 * time.Second, MembersEvery: time.Hour}
 	s, err := d.Read(ctx)
@@ -68,6 +72,21 @@ func TestDownstreamRead(t *testing.T) {
 	}
 	if s.End != 30 || s.Committed != 20 || s.Members != 0 {
 		t.Errorf("after the group left: %+v, want end 30, committed 20, no members", s)
+	}
+	// Per partition: the same offsets, one entry a partition, each end 15
+	// (the writer took the partitions in turn), summing to the totals.
+	var sum Offsets
+	for _, o := range s.Parts {
+		sum.Committed, sum.End = sum.Committed+o.Committed, sum.End+o.End
+		if o.End != 15 || o.Committed > o.End {
+			t.Errorf("a partition's offsets %+v, want end 15 and committed at most it", o)
+		}
+	}
+	if len(s.Parts) != 2 || sum.Committed != s.Committed || sum.End != s.End {
+		t.Errorf("per partition %+v, want two summing to committed %d, end %d", s.Parts, s.Committed, s.End)
+	}
+	if !slices.Equal(d.parts, []int{0, 1}) {
+		t.Errorf("partitions %v from a metadata listing them in reverse, want [0 1]", d.parts)
 	}
 	// The next reads: the committed and the end offsets only (the
 	// partitions, first offsets and members are not read again yet).
@@ -96,13 +115,21 @@ func TestDownstreamRead(t *testing.T) {
 	}
 }
 
-// countingTransport counts the requests made through it.
+// countingTransport counts the requests made through it; reverse: it
+// reverses the partitions of each topic in a metadata response.
 type countingTransport struct {
 	kafka.RoundTripper
-	n atomic.Int64
+	n       atomic.Int64
+	reverse bool
 }
 
 func (c *countingTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
 	c.n.Add(1)
-	return c.RoundTripper.RoundTrip(ctx, addr, req)
+	res, err := c.RoundTripper.RoundTrip(ctx, addr, req)
+	if md, ok := res.(*metadata.Response); ok && c.reverse {
+		for i := range md.Topics {
+			slices.Reverse(md.Topics[i].Partitions)
+		}
+	}
+	return res, err
 }

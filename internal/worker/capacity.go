@@ -8,7 +8,8 @@ import (
 )
 
 // checkCapacity parses CAPACITY and checks the tenants' floors against it;
-// a capacity needs a single Redis (limit.ErrCapacityCluster).
+// a capacity needs a single Redis, or every key in one slot of a Redis
+// Cluster (limit.ErrCapacityCluster).
 func (c *Config) checkCapacity() error {
 	capacity, err := limit.ParseCapacity(c.Capacity)
 	if err != nil {
@@ -17,8 +18,8 @@ func (c *Config) checkCapacity() error {
 	if len(capacity) == 0 {
 		return nil
 	}
-	if len(c.RedisAddrs) > 1 || strings.EqualFold(c.RedisCluster, "true") {
-		return bad("CAPACITY", "%v", limit.ErrCapacityCluster)
+	if (len(c.RedisAddrs) > 1 || strings.EqualFold(c.RedisCluster, "true")) && !limit.OneSlot(c.RedisKeyPrefix) {
+		return bad("CAPACITY", "%v: set REDIS_KEY_PREFIX to one, e.g. {%s}", limit.ErrCapacityCluster, c.RedisKeyPrefix)
 	}
 	if loc, err := c.Location(); err == nil {
 		if err := limit.CheckCapacityZone(capacity, loc, time.Now()); err != nil {

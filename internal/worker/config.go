@@ -99,7 +99,7 @@ type RedisConfig struct {
 	// cluster, and one address is asked with CLUSTER INFO at start.
 	RedisCluster string `split_words:"true" default:"auto" desc:"Redis Cluster: true, false, or auto (more than one address is a cluster; one address is asked with CLUSTER INFO at start)"`
 	// RedisKeyPrefix starts every counter key.
-	RedisKeyPrefix string `split_words:"true" default:"gk" desc:"prefix of every counter key"`
+	RedisKeyPrefix string `split_words:"true" default:"gk" desc:"prefix of every counter key; on Redis Cluster, one with a {hash tag} (e.g. {gk}) puts every key in one slot: one script call per batch, as on one Redis, and a CAPACITY allowed"`
 	// RedisTimeout bounds every Redis call.
 	RedisTimeout time.Duration `split_words:"true" default:"2s" desc:"timeout of every Redis call"`
 	// RedisUsername is the Redis ACL user (none: the default user).
@@ -126,7 +126,7 @@ type LimitsConfig struct {
 	// replaces LIMITS; setting both is an error.
 	LimitsFile string `split_words:"true" desc:"YAML file of rules, reloaded on change (instead of LIMITS)"`
 	// Capacity is the budget shared by every tenant (capacity.go).
-	Capacity string `desc:"one budget for the downstream shared fairly by all tenants: events, bytes or units (one measure) per aligned second, minute, hour, day or week (hours, days and weeks in a zone without daylight saving), e.g. 5000/1s, 5000/1s,200000/1m or 10MiB/1s (tenants' weight:N and floor:N/1s in LIMITS, floors in the capacity's measure); single Redis only"`
+	Capacity string `desc:"one budget for the downstream shared fairly by all tenants: events, bytes or units (one measure) per aligned second, minute, hour, day or week (hours, days and weeks in a zone without daylight saving), e.g. 5000/1s, 5000/1s,200000/1m or 10MiB/1s (tenants' weight:N and floor:N/1s in LIMITS, floors in the capacity's measure); a single Redis, or a Redis Cluster under a REDIS_KEY_PREFIX with a {hash tag}"`
 	// Window is the window kind: aligned or ttl.
 	Window string `default:"aligned" desc:"window kind: aligned (calendar boundaries) or ttl (from a tenant's first event)"`
 	// Timezone places day, week and month boundaries of aligned windows.

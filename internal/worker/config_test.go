@@ -227,6 +227,8 @@ func TestConfigGoodValues(t *testing.T) {
 		{"slow hour capacity", with(minimal(), "CAPACITY", "3000/1h")},
 		{"day capacity", with(minimal(), "CAPACITY", "100000/1d", "TIMEZONE", "Asia/Kolkata", "LIMITS", "*=100/1m;acme=floor:1000/1d")},
 		{"week capacity", with(minimal(), "CAPACITY", "5000/1s,1000000/1w")},
+		// Every key in one slot of a Redis Cluster (a prefix with a hash tag).
+		{"capacity on Redis Cluster", with(minimal(), "CAPACITY", "5000/1s", "REDIS_ADDRS", "a:1,b:2", "REDIS_KEY_PREFIX", "{gk}")},
 		{"unit capacity", with(minimal(), "CAPACITY", "2000u/1s", "COST_FROM", "header:cost", "LIMITS", "*=100/1m;acme=floor:500u/1s")},
 		{"paced capacity", with(minimal(), "CAPACITY", "5000/1s", "CAPACITY_FROM", "group:billing", "CAPACITY_FLOOR", "6000/1m", "CAPACITY_TARGET_WAIT", "500ms", "CAPACITY_SHADOW", "true")},
 		{"json cost", with(minimal(), "COST_FROM", "json:usage.tokens")},
@@ -297,7 +299,9 @@ func TestConfigBadValues(t *testing.T) {
 		{with(minimal(), "REDIS_CLUSTER", "yes"), "REDIS_CLUSTER"},
 		{with(minimal(), "REDIS_CLUSTER", "false", "REDIS_ADDRS", "r1:7000,r2:7000"), "REDIS_CLUSTER"},
 		{with(minimal(), "REDIS_KEY_PREFIX", ""), "REDIS_KEY_PREFIX"},
-		{with(minimal(), "REDIS_KEY_PREFIX", "g{k}"), "REDIS_KEY_PREFIX"},
+		{with(minimal(), "REDIS_KEY_PREFIX", "g{k"), "REDIS_KEY_PREFIX"},
+		{with(minimal(), "REDIS_KEY_PREFIX", "g{}"), "REDIS_KEY_PREFIX"},    // an empty tag hashes the whole key
+		{with(minimal(), "REDIS_KEY_PREFIX", "{a}{b}"), "REDIS_KEY_PREFIX"}, // one tag at most
 		{with(minimal(), "TENANT_FROM", "value"), "TENANT_FROM"},
 		{with(minimal(), "TENANT_FROM", "header:"), "TENANT_FROM"},
 		{with(minimal(), "TENANT_FROM", "json:"), "TENANT_FROM"},

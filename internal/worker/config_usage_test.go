@@ -61,7 +61,7 @@ func TestLoadUsageConfigErrors(t *testing.T) {
 		{with(base, "TIMEZONE", "Mars/Olympus"), "TIMEZONE"},
 		{with(base, "REDIS_ADDRS", "r:6379,R:6379"), "REDIS_ADDRS"},
 		{with(base, "REDIS_CLUSTER", "maybe"), "REDIS_CLUSTER"},
-		{with(base, "REDIS_KEY_PREFIX", "g{k}"), "REDIS_KEY_PREFIX"},
+		{with(base, "REDIS_KEY_PREFIX", "g{k"), "REDIS_KEY_PREFIX"},
 		{with(base, "REDIS_TIMEOUT", "0s"), "REDIS_TIMEOUT"},
 		{with(base, "REDIS_TIMEOUT", "soon"), "REDIS_TIMEOUT"},
 		{with(base, "REDIS_TLS", "on"), "REDIS_TLS"},

@@ -52,8 +52,8 @@ func (c *Config) serverChecks() []func() error {
 			switch {
 			case c.RedisKeyPrefix == "":
 				return bad("REDIS_KEY_PREFIX", "must not be empty")
-			case strings.ContainsAny(c.RedisKeyPrefix, "{}"):
-				return bad("REDIS_KEY_PREFIX", "%q must not hold { or } (keys use a {hash tag} per tenant)", c.RedisKeyPrefix)
+			case strings.ContainsAny(c.RedisKeyPrefix, "{}") && !oneTag(c.RedisKeyPrefix):
+				return bad("REDIS_KEY_PREFIX", "%q must hold no { or } but one {hash tag} around at least one character (e.g. {gk}: every key in one Redis Cluster slot)", c.RedisKeyPrefix)
 			case strings.ContainsFunc(c.RedisKeyPrefix, func(r rune) bool { return r <= ' ' || r == 0x7f }):
 				return bad("REDIS_KEY_PREFIX", "%q must not hold spaces or control characters", c.RedisKeyPrefix)
 			}
@@ -460,4 +460,10 @@ func (c *Config) checkSASL() error {
 		return nil
 	}
 	return bad("KAFKA_SASL_MECHANISM", "%q is not PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", c.KafkaSASLMechanism)
+}
+
+// oneTag reports whether prefix holds exactly one "{", then exactly one "}",
+// with at least one character between: one hash tag (limit.OneSlot).
+func oneTag(prefix string) bool {
+	return strings.Count(prefix, "{") == 1 && strings.Count(prefix, "}") == 1 && limit.OneSlot(prefix)
 }

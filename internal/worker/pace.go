@@ -22,7 +22,7 @@ type PaceConfig struct {
 	CapacityFrom string `split_words:"true" desc:"pace CAPACITY by what the downstream drains: group:NAME, the consumer group that reads DOWNSTREAM_TOPIC; CAPACITY is then the ceiling"`
 	// CapacityTargetWait is the downstream wait (lag / drain rate) to keep
 	// the downstream under, through a halving of its drain too.
-	CapacityTargetWait time.Duration `split_words:"true" default:"2s" desc:"the wait of events in DOWNSTREAM_TOPIC (lag / drain rate) that the paced capacity keeps under, through a halving of the drain too (it holds half of it)"`
+	CapacityTargetWait time.Duration `split_words:"true" default:"2s" desc:"the wait of events in DOWNSTREAM_TOPIC (lag / drain rate) that the paced capacity keeps under, through a halving of the drain too (it holds half of it for the partition that waits longest)"`
 	// CapacityFloor is the least the paced capacity may be.
 	CapacityFloor string `split_words:"true" doc_default:"a tenth of CAPACITY" desc:"the least the paced capacity may be, in events per second or minute like CAPACITY, e.g. 100/1s"`
 	// CapacityInterval is how often the paced capacity is computed.

@@ -359,6 +359,7 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, retrier *route.Retrier) consum
 	if p.Leases != nil {
 		dc.Leases = p.Leases
 		dc.OnLeaseEnded = func() { m.leasesEnded.Inc() }
+		dc.OnLeaseFenced = func() { m.leaseFenced.Inc() }
 		dc.HeartbeatInterval = retryLeaseHeartbeat
 	}
 	for _, t := range retrier.Router.Topics.Tiers() {
@@ -378,6 +379,7 @@ type pipelineMetrics struct {
 	truncated   *prometheus.CounterVec
 	offsetsLost *prometheus.CounterVec
 	leasesEnded prometheus.Counter
+	leaseFenced prometheus.Counter
 	distrusted  *prometheus.CounterVec
 	passedOver  *prometheus.CounterVec
 }
@@ -438,6 +440,11 @@ func newPipelineMetrics(reg prometheus.Registerer) (*pipelineMetrics, error) {
 			Help: "Members of the retry group this replica removed from the group because their lease ended " +
 				"(a crashed replica): its retry partitions moved without waiting for its session to time out.",
 		}),
+		leaseFenced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gatekeeper_retry_lease_fenced_total",
+			Help: "Generations of the retry group this replica ended because its own lease could not be renewed in time " +
+				"(Redis out of reach or stalled): it stopped writing and rejoined before the others could remove it.",
+		}),
 		distrusted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "gatekeeper_handover_distrusted_total",
 			Help: "Done sets in a retry tier's commit metadata that a new owner did not trust (unsigned or badly signed " +
@@ -449,7 +456,7 @@ func newPipelineMetrics(reg prometheus.Registerer) (*pipelineMetrics, error) {
 				"read on to events due sooner; each is read again from Kafka shortly before it is due.",
 		}, []string{"topic"}),
 	}
-	for _, c := range []prometheus.Collector{m.waiting, m.lateness, m.lag, m.skipped, m.truncated, m.offsetsLost, m.leasesEnded, m.distrusted, m.passedOver} {
+	for _, c := range []prometheus.Collector{m.waiting, m.lateness, m.lag, m.skipped, m.truncated, m.offsetsLost, m.leasesEnded, m.leaseFenced, m.distrusted, m.passedOver} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("pipeline metrics: %w", err)
 		}

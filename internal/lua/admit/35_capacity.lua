@@ -28,7 +28,8 @@
 --   ARGV is then "cap:<the index of the first of them>", and ":general"
 --   after it when a test asks for the general path alone, see cap_one):
 --   number of capacity rules, the index in KEYS of the first capacity key,
---   the start and the end of the ramp (per mille of the window), the tenants' fields (a
+--   the start of the ramp, the end of its margins and the ramp's end (ramp_lo,
+--   ramp_mid, ramp_hi: per mille of the window), the tenants' fields (a
 --   JSON array of strings, in call order), the tenants' shares (a JSON
 --   array: per tenant its weight, then its floor for each capacity rule),
 --   then per capacity rule: limit, step ms, the current window's start ms,
@@ -140,10 +141,15 @@
 -- the spare (C - G) shared by the active weight a of the window before;
 -- with no history (lv 0) it is the equal share C / a of the window's
 -- active weight so far.
--- In the current window the level holds until ramp_lo of the window has
--- passed; from then on the capped tenants may share what is spare, the
+-- In the current window the level holds until ramp_lo (half) of the window
+-- has passed; from then on the capped tenants may share what is spare, the
 -- capacity not booked less what the satisfied tenants are still expected
--- to ask in the rest of the window ((1 - phase) * sf), split by weight
+-- to ask in the rest of the window ((1 - phase) * sf, and until ramp_mid a
+-- margin, cap_rest; each then takes above the level at most what is spare
+-- and not taken yet, rounded up: a level fixed from a prediction that
+-- missed leaves what the satisfied do not ask, and a ramp of the last 10%
+-- gave it back only from what the capped sent there,
+-- TestCapacityRampShortfall), split by weight
 -- (wc, at most the window's active weight a: the parts of capped tenants
 -- that sent nothing in the window would be lost), each the same part
 -- (field x: what they took above the level, is counted as spare), rounded
@@ -172,7 +178,7 @@ local capd = {}   -- per capacity rule: limit, step, cs, ce, retention, ffloor, 
 local capn = none -- per tenant: its name in fields
 local capt, capr, capq = {}, {}, {} -- per tenant: its fields t:, r:, q:
 local caps = none -- per tenant: weight, floor per rule (flat)
-local ramp_lo, ramp_hi = 0.9, 0.98
+local ramp_lo, ramp_mid, ramp_hi = 0.5, 0.9, 0.98
 local cap_ti = 0  -- the tenant being decided (cap_rules sets it)
 local cap_fast = true -- every capacity rule's limit is at least 1: run
                       -- counts a tenant's own rules as fast_many does
@@ -196,13 +202,14 @@ local function cap_parse(at)
   end
   ncap = tonumber(ARGV[at])
   local first = tonumber(ARGV[at + 1])
-  ramp_lo, ramp_hi = tonumber(ARGV[at + 2]) / 1000, tonumber(ARGV[at + 3]) / 1000
-  capn = cjson.decode(ARGV[at + 4])
+  ramp_lo, ramp_mid = tonumber(ARGV[at + 2]) / 1000, tonumber(ARGV[at + 3]) / 1000
+  ramp_hi = tonumber(ARGV[at + 4]) / 1000
+  capn = cjson.decode(ARGV[at + 5])
   for i, n in ipairs(capn) do
     capt[i], capr[i], capq[i] = "t:" .. n, "r:" .. n, "q:" .. n
   end
-  caps = cjson.decode(ARGV[at + 5])
-  at = at + 6
+  caps = cjson.decode(ARGV[at + 6])
+  at = at + 7
   for ci = 1, ncap do
     local step, cs = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
     capd[ci] = {
@@ -790,6 +797,24 @@ local function cap_done(rules, n, admitted)
   end
 end
 
+-- cap_rest returns what the satisfied tenants of rule d are still expected
+-- to ask in the rest of its current window: (1 - phi) * sf, and before
+-- ramp_mid a margin of two standard deviations of as many independent
+-- arrivals, 2 * sqrt((1 - phi) * sf), so that the ramp, from ramp_lo on,
+-- does not take the room of light tenants whose events come in lumps (see
+-- Entitlement). Once a call (phi is the call's).
+local function cap_rest(d, phi)
+  local rest = d.rest
+  if not rest then
+    rest = (1 - phi) * d.sf
+    if phi < ramp_mid then
+      rest = rest + 2 * math.sqrt(rest)
+    end
+    d.rest = rest
+  end
+  return rest
+end
+
 -- cap_active returns the active weight of r's current window, at least
 -- the summed weight of the call's tenants: those decided after the tenant
 -- are active there too, though not marked yet (a future window's bound,
@@ -824,6 +849,7 @@ local function cap_room(r, s, pos)
   end
   local c = hc_num(st, "count")
   local e, protect = 0, true
+  local left = false -- in the ramp: the most it may take (see Entitlement)
   local big = false -- a future window: leave room for a big event waiting
   local one = 1 -- the next event's cost
   if r.costs and pos then
@@ -840,9 +866,21 @@ local function cap_room(r, s, pos)
       -- fractions, up to an event a capped tenant, are not left unbooked.
       -- Split by the capped weight, at most the window's active weight:
       -- the parts of capped tenants that sent nothing here would be lost.
-      local spare = C - (c - hc_num(st, "x")) - (1 - phi) * d.sf
+      -- Before ramp_mid, what a tenant takes above the level is at most
+      -- what is spare and not taken yet, rounded up (left): the parts
+      -- rounded up do not take the satisfied tenants' expected rest.
+      local rest = cap_rest(d, phi)
+      local spare = C - (c - hc_num(st, "x")) - rest
       if spare > 0 then
         lv, up = lv + spare / math.max(1, math.min(d.wc, hc_num(st, "a"))), true
+      end
+      if spare > 0 and phi < ramp_mid then
+        left = C - c - rest - 1e-9
+        left = math.max(0, left - left % 1 + 1) -- math.ceil, at least 0
+        local base = math.max(r.f, math.floor(r.w * d.lv + 1e-9))
+        if b < base then
+          left = left + base - b
+        end
       end
     elseif not protect then
       lv = C
@@ -902,6 +940,9 @@ local function cap_room(r, s, pos)
     e = r.f
   end
   local room, free = e - b, C - c
+  if left and left < room then
+    room = left
+  end
   if big then
     local bg = hc_num(cap_win(r, d.cs), "bg")
     if bg > 0 and free >= bg then

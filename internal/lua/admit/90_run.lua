@@ -304,9 +304,10 @@ local function cap_one(ti, p, k, n, mark, o)
   end
   local phi = (now - cd.cs) / cd.step
   local protect = phi < ramp_hi
-  local e
+  local e, left
   if phi > ramp_lo and cd.wc > 0 then
-    local spare = C - (c - (cv.x or 0)) - (1 - phi) * cd.sf
+    local rest = cd.rest or cap_rest(cd, phi)
+    local spare = C - (c - (cv.x or 0)) - rest
     if spare > 0 then
       local wa = cd.wc
       if a < wa then
@@ -315,6 +316,22 @@ local function cap_one(ti, p, k, n, mark, o)
       lv = lv + spare / (wa > 1 and wa or 1)
       e = -(w * lv - 1e-9) -- math.ceil
       e = -(e - e % 1)
+    end
+    if spare > 0 and phi < ramp_mid then
+      -- At most what is spare and not taken, rounded up, above the level.
+      left = C - c - rest - 1e-9
+      left = left - left % 1 + 1
+      if left < 0 then
+        left = 0
+      end
+      local base = w * lv0 + 1e-9
+      base = base - base % 1
+      if f > base then
+        base = f
+      end
+      if b < base then
+        left = left + base - b
+      end
     end
   elseif not protect then
     lv = C
@@ -327,6 +344,9 @@ local function cap_one(ti, p, k, n, mark, o)
     e = f
   end
   local room, free = e - b, C - c
+  if left and left < room then
+    room = left
+  end
   if protect and cd.ffloor > 0 then
     local others = cd.ffloor - (cv.fb or 0) - (f > b and f - b or 0)
     if others > 0 then
