@@ -196,27 +196,17 @@ func TestCapacityFastPathSame(t *testing.T) {
 				if !tc.bytes {
 					costs = nil
 				}
+				prefixes := []string{"fast:" + tc.name, "general:" + tc.name}
 				if tc.kind == TTL && call%40 == 39 {
 					// Lost keys (an eviction): the chains the replies
 					// cached are gone, and a window opened in one must not
 					// be trusted (chains_hold).
-					for _, prefix := range []string{"fast:", "general:"} {
-						for k := range keysOf(t, rdb, prefix+tc.name+":{t1") {
-							rdb.Del(ctx, prefix+tc.name+":{t1"+k)
-						}
-					}
+					loseKeys(t, rdb, prefixes, "t1", "t10", "t11", "t12", "t13", "t14", "t15", "t16", "t17", "t18", "t19")
 				}
 				if call == 50 {
 					// A tenant's own window of the wrong type: it fails
 					// alone, in cap_one as in the general path.
-					for _, prefix := range []string{"fast:", "general:"} {
-						for k := range keysOf(t, rdb, prefix+tc.name+":{t2}") {
-							if !strings.Contains(k, "frontier") && !strings.Contains(k, "anchor") {
-								rdb.Del(ctx, prefix+tc.name+":{t2}"+k)
-								rdb.Set(ctx, prefix+tc.name+":{t2}"+k, "junk", 0)
-							}
-						}
-					}
+					breakWindows(t, rdb, prefixes, "t2")
 				}
 				df, err := fast.AdmitCosts(ctx, batch, costs)
 				if err != nil {
@@ -235,16 +225,8 @@ func TestCapacityFastPathSame(t *testing.T) {
 					}
 				}
 			}
-			kf, kg := keysOf(t, rdb, "fast:"+tc.name), keysOf(t, rdb, "general:"+tc.name)
-			if len(kf) == 0 || len(kf) != len(kg) {
-				t.Fatalf("%d keys with cap_one, %d without", len(kf), len(kg))
-			}
-			for k, v := range kf {
-				if w, ok := kg[k]; !ok || v != w {
-					t.Errorf("key %s: %q with cap_one, %q without", k, v, w)
-				}
-			}
-			t.Logf("%d keys the same; decisions %v", len(kf), kinds)
+			n := sameKeys(t, rdb, "fast:"+tc.name, "general:"+tc.name)
+			t.Logf("%d keys the same; decisions %v", n, kinds)
 			if kinds[Defer] == 0 || kinds[Admit] == 0 || kinds[Fail] == 0 {
 				t.Errorf("decisions %v: want events admitted, deferred (the capacity or the rules binding) and failed", kinds)
 			}
