@@ -229,10 +229,7 @@ func TestCapacityRampShortfall(t *testing.T) {
 	for sec := 0; sec < 5; sec++ {
 		for k := 0; k < 50; k++ {
 			clk.Set(start.Add(time.Duration(sec)*time.Second + time.Duration(k)*time.Second/50))
-			var batch []string
-			for _, f := range floods {
-				batch = append(batch, f)
-			}
+			batch := slices.Clone(floods)
 			if k == 5 || (sec < 3 && (k == 22 || k == 39)) {
 				batch = append(batch, lights...)
 			}

@@ -192,20 +192,25 @@ local function replays(rec, chunks)
   return rep, fresh
 end
 
--- exceptions returns the exceptions of a decided call (see above): each
--- tenant's part of the reply starts at out[out_at[ti]].
+-- add_exception appends tenant ti's exception to ex, if it has one (see
+-- above): its part of the reply starts at out[out_at[ti]].
+local function add_exception(ex, ti)
+  local o, n = out_at[ti], recs[rec_at[ti] + 1]
+  if out[o] == -1 then
+    ex[#ex + 1], ex[#ex + 2] = ti, -1
+  elseif out[o] ~= n then
+    ex[#ex + 1] = ti
+    for i = o, o + 3 + 3 * out[o + 1] do
+      ex[#ex + 1] = out[i]
+    end
+  end
+end
+
+-- exceptions returns the exceptions of a decided call.
 local function exceptions()
   local ex = {}
   for ti = 1, ntenants do
-    local o, n = out_at[ti], recs[rec_at[ti] + 1]
-    if out[o] == -1 then
-      ex[#ex + 1], ex[#ex + 2] = ti, -1
-    elseif out[o] ~= n then
-      ex[#ex + 1] = ti
-      for i = o, o + 3 + 3 * out[o + 1] do
-        ex[#ex + 1] = out[i]
-      end
-    end
+    add_exception(ex, ti)
   end
   return ex
 end

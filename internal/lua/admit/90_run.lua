@@ -666,15 +666,7 @@ local function compact()
       for i = o, e do
         c[k + 2 + i - o] = out[i]
       end
-      k = #ex
-      if out[o] == -1 then
-        ex[k + 1], ex[k + 2] = ti, -1
-      elseif out[o] ~= n then
-        ex[k + 1] = ti
-        for i = o, o + 3 + 3 * out[o + 1] do
-          ex[k + 2 + i - o] = out[i]
-        end
-      end
+      add_exception(ex, ti) -- 60_replay.lua
     end
   end
   c[1], c[2] = m, sum
