@@ -102,7 +102,8 @@ func (l *Limiter) capacityArgs(av []any, groups []*group, now time.Time, first i
 	inForce := l.CapacityInForce()
 	for i, r := range c {
 		s, _ := WindowBounds(r, now, l.opts.Location)
-		av = append(av, inForce[i].Limit, r.Length().Milliseconds(), s.UnixMilli(), retention(r, l.opts.Retention).Milliseconds(), sums[i], int(r.Measure))
+		av = append(av, inForce[i].Limit, r.Length().Milliseconds(), s.UnixMilli(), retention(r, l.opts.Retention).Milliseconds(), sums[i], int(r.Measure),
+			l.reserveBound(r, inForce[i].Limit))
 	}
 	tail := "cap:" + strconv.Itoa(at)
 	if l.capGeneral {

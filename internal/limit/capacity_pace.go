@@ -1,6 +1,9 @@
 package limit
 
-import "math"
+import (
+	"math"
+	"time"
+)
 
 // A paced capacity (GATEKEEPER_CAPACITY_FROM, an operator's cap; see
 // internal/pace): the configured capacity is the ceiling, and a rate in
@@ -27,10 +30,7 @@ func (l *Limiter) SetCapacityRate(rate float64) {
 		l.capNow.Store(nil)
 		return
 	}
-	shortest := c[0].Length()
-	for _, r := range c[1:] {
-		shortest = min(shortest, r.Length())
-	}
+	shortest := c.shortest()
 	now := make(Capacity, len(c))
 	copy(now, c)
 	for i, r := range c {
@@ -41,6 +41,60 @@ func (l *Limiter) SetCapacityRate(rate float64) {
 	}
 	l.capNow.Store(&now)
 }
+
+// shortest returns the length of c's shortest rule, the one a paced rate
+// sets.
+func (c Capacity) shortest() time.Duration {
+	d := c[0].Length()
+	for _, r := range c[1:] {
+		d = min(d, r.Length())
+	}
+	return d
+}
+
+// PaceReservations bounds, under a paced capacity (enforced: not shadow),
+// what all tenants together may reserve in a window of the paced rule that
+// is not yet current: at most floor events a second (the pacing's floor)
+// times the window, or an eighth of the capacity in force there when that
+// is more; each tenant's part of it is its entitlement's (35_capacity.lua,
+// cap_room). A reservation is final, and a window's capacity in force is
+// at least what it holds at its first call: reserved at the old rate, the
+// windows after a cut would hold the old rate's reservations (up to half of
+// it) while the pacing sets the floor to drain the backlog it left. Bounded
+// so, they hold at most what the pacing may set. 0 removes the bound. Safe
+// for concurrent use.
+func (l *Limiter) PaceReservations(floor float64) {
+	if !(floor > 0) || math.IsInf(floor, 0) {
+		floor = 0
+	}
+	l.capResv.Store(math.Float64bits(floor))
+}
+
+// PacedReservations returns the floor PaceReservations set, 0 when none.
+func (l *Limiter) PacedReservations() float64 {
+	return math.Float64frombits(l.capResv.Load())
+}
+
+// reserveBound returns what all tenants together may reserve in a window
+// of capacity rule r (in force: limit) that is not yet current, 0 for no
+// bound (see PaceReservations).
+func (l *Limiter) reserveBound(r Rule, limit int64) int64 {
+	floor := l.PacedReservations()
+	if floor == 0 || r.Length() != l.opts.Capacity.shortest() {
+		return 0
+	}
+	b := max(int64(math.Floor(floor*r.Length().Seconds())), limit/reserveShare, 1)
+	if b >= limit {
+		return 0
+	}
+	return b
+}
+
+// reserveShare: a paced window not yet current may hold an eighth of the
+// capacity in force even when the floor is lower (PaceReservations), so
+// that a backlog deferred under a low floor still drains by reservations
+// at an eighth of the capacity and the horizon has room for it.
+const reserveShare = 8
 
 // CapacityInForce returns the capacity that calls pass now: the configured
 // one unless SetCapacityRate lowered it.

@@ -265,6 +265,19 @@ func TestCapacityLateTenant(t *testing.T) {
 	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	c, _ := ParseCapacity("100/1s")
 	l := newTestLimiter(t, testRedis(t), "*=100000/1m", Options{Clock: clk.Now, Capacity: c, Horizon: time.Minute})
+	start := lateTenant(t, l, clk, c[0])
+	// Before d came, b had reserved half of the seconds ahead (these among them).
+	if _, _, got := capWindow(t, l, c[0], start.Add(10*time.Second)); got["b"] != 50 {
+		t.Errorf("second 10: b reserved %d, want half the capacity (50)", got["b"])
+	}
+}
+
+// lateTenant runs TestCapacityLateTenant's flood under l (a capacity of
+// 100 a second in force, rule r) and checks its first eight seconds: full,
+// and d's share from its second second on. It returns the first second's
+// start.
+func lateTenant(t *testing.T, l *Limiter, clk *fakeClock, r Rule) time.Time {
+	t.Helper()
 	ctx := context.Background()
 	start := clk.Now()
 	const steps = 20
@@ -281,7 +294,7 @@ func TestCapacityLateTenant(t *testing.T) {
 		}
 	}
 	for sec := 0; sec < 8; sec++ {
-		count, _, got := capWindow(t, l, c[0], start.Add(time.Duration(sec)*time.Second))
+		count, _, got := capWindow(t, l, r, start.Add(time.Duration(sec)*time.Second))
 		t.Logf("second %d: count %d, booked %v", sec, count, got)
 		if count != 100 {
 			t.Errorf("second %d: count %d, want 100", sec, count)
@@ -290,10 +303,7 @@ func TestCapacityLateTenant(t *testing.T) {
 			t.Errorf("second %d: the late tenant booked %d, want its share 50 ± 3", sec, got["d"])
 		}
 	}
-	// Before d came, b had reserved half of the seconds ahead (these among them).
-	if _, _, got := capWindow(t, l, c[0], start.Add(10*time.Second)); got["b"] != 50 {
-		t.Errorf("second 10: b reserved %d, want half the capacity (50)", got["b"])
-	}
+	return start
 }
 
 // TestCapacityBrokenTenant: a tenant whose own key is broken fails alone,

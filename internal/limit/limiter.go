@@ -107,6 +107,7 @@ type Limiter struct {
 	keys    keys
 	rules   atomic.Pointer[Rules]
 	capNow  atomic.Pointer[Capacity] // the capacity in force when paced (capacity_pace.go)
+	capResv atomic.Uint64            // the paced reservations' floor, float64 bits (capacity_pace.go)
 	admit   *redis.Script
 	get     *redis.Script
 	release *redis.Script

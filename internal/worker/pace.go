@@ -120,6 +120,11 @@ func newPaceRunner(cfg *Config, rdb redis.UniversalClient, lim *limit.Limiter, t
 		ID:      paceID(),
 		Log:     log,
 	}
+	if group != "" && !cfg.CapacityShadow {
+		// Reservations in the windows ahead within what the pacing may set
+		// (limit.Limiter.PaceReservations): a cut takes effect at once.
+		lim.PaceReservations(floor)
+	}
 	if group != "" {
 		r.Downstream = &pace.Downstream{
 			Client:  &kafka.Client{Addr: kafka.TCP(cfg.KafkaBrokers...), Transport: transport, Timeout: cfg.KafkaTimeout},

@@ -34,7 +34,8 @@
 --   array: per tenant its weight, then its floor for each capacity rule),
 --   then per capacity rule: limit, step ms, the current window's start ms,
 --   retention ms, the sum of the named tenants' floors, its measure (0
---   events; 1 bytes, 2 units: limit.Measure).
+--   events; 1 bytes, 2 units: limit.Measure), the most all tenants may
+--   reserve in a window not yet current (0: the limit; see Paced).
 --   Measures: a capacity of bytes or units counts, in every field below, an
 --   event as its cost (its bytes or units), like a tenant's rule of that
 --   measure: every tenant of the call then has costs (50_costs.lua's
@@ -169,6 +170,17 @@
 -- except from ramp_hi on. Every booking counts in the window's
 -- count, which never passes C: the fairness only ever narrows the room.
 --
+-- Paced: under a paced capacity (limit.Limiter.PaceReservations) the call
+--   passes resv, the most that all tenants together may reserve in a window
+--   not yet current (the pacing's floor, at least an eighth of the limit).
+--   A reservation is final, and a window's capacity in force is at least
+--   what it holds at its first call (cap_fix): without the bound, the
+--   windows after a cut held the old rate's reservations, up to half of it,
+--   while the pacing set the floor to drain its backlog. There a tenant may
+--   reserve at most its entitlement, max(floor, weight * level), times
+--   resv / C (at least one event, as above; its half share if less), and
+--   the window's count never passes resv.
+--
 -- Per tenant the window's hash holds t:<tenant> (booked) and, once it has
 -- sent events while the window was current, r:<tenant> (refused: events
 -- decided then that did not go there); a sums the weights of those tenants.
@@ -218,11 +230,12 @@ local function cap_parse(at)
       key = KEYS[first + ci - 1], lv = false, sf = 0, wc = 0,
       dprefix = KEYS[first + ci - 1] .. "/demand",
       bycost = tonumber(ARGV[at + 5]) ~= 0, -- bytes or units (see Measures)
+      resv = tonumber(ARGV[at + 6]), -- 0, or the bound of a paced window (see Paced)
     }
     if capd[ci].limit < 1 then
       cap_fast = false -- decide admits nothing, and counts nothing first
     end
-    at = at + 6
+    at = at + 7
   end
 end
 
@@ -939,7 +952,17 @@ local function cap_room(r, s, pos)
   if r.f > e then
     e = r.f
   end
-  local room, free = e - b, C - c
+  local B = C
+  if s ~= d.cs and d.resv > 0 and d.resv < C then
+    -- Paced: a window not yet current holds at most resv in all, and a
+    -- tenant's part of it is its entitlement's (see Paced).
+    B = d.resv
+    local part = math.floor(math.max(r.f, r.w * lv) * B / C + 1e-9)
+    if part < e then
+      e = math.max(part, math.min(e, one))
+    end
+  end
+  local room, free = e - b, B - c
   if left and left < room then
     room = left
   end
