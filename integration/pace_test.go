@@ -202,7 +202,13 @@ func runPaceHarness(t *testing.T, phases []pacePhase, procsN int, ceiling int64,
 	credit := map[string]float64{}
 	start := time.Now()
 	last, nextSample, nextWin := start, start, start.Truncate(time.Second)
+	heldShown := false
 	for pi, ph := range phases {
+		if pi == 1 {
+			// What the future windows hold at the cut: reserved there
+			// before it, in force whatever the rate set after it.
+			t.Logf("at the cut, the windows ahead hold: %s", heldAhead(ctx, rdb, prefix, time.Now(), 8))
+		}
 		dr.set(ph.drain, pi)
 		out.bounds = append(out.bounds, int(time.Since(start)/time.Second))
 		pend := time.Now().Add(time.Duration(ph.seconds) * time.Second)
@@ -226,6 +232,10 @@ func runPaceHarness(t *testing.T, phases []pacePhase, procsN int, ceiling int64,
 			}
 			if !now.Before(nextSample) {
 				nextSample = nextSample.Add(time.Second)
+				if pi == 1 && !heldShown && now.After(pend.Add(time.Duration(3-ph.seconds)*time.Second)) {
+					heldShown = true
+					t.Logf("3 s after the cut, the windows ahead hold: %s", heldAhead(ctx, rdb, prefix, now, 6))
+				}
 				p, _ := procs[0].metricValue("gatekeeper_capacity_paced_rate")
 				k, _ := procs[0].metricValue("gatekeeper_capacity_downstream_skew")
 				out.paced, out.skew = append(out.paced, p), append(out.skew, k)
@@ -540,5 +550,31 @@ func lineChart(title string, ss []series) string {
 		fmt.Fprintf(&b, `<rect x="%d" y="34" width="12" height="4" fill="%s"/><text x="%d" y="40">%s</text>`+"\n", left+k*170, s.color, left+k*170+16, html.EscapeString(s.name))
 	}
 	b.WriteString("</svg>\n")
+	return b.String()
+}
+
+// heldAhead describes what the n capacity windows from now's on hold:
+// their count, the capacity in force (none yet in a future window), and
+// what the heavy tenant, gold and the 18 others (summed, and the most of
+// one) booked there.
+func heldAhead(ctx context.Context, rdb *redis.Client, prefix string, now time.Time, n int) string {
+	var b strings.Builder
+	for k := range n {
+		s := now.Truncate(time.Second).Add(time.Duration(k) * time.Second)
+		h, err := rdb.HGetAll(ctx, fmt.Sprintf("%s:cap:1s:%d", prefix, s.UnixMilli())).Result()
+		if err != nil {
+			return err.Error()
+		}
+		var others, most, nOthers int64
+		for f, v := range h {
+			x, _ := strconv.ParseInt(v, 10, 64)
+			if strings.HasPrefix(f, "t:") && f != "t:heavy" && f != "t:gold" {
+				others += x
+				most = max(most, x)
+				nOthers++
+			}
+		}
+		fmt.Fprintf(&b, "+%d: %s (in force %s; heavy %s, gold %s, %d others %d, at most %d each); ", k, h["count"], h["cl"], h["t:heavy"], h["t:gold"], nOthers, others, most)
+	}
 	return b.String()
 }
