@@ -111,6 +111,8 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, bu
 	ks, av = l.replayArgs(ks, av, groups, src, b)
 	if src.late != nil {
 		av = append(av, lateArg(groups, src.late))
+	} else if src.advance != nil {
+		av = append(av, advanceArg(groups, src.advance))
 	}
 	av = l.capacityArgs(av, groups, now, capFirst)
 	b.ks, b.recs, b.av, b.descOf = ks, recs, av, descOf
