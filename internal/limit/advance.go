@@ -44,13 +44,24 @@ type advanceCall struct {
 // AdmitFrom; its window reads are bounded by Options.MaxScan.
 //
 // Only a limiter with a capacity of events and aligned windows moves
-// anything, and only tenants whose rules count events; otherwise Advance
-// returns without a Redis call and nothing moves. A non-nil error means
+// anything, only in the second half of the capacity's windows (from the
+// ramp's start, where what nobody is expected to take is known), and only
+// tenants whose rules count events; otherwise Advance returns without a
+// Redis call and nothing moves. A non-nil error means
 // Redis trouble and nothing moved.
 func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) ([]bool, error) {
 	moved := make([]bool, len(events))
 	if len(events) == 0 || len(l.opts.Capacity) == 0 || l.opts.WindowKind != Aligned || l.opts.Capacity.Measure() != Events {
 		return moved, nil
+	}
+	// The script moves nothing before the ramp's start in every capacity
+	// window (idle in 87_advance.lua): no call then.
+	now := l.opts.Clock()
+	for _, r := range l.opts.Capacity {
+		s, e := WindowBounds(r, now, l.opts.Location)
+		if now.Sub(s)*1000 < e.Sub(s)*capacityRampLow {
+			return moved, nil
+		}
 	}
 	// Each tenant's events in due order (groups keeps the order within a
 	// tenant): the script moves a tenant's head first.
@@ -88,7 +99,6 @@ func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) ([]
 	if err != nil {
 		return nil, err
 	}
-	now := l.opts.Clock()
 	var calls []*group
 	l.mu.Lock()
 	for _, g := range groups {
