@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -312,5 +313,72 @@ func TestAdvanceNeedsCapacity(t *testing.T) {
 	l = newTestLimiter(t, rdb, "b=1MiB/1s", Options{Capacity: c})
 	if moved, err = l.Advance(ctx, Source{Topic: "retry"}, ws); err != nil || moved[0] {
 		t.Fatalf("a tenant of bytes: moved %v, %v", moved, err)
+	}
+}
+
+// TestAdvanceBounded: the work of an Advance call is bounded by its batch
+// and its budget of window reads, whatever the backlog. 500 tenants, each
+// with a rule of its own per second, flood 20 events at once under
+// CAPACITY=1000/1s: each is admitted 2 and reserves 1 a second (half its
+// share) for 18 seconds. In second 3, past the ramp's start, one call offers
+// 500 waiting events (the head of each tenant's backlog, 10 each of 50
+// tenants, or one each of 500), every one in a window of its own rules
+// that the call has not read: the call reads at most its budget (here 256)
+// and the current windows, and its time (SLOWLOG) is printed and held to a
+// generous ceiling.
+func TestAdvanceBounded(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("1000/1s")
+	rdb := privateRedis(t)
+	m := newWorkMeter(t, rdb)
+	const budget = 256
+	l := newTestLimiter(t, rdb, "*=100/1s", Options{Clock: clk.Now, Capacity: c, Horizon: time.Minute, MaxScan: budget})
+	ctx := context.Background()
+	start := clk.Now()
+	waiting := map[string][]Waiting{}
+	var off int64
+	for b := 0; b < 20; b++ {
+		var batch []string
+		for i := 0; i < 25; i++ {
+			batch = append(batch, repeat(fmt.Sprintf("t%03d", 25*b+i), 20)...)
+		}
+		ds, err := l.Admit(ctx, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, d := range ds {
+			if d.Kind == Defer && d.Due.After(start.Add(3*time.Second)) {
+				waiting[batch[i]] = append(waiting[batch[i]], Waiting{Tenant: batch[i], Offset: off, Due: d.Due})
+				off++
+			}
+		}
+	}
+	clk.Set(start.Add(3600 * time.Millisecond))
+	for _, tc := range []struct{ tenants, each int }{{50, 10}, {500, 1}} {
+		var ws []Waiting
+		for i := 0; i < 500 && len(ws) < tc.tenants*tc.each; i++ {
+			w := waiting[fmt.Sprintf("t%03d", i)]
+			if len(w) < tc.each {
+				continue
+			}
+			ws = append(ws, w[:tc.each]...)
+			waiting[fmt.Sprintf("t%03d", i)] = w[tc.each:]
+		}
+		m.reset()
+		moved, err := l.Advance(ctx, Source{Topic: "retry"}, ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, mv := range moved {
+			n += btoi(mv)
+		}
+		t.Logf("%d tenants, %d waiting events each: %d moved", tc.tenants, tc.each, n)
+		m.check(fmt.Sprintf("an Advance call of %d events", len(ws)), 1, budget+int64(tc.tenants)+4)
+	}
+	for sec := 0; sec < 60; sec++ {
+		if count, _, _ := capWindow(t, l, c[0], start.Add(time.Duration(sec)*time.Second)); count > c[0].Limit {
+			t.Errorf("second %d: %d booked, over the capacity", sec, count)
+		}
 	}
 }

@@ -30,8 +30,13 @@
 -- histogram entry, in the call's view). A window a rule's slot shares with
 -- the current one moves nothing. The tenant's first event that does not
 -- move ends its turn (G4: a tenant's events leave in order); so does the
--- budget (ARGV[3]): each slot window the call has not read costs a read,
--- and a tenant whose next event's slot would pass it moves no more.
+-- budget (ARGV[3]): each read of a slot's window that the call has not made
+-- (an own rule's window; a capacity window's shared fields, and the
+-- tenant's fields there) costs one, and a tenant whose next event's slot
+-- would pass it moves no more. Besides, a call reads what admission reads
+-- (the current windows: each tenant's own, the capacity's with the call's
+-- tenants' fields) and its tenants' q: there, one HMGET: at most its
+-- budget and one read per tenant and own rule, plus a few.
 -- A tenant qualifies when its rules are aligned (kinds "a" and "e") and
 -- count events, and every capacity rule counts events.
 --
@@ -58,8 +63,9 @@ do
 end
 
 -- adv.fresh: per tenant the due times of its events not replayed; moved:
--- how many of them each tenant moved (nil: it failed).
-local adv = {fresh = false, moved = {}}
+-- how many of them each tenant moved (nil: it failed); read: the tenants'
+-- q: fields in the current capacity windows are read.
+local adv = {fresh = false, moved = {}, read = false}
 
 local advance_run
 do
@@ -98,17 +104,31 @@ do
     return (win(r, due))
   end
 
-  -- may_read reports whether r's window starting at s may be read: known to
-  -- the call already, or a read of the budget, which it takes.
+  -- may_read reports whether r's window starting at s may be read, and
+  -- takes what that costs from the budget: nothing when the call knows it
+  -- already; for a capacity window, its shared fields (with, for the next
+  -- window, every tenant's q:, cap_state) and the tenant's fields there,
+  -- one HMGET each.
   local function may_read(r, s)
     local key = wkey(r.key, s)
-    if (r.cap and hc[key] ~= nil) or (not r.cap and counts[key] ~= nil) then
-      return true
+    local need = 0
+    if r.cap then
+      local e = hc[key]
+      if e == nil then
+        need = 2
+        if s == r.cap.ce then
+          need = 3
+        end
+      elseif e.v[r.tf] == nil then
+        need = 1
+      end
+    elseif counts[key] == nil then
+      need = 1
     end
-    if budget < 1 then
+    if need > budget then
       return false
     end
-    budget = budget - 1
+    budget = budget - need
     return true
   end
 
@@ -289,6 +309,15 @@ do
   -- run, for an advance call: at and slow are its).
   advance_run = function(first, at, slow)
     local fresh = fresh_dues()
+    if not adv.read then
+      -- Every tenant's q: in the current capacity windows, one HMGET
+      -- (idle reads them; admission's cap_state reads t: and r: alone).
+      adv.read = true
+      for ci = 1, ncap do
+        local d = capd[ci]
+        hc_fresh(cap_state(wkey(d.key, d.cs), d.cs, d), capq)
+      end
+    end
     for ti = first, ntenants do
       local n = recs[rec_at[ti] + 1]
       local mark, o = jn, #out
