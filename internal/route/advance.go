@@ -68,9 +68,10 @@ func (a *advanced) done(ms []kafka.Message) {
 
 // Advance implements consume.Advancer (set it as the retry tiers'
 // consume.DelayedConfig.Advance when Retrier.AdvanceBacklog is set): of a
-// retry tier partition's earliest waiting messages it offers those of the
-// first tier that hold a reserved slot (gk-reserved after gk-due, not
-// gk-took), whose gk-sig verifies and whose due time is still ahead, to the
+// retry tier partition's earliest waiting messages (of any tier: a backlog
+// deferred more than a minute ahead waits in the later tiers) it offers
+// those that hold a reserved slot (gk-reserved after gk-due, not gk-took),
+// whose gk-sig verifies and whose due time is still ahead, to the
 // Admitter as a BacklogAdvancer, in one call for the batch (the tier
 // partition as its Source, as Handle's: a replay of the call, or a moved
 // event handled again after a crash, counts once). It returns which may go
@@ -87,7 +88,7 @@ func (r *Retrier) Advance(ctx context.Context, b consume.Batch) []bool {
 	var idx []int
 	for i, m := range b.Messages {
 		c := r.checkedOf(b, i)
-		if !c.inTier || c.tier.LowerBound > 0 || c.sigErr != nil || c.lenient || c.dueErr != nil {
+		if !c.inTier || c.sigErr != nil || c.lenient || c.dueErr != nil {
 			continue
 		}
 		d, err := parseDeferral(m, c.dueOf())

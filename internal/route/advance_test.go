@@ -36,23 +36,23 @@ func (a *advancingAdmitter) Advance(_ context.Context, src limit.Source, events 
 	return out, nil
 }
 
-// TestRetrierAdvance: the Retrier offers the first tier's waiting events
-// that hold a reserved slot still ahead (not those of a later tier, nor
-// unreserved or due ones) to the Admitter in one call naming the tier
-// partition as its source; Handle forwards those moved, before their
-// gk-due, with gk-due rewritten to now and counted as advanced, and still
-// fails on the others as early. Without AdvanceBacklog nothing is offered.
+// TestRetrierAdvance: the Retrier offers the waiting events of a retry
+// tier partition that hold a reserved slot still ahead (not unreserved or
+// due ones) to the Admitter in one call naming the tier partition as its
+// source; Handle forwards those moved, before their gk-due (from the
+// first tier or a later one), with gk-due rewritten to now and counted as
+// advanced, and still fails on the others as early. Without
+// AdvanceBacklog nothing is offered.
 func TestRetrierAdvance(t *testing.T) {
 	moved := retryMsg("down.retry", 1, deferral("b", 1, t0.Add(5*time.Second), t0.Add(6*time.Second)))
 	kept := retryMsg("down.retry", 2, deferral("b", 1, t0.Add(6*time.Second), t0.Add(7*time.Second)))
 	unreserved := retryMsg("down.retry", 3, deferral("b", 1, t0.Add(7*time.Second), t0.Add(7*time.Second)))
 	due := retryMsg("down.retry", 4, deferral("b", 1, t0.Add(-time.Second), t0.Add(time.Second)))
-	later := retryMsg("down.retry", 5, deferral("c", 1, t0.Add(time.Second), t0.Add(2*time.Second)))
-	later.Topic = testTopics.Tiers()[1].Topic
-	msgs := []kafka.Message{moved, kept, unreserved, due, later}
+	later := retryMsg(testTopics.Tiers()[1].Topic, 5, deferral("c", 1, t0.Add(2*time.Minute), t0.Add(2*time.Minute+time.Second)))
+	msgs := []kafka.Message{moved, kept, unreserved, due}
 
 	f := newRetrier(t, byTenant(nil))
-	adv := &advancingAdmitter{fakeAdmitter: f.admitter, move: func(w limit.Waiting) bool { return w.Offset == 1 }}
+	adv := &advancingAdmitter{fakeAdmitter: f.admitter, move: func(w limit.Waiting) bool { return w.Offset == 1 || w.Offset == 5 }}
 	spec := Retrier{Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready), MaxAttempts: 3}
 	spec.Admitter = adv
 	if got := mustRetrier(t, spec).Advance(context.Background(), consumed(0, msgs)); got != nil || len(adv.got) != 0 {
@@ -61,7 +61,7 @@ func TestRetrierAdvance(t *testing.T) {
 	spec.AdvanceBacklog = true
 	r := mustRetrier(t, spec)
 	got := r.Advance(context.Background(), consumed(0, msgs))
-	if !slices.Equal(got, []bool{true, false, false, false, false}) {
+	if !slices.Equal(got, []bool{true, false, false, false}) {
 		t.Fatalf("Advance: %v, want the first alone", got)
 	}
 	want := []limit.Waiting{{Tenant: "b", Offset: 1, Due: t0.Add(5 * time.Second)}, {Tenant: "b", Offset: 2, Due: t0.Add(6 * time.Second)}}
@@ -84,6 +84,16 @@ func TestRetrierAdvance(t *testing.T) {
 	}
 	if err := r.Handle(context.Background(), consumed(0, []kafka.Message{kept})); !errors.Is(err, ErrEarly) {
 		t.Errorf("the event kept handed over early: %v, want ErrEarly", err)
+	}
+	// A later tier's event moved goes downstream too, not to a lower tier.
+	if got := r.Advance(context.Background(), consumed(0, []kafka.Message{later})); !slices.Equal(got, []bool{true}) {
+		t.Fatalf("Advance of a later tier's event: %v", got)
+	}
+	if err := r.Handle(context.Background(), consumed(0, []kafka.Message{later})); err != nil {
+		t.Fatal(err)
+	}
+	if out := f.writer.last(t); len(out) != 1 || out[0].Topic != "down" {
+		t.Fatalf("wrote %v, want the later tier's moved event downstream", view(out))
 	}
 	var _ consume.Advancer = r
 }

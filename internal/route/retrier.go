@@ -328,6 +328,9 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, no
 			return nil
 		}
 		if release := due.Add(-tier.LowerBound); now.Before(release) {
+			if r.forwardAdvanced(b, i, m, now) {
+				return nil
+			}
 			if r.early(b, i, m, c) {
 				return nil
 			}
