@@ -306,12 +306,23 @@ type DelayedConfig struct {
 	// Expedite, if set, may let waiting messages go before their release
 	// time (see Expediter).
 	Expedite Expediter
+	// Advance, if set, is offered each partition's earliest waiting
+	// messages at most once per AdvanceEvery (default
+	// DefaultAdvanceEvery) while messages wait, and lets go before their
+	// release time those it says may go (see Advancer). OnAdvanced, if
+	// set, is called with the number it let go. Called concurrently.
+	Advance      Advancer
+	AdvanceEvery time.Duration
+	OnAdvanced   func(topic string, n int)
 }
 
 func (c DelayedConfig) withDefaults() DelayedConfig {
 	c.Config = c.Config.withDefaults()
 	setDefault(&c.LookAhead, DefaultLookAhead)
 	setDefault(&c.MetadataMax, DefaultMetadataMax)
+	if c.AdvanceEvery <= 0 {
+		c.AdvanceEvery = DefaultAdvanceEvery
+	}
 	return c
 }
 

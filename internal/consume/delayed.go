@@ -124,6 +124,10 @@ func (p *partition) runDelayed(c *DelayedConfig, stop, hctx context.Context) {
 		if r.passOver(now) {
 			continue
 		}
+		if r.advanceDue(now) {
+			r.advance(hctx, now) // (advance.go)
+			continue
+		}
 		if !r.wait(stop, r.in, now) {
 			return
 		}
@@ -162,6 +166,9 @@ type delayedRun struct {
 	timerC  <-chan time.Time
 	// changed is closed at the Expediter's next change (nil: none).
 	changed <-chan struct{}
+	// advanceAt is when the waiting messages are next offered to the
+	// Advancer (advance.go).
+	advanceAt time.Time
 	// in carries the fetched messages; stopFetch stops the fetch goroutine
 	// that fills it (startFetch).
 	in        chan kafka.Message
@@ -297,7 +304,7 @@ func (r *delayedRun) commit() {
 // next fetched message; it reports false if stop is done. The timer is only
 // replaced when the earliest release time changes.
 func (r *delayedRun) wait(stop context.Context, in <-chan kafka.Message, now time.Time) bool {
-	if at, ok := r.wakeAt(); ok {
+	if at, ok := r.nextWake(); ok {
 		if r.timerC == nil || !at.Equal(r.timerAt) {
 			r.timerAt, r.timerC = at, r.clock.After(at.Sub(now))
 		}

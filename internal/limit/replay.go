@@ -47,6 +47,9 @@ type positions struct {
 	// late: the batch was read back from the first retry tier (AdmitLate);
 	// nil for AdmitFrom.
 	late *lateCall
+	// advance: the batch is a retry tier's waiting events to move
+	// (Advance); nil otherwise.
+	advance *advanceCall
 }
 
 // ReplayRecordTTL is how long a partition's replay record lives after its

@@ -111,6 +111,8 @@ func (l *Limiter) script(groups []*group, now, hend time.Time, src positions, bu
 	ks, av = l.replayArgs(ks, av, groups, src, b)
 	if src.late != nil {
 		av = append(av, lateArg(groups, src.late))
+	} else if src.advance != nil {
+		av = append(av, advanceArg(groups, src.advance))
 	}
 	av = l.capacityArgs(av, groups, now, capFirst)
 	b.ks, b.recs, b.av, b.descOf = ks, recs, av, descOf
@@ -143,7 +145,11 @@ func (l *Limiter) call(ctx context.Context, s *scratch, now time.Time, calls []*
 	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()
 	start := time.Now()
-	defer func() { l.metrics.redisSeconds.WithLabelValues("admit").Observe(time.Since(start).Seconds()) }()
+	op := "admit"
+	if src.advance != nil {
+		op = "advance" // not a batch's decision (Advance)
+	}
+	defer func() { l.metrics.redisSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds()) }()
 	if !l.cluster {
 		ks, av := l.script(calls, now, hend, src, l.scanBudget(1), &s.call)
 		res, err := l.runAdmit(ctx, ks, av, &s.call).Result()

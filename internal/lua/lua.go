@@ -48,6 +48,7 @@ var AdmitParts = []string{
 	"70_admit.lua",
 	"80_reserve.lua",
 	"85_late.lua",
+	"87_advance.lua",
 	"90_run.lua",
 }
 

@@ -73,9 +73,17 @@ type Retrier struct {
 	// forwards an event whose slot was taken, one over the window's limit.
 	TakeSlots bool
 
+	// AdvanceBacklog: Advance (advance.go) moves the bookings of waiting
+	// deferred events into idle capacity when the Admitter is a
+	// BacklogAdvancer, and Handle forwards those early.
+	AdvanceBacklog bool
+
 	// late is the Admitter as a LateAdmitter when CheckClaims is set and
 	// it is one (nil otherwise): set once by NewRetrier.
 	late LateAdmitter
+	// advanced holds the messages whose booking Advance moved until
+	// Handle has forwarded them.
+	advanced *advanced
 }
 
 // LateAdmitter decides a batch of the first retry tier: late events and
@@ -97,6 +105,7 @@ func NewRetrier(r Retrier) (*Retrier, error) {
 	if la, ok := r.Admitter.(LateAdmitter); ok && r.CheckClaims {
 		r.late = la
 	}
+	r.advanced = &advanced{}
 	return &r, nil
 }
 
@@ -230,6 +239,9 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 	if err := r.Router.Route(ctx, b.items); err != nil {
 		return fmt.Errorf("retrier: %w", err)
 	}
+	if b.counts[DecisionAdvanced] > 0 {
+		r.advanced.done(msgs)
+	}
 	warnFailed(r.logger(), msgs[0], ds, b.counts)
 
 	r.Metrics.batchIn(msgs)
@@ -316,6 +328,9 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, no
 			return nil
 		}
 		if release := due.Add(-tier.LowerBound); now.Before(release) {
+			if r.forwardAdvanced(b, i, m, now) {
+				return nil
+			}
 			if r.early(b, i, m, c) {
 				return nil
 			}
@@ -333,6 +348,9 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, no
 		return nil
 	}
 	if now.Before(d.Due) {
+		if r.forwardAdvanced(b, i, m, now) {
+			return nil
+		}
 		if r.early(b, i, m, c) {
 			return nil
 		}

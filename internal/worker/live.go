@@ -103,6 +103,7 @@ var _ interface {
 	route.NowAdmitter
 	route.BeforeAdmitter
 	route.SlotReleaser
+	route.BacklogAdvancer
 } = (*override.Admitter)(nil)
 
 // admitter is the pipeline's Admitter: the live one when there is one.

@@ -304,6 +304,10 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 	if p.Live != nil && p.Live.Expediter != nil {
 		spec.Expedited = p.Live.Expediter.Expedited
 	}
+	// With a capacity of events on aligned windows, a deferred backlog moves
+	// into the capacity's idle room (#24); without one nothing changes.
+	spec.AdvanceBacklog = len(cfg.CapacityRules()) > 0 && cfg.CapacityRules().Measure() == limit.Events &&
+		limit.WindowKind(cfg.Window) == limit.Aligned
 	retrier, err := route.NewRetrier(spec)
 	if err != nil {
 		return nil, err // NewRetrier's errors already start with "retrier: "
@@ -339,6 +343,9 @@ func (p Pipeline) retryConfig(m *pipelineMetrics, retrier *route.Retrier) consum
 		OnDistrusted: func(topic, reason string) { m.distrusted.WithLabelValues(topic, reason).Inc() },
 	}
 	p.Live.retryHooks(&dc)
+	if retrier.AdvanceBacklog {
+		dc.Advance = retrier
+	}
 	// The retry tiers have a group of their own, so that their rebalances
 	// never disturb the source group.
 	dc.GroupID = cfg.GroupID + ".retry"

@@ -150,6 +150,7 @@
 --   60_replay.lua   the replay record (G9)
 --   70_admit.lua    admitting into the current windows
 --   80_reserve.lua  reserving in future windows, within the budget
+--   87_advance.lua  moving a deferred backlog into idle capacity
 --   90_run.lua      deciding each tenant, the fast path, the reply, failures
 -- A part may use what the parts before it define, never what follows.
 

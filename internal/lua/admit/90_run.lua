@@ -510,6 +510,9 @@ end
 -- opens in a cached chain, that is the whole decision. Otherwise decide
 -- goes on from the count made (with costs, from the count taken back).
 local function run(first)
+  if advance then
+    return advance_run(first, at, slow) -- a call that moves a backlog (87_advance.lua)
+  end
   local recs, descs, out, journal, keys = recs, descs, out, journal, KEYS -- registers, not upvalues
   for ti = first, ntenants do
     local p, k = rec_at[ti], key_at[ti]

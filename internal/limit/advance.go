@@ -1,0 +1,151 @@
+package limit
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Waiting is a deferred event waiting in a retry tier before its due time
+// (issue 24): its tenant, its position in the tier's partition (read when
+// the call names a Source) and its gk-due, the start of its reserved slot.
+// It is a value type.
+type Waiting struct {
+	Tenant string
+	Offset int64
+	Due    time.Time
+}
+
+// advanceCall is what a call of Advance adds to a batch (admit.lua's
+// advance argument, 87_advance.lua): each event's due time, index-aligned
+// with the call's events.
+type advanceCall struct {
+	due []int64
+}
+
+// Advance moves deferred events into the current windows when the capacity
+// has room there that nobody is expected to take (87_advance.lua): per
+// tenant, its waiting events in due order from the head, each while its
+// tenant's own rules and its entitlement in the current capacity window
+// have room and the window has idle room (the capacity not booked, less
+// what its satisfied tenants other than the event's are still expected to
+// ask there). A moved event's booking leaves its slot's windows (their
+// counts go down by one, the capacity's too) and is counted in the current
+// windows; the caller forwards it now, with gk-due rewritten to now. The
+// result is index-aligned with events: true for a moved event. An event
+// that does not move keeps its slot, and so do the later events of its
+// tenant in the call (a tenant's events leave in order).
+//
+// With a Source (the tier's partition), a moved event is recorded, like an
+// admission, in the partition's replay record: a replay of the call gets
+// it back as moved and counts nothing (G9). One script call, as
+// AdmitFrom; its window reads are bounded by Options.MaxScan.
+//
+// Only a limiter with a capacity of events and aligned windows moves
+// anything, only in the second half of the capacity's windows (from the
+// ramp's start, where what nobody is expected to take is known), and only
+// tenants whose rules count events; otherwise Advance returns without a
+// Redis call and nothing moves. A non-nil error means
+// Redis trouble and nothing moved.
+func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) ([]bool, error) {
+	moved := make([]bool, len(events))
+	if len(events) == 0 || len(l.opts.Capacity) == 0 || l.opts.WindowKind != Aligned || l.opts.Capacity.Measure() != Events {
+		return moved, nil
+	}
+	// The script moves nothing before the ramp's start in every capacity
+	// window (idle in 87_advance.lua): no call then.
+	now := l.opts.Clock()
+	for _, r := range l.opts.Capacity {
+		s, e := WindowBounds(r, now, l.opts.Location)
+		if now.Sub(s)*1000 < e.Sub(s)*capacityRampLow {
+			return moved, nil
+		}
+	}
+	// Each tenant's events in due order (groups keeps the order within a
+	// tenant): the script moves a tenant's head first.
+	order := make([]int, len(events))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		if c := events[a].Due.Compare(events[b].Due); c != 0 {
+			return c
+		}
+		return cmp.Compare(events[a].Offset, events[b].Offset)
+	})
+	s := getScratch()
+	defer s.release()
+	s.tenants = grow(s.tenants, len(events))
+	at := positions{Source: src}
+	if src.Topic != "" {
+		s.offsets = grow(s.offsets, len(events))
+		at.offsets = s.offsets
+	}
+	adv := &advanceCall{due: make([]int64, len(events))}
+	for j, i := range order {
+		s.tenants[j] = events[i].Tenant
+		adv.due[j] = events[i].Due.UnixMilli()
+		if at.offsets != nil {
+			at.offsets[j] = events[i].Offset
+		}
+	}
+	at.advance = adv
+	if err := checkSource(at); err != nil {
+		return nil, err
+	}
+	groups, err := l.groups(s, s.tenants, false)
+	if err != nil {
+		return nil, err
+	}
+	var calls []*group
+	l.mu.Lock()
+	for _, g := range groups {
+		if len(g.idx) == 0 || len(g.rules) == 0 || g.byCost {
+			continue
+		}
+		g.st = l.stateLocked(g, now)
+		g.chains = g.st.chains
+		calls = append(calls, g)
+	}
+	l.mu.Unlock()
+	if len(calls) == 0 {
+		return moved, nil
+	}
+	replies, err := l.call(ctx, s, now, calls, at, now.Add(l.opts.Horizon))
+	if err != nil {
+		return nil, err
+	}
+	ds := make([]Decision, len(events))
+	for j, g := range calls {
+		if err := l.apply(g, replies[j], now, ds, false); err != nil {
+			return nil, err
+		}
+	}
+	for j, i := range order {
+		moved[i] = ds[j].Kind == Admit
+	}
+	return moved, nil
+}
+
+// advanceArg returns admit.lua's advance argument for the call over groups:
+// "A" and, per tenant, the due times of its events (87_advance.lua).
+func advanceArg(groups []*group, adv *advanceCall) string {
+	b := make([]byte, 0, 2+16*len(adv.due))
+	b = append(b, 'A', '[')
+	for gi, g := range groups {
+		if gi > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '[')
+		for j, i := range g.idx {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, adv.due[i], 10)
+		}
+		b = append(b, ']')
+	}
+	return string(append(b, ']'))
+}

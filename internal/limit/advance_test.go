@@ -1,0 +1,384 @@
+package limit
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// drainRun is what backlog saw of one run: per second, the events
+// forwarded in it (admitted, forwarded at their due time inside their slot,
+// or moved), and when the last of them went.
+type drainRun struct {
+	fwd      map[int]int64            // all tenants
+	by       map[string]map[int]int64 // per tenant
+	deferBy  map[string]int           // events deferred, per tenant
+	last     int                      // the second of the last forward
+	calls    int                      // Advance calls
+	moves    int                      // events moved
+	deferred int                      // events deferred
+	reads    int64                    // the most window reads (HMGET) of an Advance call
+	slowest  time.Duration
+	evalshas int64
+}
+
+// waitingEvent is a deferred event in the test's retry tier.
+type waitingEvent struct {
+	tenant     string
+	off        int64
+	due, until time.Time
+}
+
+// backlog floods b, under CAPACITY=100/1s and b's own 150/1s, with 300
+// events a second for three seconds (15 a call, 20 calls a second) and
+// then plays a retry tier: each call, the deferred events that are due
+// are forwarded (inside their slot: never early), and, with advance, the
+// head of the waiting events (up to 100, in due order) is offered to
+// Advance, whose moved events are forwarded now. Every Advance call is
+// made twice, the second a replay (the same source and offsets), which
+// must decide the same and count nothing. At the end, every second's
+// capacity window and b's own window count exactly the events forwarded in
+// it (each event counted once, in the window it was forwarded in), within
+// the capacity and b's rule.
+func backlog(t *testing.T, advance bool) drainRun {
+	t.Helper()
+	return backlogOf(t, advance, "b=150/1s", 3, func(sec, k int) []string {
+		if sec < 3 {
+			return repeat("b", 15)
+		}
+		return nil
+	})
+}
+
+// backlogOf runs the retry tier of backlog under CAPACITY=100/1s and
+// limits, with the events of plan(second, call) sent at each call (20 a
+// second) until the second until, and after it until nothing waits.
+func backlogOf(t *testing.T, advance bool, limits string, until int, plan func(sec, k int) []string) drainRun {
+	t.Helper()
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, err := ParseCapacity("100/1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := privateRedis(t)
+	m := newWorkMeter(t, rdb)
+	l := newTestLimiter(t, rdb, limits, Options{Clock: clk.Now, Capacity: c, Horizon: 2 * time.Minute})
+	own := l.Rules().For("b")[0]
+	ctx := context.Background()
+	start := clk.Now()
+	retry := Source{Topic: "retry", Partition: 0}
+	run := drainRun{fwd: map[int]int64{}, by: map[string]map[int]int64{}, deferBy: map[string]int{}}
+	forward := func(tenant string, sec int) {
+		run.fwd[sec]++
+		if run.by[tenant] == nil {
+			run.by[tenant] = map[int]int64{}
+		}
+		run.by[tenant][sec]++
+		run.last = sec
+	}
+	var waiting []waitingEvent
+	var next int64 // the retry tier's next offset
+	sent := 0
+	m.reset()
+	for k := 0; k < 40*20; k++ {
+		now := start.Add(time.Duration(k) * 50 * time.Millisecond)
+		clk.Set(now)
+		sec := k / 20
+		if sec >= until && len(waiting) == 0 {
+			break
+		}
+		if batch := plan(sec, k%20); sec < until && len(batch) > 0 {
+			ds, err := l.Admit(ctx, batch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sent += len(ds)
+			for i, d := range ds {
+				switch d.Kind {
+				case Admit:
+					forward(batch[i], sec)
+				case Defer:
+					waiting = append(waiting, waitingEvent{tenant: batch[i], off: next, due: d.Due, until: d.Until})
+					run.deferred++
+					run.deferBy[batch[i]]++
+					next++
+				default:
+					t.Fatalf("second %d: %+v", sec, d)
+				}
+			}
+		}
+		// The due events go at their time, inside their slot.
+		waiting = slices.DeleteFunc(waiting, func(w waitingEvent) bool {
+			if w.due.After(now) {
+				return false
+			}
+			if !now.Before(w.until) {
+				t.Errorf("event %d due %v forwarded at %v, after its slot", w.off, w.due, now)
+			}
+			forward(w.tenant, sec)
+			return true
+		})
+		if !advance || len(waiting) == 0 {
+			continue
+		}
+		slices.SortFunc(waiting, func(a, b waitingEvent) int {
+			if c := a.due.Compare(b.due); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.off, b.off)
+		})
+		head := waiting[:min(100, len(waiting))]
+		ws := make([]Waiting, len(head))
+		for i, w := range head {
+			ws[i] = Waiting{Tenant: w.tenant, Offset: w.off, Due: w.due}
+		}
+		calls0, reads0 := m.calls("evalsha")+m.calls("eval"), m.calls("hmget")
+		moved, err := l.Advance(ctx, retry, ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls, reads := m.calls("evalsha")+m.calls("eval")-calls0, m.calls("hmget")-reads0
+		if want := int64(btoi(k%20 >= 10)); calls != want { // none in the first half of a second
+			t.Errorf("second %d, call %d: an Advance call of %d events made %d script calls, want %d", sec, k%20, len(ws), calls, want)
+		}
+		run.reads = max(run.reads, reads)
+		before, _, _ := capWindow(t, l, c[0], now.Truncate(time.Second))
+		again, err := l.Advance(ctx, retry, ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after, _, _ := capWindow(t, l, c[0], now.Truncate(time.Second))
+		if !slices.Equal(moved, again) || before != after {
+			t.Fatalf("second %d: a replay of the call moved %v (window count %d), the call %v (%d)", sec, again, after, moved, before)
+		}
+		run.calls += int(calls)
+		gone, kept := map[int64]bool{}, map[string]bool{}
+		for i, mv := range moved {
+			if mv {
+				gone[head[i].off] = true
+				forward(head[i].tenant, sec)
+				run.moves++
+				if kept[head[i].tenant] {
+					t.Errorf("second %d: an event of %s moved after an earlier one of its was kept", sec, head[i].tenant)
+				}
+			} else {
+				kept[head[i].tenant] = true
+			}
+		}
+		waiting = slices.DeleteFunc(waiting, func(w waitingEvent) bool { return gone[w.off] })
+	}
+	if len(waiting) > 0 {
+		t.Fatalf("%d events still waiting after 40 seconds", len(waiting))
+	}
+	run.slowest = m.slowest()
+	run.evalshas = m.calls("evalsha") + m.calls("eval")
+	var total, counted int64
+	for sec := 0; sec < 130; sec++ {
+		ws := start.Add(time.Duration(sec) * time.Second)
+		count, _, booked := capWindow(t, l, c[0], ws)
+		o, err := rdb.HGet(ctx, l.keys.window("b", own, ws), "count").Int64()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatalf("second %d: b's window: %v", sec, err)
+		}
+		total += run.fwd[sec]
+		counted += count
+		if count > c[0].Limit || o > own.Limit {
+			t.Errorf("second %d: capacity window %d of %d, b's window %d of %d", sec, count, c[0].Limit, o, own.Limit)
+		}
+		if count != run.fwd[sec] || o != run.by["b"][sec] {
+			t.Errorf("second %d: %d events forwarded, counted %d in the capacity window; b %d, %d in b's own",
+				sec, run.fwd[sec], count, run.by["b"][sec], o)
+		}
+		for ten, n := range booked {
+			if n != run.by[ten][sec] {
+				t.Errorf("second %d: %s forwarded %d, booked %d", sec, ten, run.by[ten][sec], n)
+			}
+		}
+	}
+	if total != int64(sent) || counted != int64(sent) {
+		t.Errorf("%d events sent, %d forwarded, %d counted", sent, total, counted)
+	}
+	if run.reads > DefaultMaxScan+8 {
+		t.Errorf("an Advance call read %d windows, want at most its budget %d and the current windows", run.reads, DefaultMaxScan)
+	}
+	if run.slowest > slowCeiling {
+		t.Errorf("slowest script call %v, want at most %v", run.slowest, slowCeiling)
+	}
+	return run
+}
+
+// TestCapacityBacklogDrains: b floods 300 events a second for three seconds
+// under CAPACITY=100/1s (its own rule 150/1s): 100 a second are admitted
+// and 600 deferred, each reserving at most half b's share of a later
+// second. Without Advance the backlog drains at those reservations, 50 a
+// second for twelve seconds, the capacity half idle; with it, the retry
+// tier's waiting events move into the idle room of each second and the
+// backlog drains at the capacity, 100 a second, in six. Each second is
+// within the capacity and b's rule and counts exactly what was forwarded
+// in it, and a replay of every Advance call decides the same and counts
+// nothing (backlog).
+func TestCapacityBacklogDrains(t *testing.T) {
+	before := backlog(t, false)
+	after := backlog(t, true)
+	for _, r := range []struct {
+		name string
+		run  drainRun
+	}{{"reserved slots alone", before}, {"with Advance", after}} {
+		var used []int64
+		for sec := 0; sec <= r.run.last; sec++ {
+			used = append(used, r.run.fwd[sec])
+		}
+		t.Logf("%s: %d events deferred; the last forwarded in second %d (%d s after the flood), per second %v; %d script calls of Advance (at most %d window reads each) moved %d events; %d script calls in all, the slowest %v",
+			r.name, r.run.deferred, r.run.last, r.run.last-2, used, r.run.calls, r.run.reads, r.run.moves, r.run.evalshas, r.run.slowest)
+	}
+	if after.last > 9 {
+		t.Errorf("with Advance the backlog drained in second %d, want by second 9 (six seconds at the capacity after the flood); reserved slots alone: second %d",
+			after.last, before.last)
+	}
+	for sec := 3; sec < after.last; sec++ {
+		if after.fwd[sec] < 98 {
+			t.Errorf("with Advance, second %d forwarded %d events, want the capacity (at least 98) while a backlog waits", sec, after.fwd[sec])
+		}
+	}
+}
+
+// TestCapacityBacklogLeavesNewcomer: while b's backlog (as in
+// TestCapacityBacklogDrains) moves into idle room, a light tenant a sends
+// 10 events a second throughout and c starts flooding 200 a second in
+// second 5. Moves take only what nobody is expected to take: a is
+// admitted as without Advance, and c books its share from the next second
+// on, at least what it books without Advance in every second (b's backlog
+// moved out of the later seconds leaves it more, not less).
+func TestCapacityBacklogLeavesNewcomer(t *testing.T) {
+	plan := func(sec, k int) []string {
+		var batch []string
+		if sec < 3 {
+			batch = append(batch, repeat("b", 15)...)
+		}
+		if k%2 == 0 {
+			batch = append(batch, "a")
+		}
+		if sec >= 5 {
+			batch = append(batch, repeat("c", 10)...)
+		}
+		return batch
+	}
+	before := backlogOf(t, false, "b=150/1s;*=1000/1s", 10, plan)
+	after := backlogOf(t, true, "b=150/1s;*=1000/1s", 10, plan)
+	for _, r := range []struct {
+		name string
+		run  drainRun
+	}{{"reserved slots alone", before}, {"with Advance", after}} {
+		var a, b, c []int64
+		for sec := 0; sec <= 12; sec++ {
+			a, b, c = append(a, r.run.by["a"][sec]), append(b, r.run.by["b"][sec]), append(c, r.run.by["c"][sec])
+		}
+		t.Logf("%s: a deferred %d, per second %v; b %v; c %v; last forward in second %d; %d moved",
+			r.name, r.run.deferBy["a"], a, b, c, r.run.last, r.run.moves)
+	}
+	if after.deferBy["a"] > before.deferBy["a"] {
+		t.Errorf("a deferred %d with Advance, %d without", after.deferBy["a"], before.deferBy["a"])
+	}
+	for sec := 6; sec < 10; sec++ {
+		if got, was := after.by["c"][sec], before.by["c"][sec]; got < was || got < 40 {
+			t.Errorf("second %d: c forwarded %d with Advance, %d without; want at least that and 40", sec, got, was)
+		}
+	}
+}
+
+// TestAdvanceNeedsCapacity: without a capacity Advance moves nothing and
+// makes no Redis call; with one, a tenant whose rules count bytes moves
+// nothing either.
+func TestAdvanceNeedsCapacity(t *testing.T) {
+	rdb := privateRedis(t)
+	m := newWorkMeter(t, rdb)
+	ctx := context.Background()
+	ws := []Waiting{{Tenant: "b", Offset: 1, Due: time.Now().Add(3 * time.Second)}}
+	l := newTestLimiter(t, rdb, "b=150/1s", Options{})
+	m.reset()
+	moved, err := l.Advance(ctx, Source{Topic: "retry"}, ws)
+	if err != nil || moved[0] {
+		t.Fatalf("without a capacity: moved %v, %v", moved, err)
+	}
+	if n := m.calls("evalsha") + m.calls("eval"); n != 0 {
+		t.Errorf("without a capacity: %d script calls, want none", n)
+	}
+	c, _ := ParseCapacity("100/1s")
+	l = newTestLimiter(t, rdb, "b=1MiB/1s", Options{Capacity: c})
+	if moved, err = l.Advance(ctx, Source{Topic: "retry"}, ws); err != nil || moved[0] {
+		t.Fatalf("a tenant of bytes: moved %v, %v", moved, err)
+	}
+}
+
+// TestAdvanceBounded: the work of an Advance call is bounded by its batch
+// and its budget of window reads, whatever the backlog. 500 tenants, each
+// with a rule of its own per second, flood 20 events at once under
+// CAPACITY=1000/1s: each is admitted 2 and reserves 1 a second (half its
+// share) for 18 seconds. In second 3, past the ramp's start, one call offers
+// 500 waiting events (the head of each tenant's backlog, 10 each of 50
+// tenants, or one each of 500), every one in a window of its own rules
+// that the call has not read: the call reads at most its budget (here 256)
+// and the current windows, and its time (SLOWLOG) is printed and held to a
+// generous ceiling.
+func TestAdvanceBounded(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("1000/1s")
+	rdb := privateRedis(t)
+	m := newWorkMeter(t, rdb)
+	const budget = 256
+	l := newTestLimiter(t, rdb, "*=100/1s", Options{Clock: clk.Now, Capacity: c, Horizon: time.Minute, MaxScan: budget})
+	ctx := context.Background()
+	start := clk.Now()
+	waiting := map[string][]Waiting{}
+	var off int64
+	for b := 0; b < 20; b++ {
+		var batch []string
+		for i := 0; i < 25; i++ {
+			batch = append(batch, repeat(fmt.Sprintf("t%03d", 25*b+i), 20)...)
+		}
+		ds, err := l.Admit(ctx, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, d := range ds {
+			if d.Kind == Defer && d.Due.After(start.Add(3*time.Second)) {
+				waiting[batch[i]] = append(waiting[batch[i]], Waiting{Tenant: batch[i], Offset: off, Due: d.Due})
+				off++
+			}
+		}
+	}
+	clk.Set(start.Add(3600 * time.Millisecond))
+	for _, tc := range []struct{ tenants, each int }{{50, 10}, {500, 1}} {
+		var ws []Waiting
+		for i := 0; i < 500 && len(ws) < tc.tenants*tc.each; i++ {
+			w := waiting[fmt.Sprintf("t%03d", i)]
+			if len(w) < tc.each {
+				continue
+			}
+			ws = append(ws, w[:tc.each]...)
+			waiting[fmt.Sprintf("t%03d", i)] = w[tc.each:]
+		}
+		m.reset()
+		moved, err := l.Advance(ctx, Source{Topic: "retry"}, ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, mv := range moved {
+			n += btoi(mv)
+		}
+		t.Logf("%d tenants, %d waiting events each: %d moved", tc.tenants, tc.each, n)
+		m.check(fmt.Sprintf("an Advance call of %d events", len(ws)), 1, budget+int64(tc.tenants)+4)
+	}
+	for sec := 0; sec < 60; sec++ {
+		if count, _, _ := capWindow(t, l, c[0], start.Add(time.Duration(sec)*time.Second)); count > c[0].Limit {
+			t.Errorf("second %d: %d booked, over the capacity", sec, count)
+		}
+	}
+}

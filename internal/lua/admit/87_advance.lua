@@ -1,0 +1,336 @@
+-- advance: a deferred backlog moves into idle capacity (issue 24).
+--
+-- Contract. After the replay arguments (at the place of 85_late.lua's late
+-- argument, which a call carries one or the other of) the call may carry the
+-- advance argument, "A" and a JSON array with one array per tenant, in the
+-- call's order: the due times (gk-due, unix ms) of the tenant's events, in
+-- event order. Such a call (limit.Limiter.Advance) decides no new event: its
+-- events are deferred events that wait in a retry tier before their due time,
+-- each holding a reserved slot (counted in the window of each of its
+-- tenant's rules that holds its due time, the capacity's included), given
+-- per tenant in due order, from the head of its waiting events. For each
+-- tenant, in order, and while the tenant qualifies, an event is moved:
+--   - its due time is after now, and the windows of its slot still hold it
+--     (every own rule's window count at least 1, the capacity window's
+--     count and the tenant's t:<tenant> there at least 1);
+--   - every own rule's current window has room for it, and every capacity
+--     rule's current window too: the tenant's room there (cap_room: its
+--     entitlement, at the level and the ramp, less what it booked; at most
+--     what the capacity has left, less the floors not used), and, from the
+--     ramp's start (ramp_lo) on, the idle room: C - count less what the
+--     other tenants are still expected to book there (their water-filling
+--     allocations, the satisfied ones' predicted demand and the capped
+--     ones' entitlement at the level, beyond what they booked; with
+--     cap_rest's margin until ramp_mid). Before the ramp a tenant that
+--     starts sending in the window takes its entitlement first;
+-- then its booking moves: counted in the current windows (the capacity's
+-- through cap_add, as an admission), taken out of its slot's windows (the
+-- own rules' counts, journaled; the capacity window's count, t:<tenant>,
+-- fb under a floor and the tenant's predicted demand q:<tenant> with its
+-- histogram entry, in the call's view). A window a rule's slot shares with
+-- the current one moves nothing. The tenant's first event that does not
+-- move ends its turn (G4: a tenant's events leave in order); so does the
+-- budget (ARGV[3]): each read of a slot's window that the call has not made
+-- (an own rule's window; a capacity window's shared fields, and the
+-- tenant's fields there) costs one, and a tenant whose next event's slot
+-- would pass it moves no more. Besides, a call reads what admission reads
+-- (the current windows: each tenant's own, the capacity's with the call's
+-- tenants' fields) and its tenants' q: there, one HMGET: at most its
+-- budget and one read per tenant and own rule, plus a few.
+-- A tenant qualifies when its rules are aligned (kinds "a" and "e") and
+-- count events, and every capacity rule counts events.
+--
+-- Reply and record. A moved event is admitted (counted now, in the windows
+-- it is forwarded in: the caller forwards it now with gk-due rewritten to
+-- now); its decision is recorded in the replay record as an admission, so
+-- that a replay of the call (the same source and offsets) gets it back and
+-- counts nothing (G9). An event that does not move keeps its slot: it is
+-- reported in the replayed list with code 5 (keep, as 85_late.lua's claims)
+-- and is not recorded, so a later call may move it. A tenant's reply part
+-- is then its moved events, all admitted; a tenant that failed (a broken
+-- key) is reported as in any call, its events kept.
+
+local advance = false -- per tenant: its events' due times
+do
+  local at = arg_recs + 1
+  if rkey then
+    at = arg_recs + 6
+  end
+  local a = ARGV[at + 1]
+  if a and string.sub(a, 1, 2) == "A[" then
+    advance = cjson.decode(string.sub(a, 2))
+  end
+end
+
+-- adv.fresh: per tenant the due times of its events not replayed; moved:
+-- how many of them each tenant moved (nil: it failed); read: the tenants'
+-- q: fields in the current capacity windows are read.
+local adv = {fresh = false, moved = {}, read = false}
+
+local advance_run
+do
+  -- fresh_dues returns per tenant the due times of its events that the
+  -- replay record does not hold, in order.
+  local function fresh_dues()
+    if adv.fresh then
+      return adv.fresh
+    end
+    local rep_at = {}
+    for i = 1, #replayed, 4 do
+      rep_at[replayed[i]] = true
+    end
+    local f, pos = {}, 0
+    for ti = 1, ntenants do
+      local l, d = {}, advance[ti] or none
+      for j = 1, #d do
+        if not rep_at[pos + j - 1] then
+          l[#l + 1] = d[j]
+        end
+      end
+      f[ti] = l
+      pos = pos + #d
+    end
+    adv.fresh = f
+    return f
+  end
+
+  -- slot_of returns the start of r's window that holds due (nil past the
+  -- boundaries given).
+  local function slot_of(r, due)
+    if r.cap then
+      local d = r.cap
+      return d.cs + math.floor((due - d.cs) / d.step) * d.step
+    end
+    return (win(r, due))
+  end
+
+  -- may_read reports whether r's window starting at s may be read, and
+  -- takes what that costs from the budget: nothing when the call knows it
+  -- already; for a capacity window, its shared fields (with, for the next
+  -- window, every tenant's q:, cap_state) and the tenant's fields there,
+  -- one HMGET each.
+  local function may_read(r, s)
+    local key = wkey(r.key, s)
+    local need = 0
+    if r.cap then
+      local e = hc[key]
+      if e == nil then
+        need = 2
+        if s == r.cap.ce then
+          need = 3
+        end
+      elseif e.v[r.tf] == nil then
+        need = 1
+      end
+    elseif counts[key] == nil then
+      need = 1
+    end
+    if need > budget then
+      return false
+    end
+    budget = budget - need
+    return true
+  end
+
+  -- idle returns the room of capacity rule r's current window that nobody
+  -- is expected to take, from ramp_lo of the window on (before it, none:
+  -- a tenant that starts sending in the window takes what it is entitled
+  -- to first): C - count, less what the other tenants' water-filling
+  -- allocations there (the satisfied ones' predicted demand sf, the capped
+  -- weight wc at the level) leave to book beyond what they booked, and
+  -- before ramp_mid cap_rest's margin on the satisfied ones' rest. r's
+  -- tenant is taken out of sf or wc: its own predicted demand there is the
+  -- backlog that moves.
+  local function idle(r)
+    local d = r.cap
+    local phi = (now - d.cs) / d.step
+    if phi < ramp_lo then
+      return 0
+    end
+    local st = cap_win(r, d.cs)
+    cap_tenant(st, r.qf)
+    local q, b, lv = hc_num(st, r.qf), cap_booked(r, st) or 0, d.lv
+    local sf, wc = d.sf, d.wc
+    if lv > 0 and q > math.max(r.f, r.w * lv) then
+      wc = math.max(0, wc - r.w) -- capped
+    else
+      sf = math.max(0, sf - q) -- satisfied
+    end
+    local c = hc_num(st, "count")
+    local rest = math.max(0, sf + wc * lv - (c - b))
+    if phi < ramp_mid then
+      rest = rest + 2 * math.sqrt((1 - phi) * sf)
+    end
+    return d.cl - c - rest
+  end
+
+  -- unbook takes one event of r's tenant out of its capacity window
+  -- starting at s: the count, what the tenant booked there (under its
+  -- floor too) and what it is predicted to ask there.
+  local function unbook(r, s)
+    local st = cap_win(r, s)
+    local b = cap_booked(r, st) or 0
+    hc_add(st, "count", -1)
+    hc_put(st, r.tf, b - 1)
+    if r.f > 0 and b <= r.f then
+      hc_add(st, "fb", -1)
+    end
+    cap_tenant(st, r.qf)
+    local q0 = hc_num(st, r.qf)
+    if q0 >= 1 then
+      hc_put(st, r.qf, q0 - 1)
+      if not st.hkey then
+        st.hkey = dkey(r, s)
+      end
+      if q0 == 1 and r.f == 0 then
+        -- Out of the histogram (cap_demand would leave its weight there).
+        hentry(st.hkey, bucket(1 / r.w), -1, r.w, 1, not r.cap.bycost)
+      else
+        cap_demand(r, st.hkey, q0, q0 - 1)
+      end
+    end
+  end
+
+  -- movable reports whether the event of due time due may move (see
+  -- above), with the slot's window of each rule in slot.
+  local function movable(rules, due, slot)
+    if not due or due <= now then
+      return false
+    end
+    for ri, r in ipairs(rules) do
+      local s = slot_of(r, due)
+      slot[ri] = s
+      if not s or s < r.cur_start then
+        return false
+      end
+      if s ~= r.cur_start then
+        if not may_read(r, s) then
+          return false
+        end
+        if r.cap then
+          local st = cap_win(r, s)
+          if (cap_booked(r, st) or 0) < 1 or hc_num(st, "count") < 1 then
+            return false
+          end
+          if cap_room(r, r.cur_start) < 1 or idle(r) < 1 then
+            return false
+          end
+        elseif count_of(wkey(r.key, s)) < 1 or count_of(wkey(r.key, r.cur_start)) >= r.limit then
+          return false
+        end
+      end
+    end
+    return true
+  end
+
+  -- advance_one moves tenant ti's events (due times dues, n of them) while
+  -- they may move, and returns how many moved.
+  local function advance_one(ti, n, dues)
+    for ci = 1, ncap do
+      if capd[ci].bycost then
+        return 0
+      end
+    end
+    local rules = rules_of(ti, nil)
+    for _, r in ipairs(rules) do
+      if r.kind == "t" or r.costs then
+        return 0
+      end
+    end
+    local slot, m = {}, 0
+    for j = 1, n do
+      if not movable(rules, dues[j], slot) then
+        break
+      end
+      for ri, r in ipairs(rules) do
+        local s = slot[ri]
+        if s ~= r.cur_start then
+          if r.cap then
+            cap_add(r, r.cur_start, r.cur_end, 1)
+            unbook(r, s)
+          else
+            add(r, r.cur_start, r.cur_end, 1)
+            local key = wkey(r.key, s)
+            counts[key] = incr(key, -1)
+          end
+        end
+      end
+      m = m + 1
+    end
+    return m
+  end
+
+  -- keep_moved rebuilds the replayed list and the record's offsets once
+  -- every tenant is decided: the events that did not move are kept (code
+  -- 5, not recorded), the moved ones recorded as admitted.
+  local function keep_moved()
+    local offs = rkey and cjson.decode(ARGV[arg_offs]) or nil
+    local rep_at = {}
+    for i = 1, #replayed, 4 do
+      rep_at[replayed[i]] = i
+    end
+    local rep, kept, pos, total = {}, {}, 0, 0
+    for ti = 1, ntenants do
+      local n0, m = #(advance[ti] or none), adv.moved[ti]
+      local l, k = {}, 0
+      for j = 1, n0 do
+        local at = pos + j - 1
+        local ri = rep_at[at]
+        if ri then
+          rep[#rep + 1], rep[#rep + 2], rep[#rep + 3], rep[#rep + 4] = at, replayed[ri + 1], replayed[ri + 2], replayed[ri + 3]
+        else
+          k = k + 1
+          if m == nil or k <= m then
+            if offs then
+              l[#l + 1] = offs[ti][j]
+            end
+          else
+            rep[#rep + 1], rep[#rep + 2], rep[#rep + 3], rep[#rep + 4] = at, 5, 0, 0
+          end
+        end
+      end
+      if m then
+        recs[rec_at[ti] + 1] = m
+      end
+      kept[ti] = l
+      total = total + #l
+      pos = pos + n0
+    end
+    replayed = rep
+    if rkey then
+      nfresh = total
+      if total > 0 then
+        rec_offs = cjson.encode(kept)
+      end
+    end
+  end
+
+  -- advance_run decides the tenants from the first-th on (90_run.lua's
+  -- run, for an advance call: at and slow are its).
+  advance_run = function(first, at, slow)
+    local fresh = fresh_dues()
+    if not adv.read then
+      -- Every tenant's q: in the current capacity windows, one HMGET
+      -- (idle reads them; admission's cap_state reads t: and r: alone).
+      adv.read = true
+      for ci = 1, ncap do
+        local d = capd[ci]
+        hc_fresh(cap_state(wkey(d.key, d.cs), d.cs, d), capq)
+      end
+    end
+    for ti = first, ntenants do
+      local n = recs[rec_at[ti] + 1]
+      local mark, o = jn, #out
+      out_at[ti] = o + 1
+      slow[ti] = true
+      at[1], at[2], at[3] = ti, mark, o
+      local m = 0
+      if n > 0 and ncap > 0 then
+        m = advance_one(ti, n, fresh[ti])
+      end
+      adv.moved[ti] = m
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4] = m, 0, 0, 0
+    end
+    keep_moved()
+  end
+end

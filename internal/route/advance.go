@@ -1,0 +1,131 @@
+package route
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+)
+
+// DecisionAdvanced counts, in gatekeeper_decisions_total, deferred events
+// forwarded before their due time because their booking moved into idle
+// capacity of the current window (limit.Limiter.Advance, issue 24).
+const DecisionAdvanced = "advanced"
+
+// BacklogAdvancer moves the bookings of deferred events waiting in a retry
+// tier into the current windows when the capacity has room there that
+// nobody is expected to take (*limit.Limiter implements it:
+// limit.Limiter.Advance). It must be safe for concurrent use.
+type BacklogAdvancer interface {
+	Advance(ctx context.Context, src limit.Source, events []limit.Waiting) ([]bool, error)
+}
+
+// advanced remembers the messages whose booking Advance moved, by position,
+// until Handle has forwarded them.
+type advanced struct {
+	mu   sync.Mutex
+	keys map[string]struct{}
+}
+
+func advancedKey(m kafka.Message) string {
+	return m.Topic + "/" + strconv.Itoa(m.Partition) + "/" + strconv.FormatInt(m.Offset, 10)
+}
+
+func (a *advanced) add(m kafka.Message) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.keys == nil {
+		a.keys = map[string]struct{}{}
+	}
+	a.keys[advancedKey(m)] = struct{}{}
+}
+
+func (a *advanced) has(m kafka.Message) bool {
+	if a == nil {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.keys[advancedKey(m)]
+	return ok
+}
+
+func (a *advanced) done(ms []kafka.Message) {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, m := range ms {
+		delete(a.keys, advancedKey(m))
+	}
+}
+
+// Advance implements consume.Advancer (set it as the retry tiers'
+// consume.DelayedConfig.Advance when Retrier.AdvanceBacklog is set): of a
+// retry tier partition's earliest waiting messages (of any tier: a backlog
+// deferred more than a minute ahead waits in the later tiers) it offers
+// those that hold a reserved slot (gk-reserved after gk-due, not gk-took),
+// whose gk-sig verifies and whose due time is still ahead, to the
+// Admitter as a BacklogAdvancer, in one call for the batch (the tier
+// partition as its Source, as Handle's: a replay of the call, or a moved
+// event handled again after a crash, counts once). It returns which may go
+// now: Handle then forwards them with gk-due rewritten to now. Without
+// AdvanceBacklog, or an Admitter that cannot move bookings, or when the call
+// fails (logged), nothing goes.
+func (r *Retrier) Advance(ctx context.Context, b consume.Batch) []bool {
+	a, ok := r.Admitter.(BacklogAdvancer)
+	if !ok || !r.AdvanceBacklog || r.advanced == nil || len(b.Messages) == 0 {
+		return nil
+	}
+	now := r.now()
+	var events []limit.Waiting
+	var idx []int
+	for i, m := range b.Messages {
+		c := r.checkedOf(b, i)
+		if !c.inTier || c.sigErr != nil || c.lenient || c.dueErr != nil {
+			continue
+		}
+		d, err := parseDeferral(m, c.dueOf())
+		if err != nil || d.Took || !d.Reserved.After(d.Due) || !now.Before(d.Due) {
+			continue
+		}
+		events = append(events, limit.Waiting{Tenant: d.Tenant, Offset: m.Offset, Due: d.Due})
+		idx = append(idx, i)
+	}
+	if len(events) == 0 {
+		return nil
+	}
+	moved, err := a.Advance(ctx, source(b), events)
+	if err != nil || len(moved) != len(events) {
+		r.logger().Warn("moving waiting deferred events into idle capacity failed; they wait for their slots",
+			"topic", b.Topic, "partition", b.Partition, "events", len(events), "err", err)
+		return nil
+	}
+	out := make([]bool, len(b.Messages))
+	for k, i := range idx {
+		if moved[k] {
+			out[i] = true
+			r.advanced.add(b.Messages[i])
+		}
+	}
+	return out
+}
+
+// forwardAdvanced sets b.items[i] when m, before its due time, had its
+// booking moved by Advance: forwarded now, gk-due rewritten to now (its
+// other gk- headers kept). It reports whether it did.
+func (r *Retrier) forwardAdvanced(b *retryBatch, i int, m kafka.Message, now time.Time) bool {
+	if !r.advanced.has(m) {
+		return false
+	}
+	b.counts[DecisionAdvanced]++
+	due := kafka.Header{Key: HeaderDue, Value: formatMillis(now.UnixMilli())}
+	b.items[i] = Item{Msg: withHeaders(m, func(k string) bool { return k == HeaderDue }, due), Outcome: Forward}
+	return true
+}

@@ -1,0 +1,99 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/consume"
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+)
+
+// advancingAdmitter is a fakeAdmitter that moves the waiting events that
+// move says may go (BacklogAdvancer), recording each call.
+type advancingAdmitter struct {
+	*fakeAdmitter
+	move func(limit.Waiting) bool
+	mu   sync.Mutex
+	got  [][]limit.Waiting
+	src  []limit.Source
+}
+
+func (a *advancingAdmitter) Advance(_ context.Context, src limit.Source, events []limit.Waiting) ([]bool, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.got = append(a.got, slices.Clone(events))
+	a.src = append(a.src, src)
+	out := make([]bool, len(events))
+	for i, e := range events {
+		out[i] = a.move(e)
+	}
+	return out, nil
+}
+
+// TestRetrierAdvance: the Retrier offers the waiting events of a retry
+// tier partition that hold a reserved slot still ahead (not unreserved or
+// due ones) to the Admitter in one call naming the tier partition as its
+// source; Handle forwards those moved, before their gk-due (from the
+// first tier or a later one), with gk-due rewritten to now and counted as
+// advanced, and still fails on the others as early. Without
+// AdvanceBacklog nothing is offered.
+func TestRetrierAdvance(t *testing.T) {
+	moved := retryMsg("down.retry", 1, deferral("b", 1, t0.Add(5*time.Second), t0.Add(6*time.Second)))
+	kept := retryMsg("down.retry", 2, deferral("b", 1, t0.Add(6*time.Second), t0.Add(7*time.Second)))
+	unreserved := retryMsg("down.retry", 3, deferral("b", 1, t0.Add(7*time.Second), t0.Add(7*time.Second)))
+	due := retryMsg("down.retry", 4, deferral("b", 1, t0.Add(-time.Second), t0.Add(time.Second)))
+	later := retryMsg(testTopics.Tiers()[1].Topic, 5, deferral("c", 1, t0.Add(2*time.Minute), t0.Add(2*time.Minute+time.Second)))
+	msgs := []kafka.Message{moved, kept, unreserved, due}
+
+	f := newRetrier(t, byTenant(nil))
+	adv := &advancingAdmitter{fakeAdmitter: f.admitter, move: func(w limit.Waiting) bool { return w.Offset == 1 || w.Offset == 5 }}
+	spec := Retrier{Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready), MaxAttempts: 3}
+	spec.Admitter = adv
+	if got := mustRetrier(t, spec).Advance(context.Background(), consumed(0, msgs)); got != nil || len(adv.got) != 0 {
+		t.Fatalf("without AdvanceBacklog: %v, %d calls", got, len(adv.got))
+	}
+	spec.AdvanceBacklog = true
+	r := mustRetrier(t, spec)
+	got := r.Advance(context.Background(), consumed(0, msgs))
+	if !slices.Equal(got, []bool{true, false, false, false}) {
+		t.Fatalf("Advance: %v, want the first alone", got)
+	}
+	want := []limit.Waiting{{Tenant: "b", Offset: 1, Due: t0.Add(5 * time.Second)}, {Tenant: "b", Offset: 2, Due: t0.Add(6 * time.Second)}}
+	if len(adv.got) != 1 || !slices.Equal(adv.got[0], want) || adv.src[0].Topic != "down.retry" {
+		t.Fatalf("offered %v from %v, want one call of %v from down.retry", adv.got, adv.src, want)
+	}
+
+	if err := r.Handle(context.Background(), consumed(0, []kafka.Message{moved})); err != nil {
+		t.Fatal(err)
+	}
+	out := f.writer.last(t)
+	if len(out) != 1 || out[0].Topic != "down" {
+		t.Fatalf("wrote %v, want the moved event downstream", view(out))
+	}
+	if d, ok := lastHeader(out[0].Headers, HeaderDue); !ok || d != ms(t0) {
+		t.Errorf("gk-due %q, want now %s", d, ms(t0))
+	}
+	if v := counterValue(t, f.metrics.Decisions.WithLabelValues(DecisionAdvanced)); v != 1 {
+		t.Errorf("advanced decisions %v, want 1", v)
+	}
+	if err := r.Handle(context.Background(), consumed(0, []kafka.Message{kept})); !errors.Is(err, ErrEarly) {
+		t.Errorf("the event kept handed over early: %v, want ErrEarly", err)
+	}
+	// A later tier's event moved goes downstream too, not to a lower tier.
+	if got := r.Advance(context.Background(), consumed(0, []kafka.Message{later})); !slices.Equal(got, []bool{true}) {
+		t.Fatalf("Advance of a later tier's event: %v", got)
+	}
+	if err := r.Handle(context.Background(), consumed(0, []kafka.Message{later})); err != nil {
+		t.Fatal(err)
+	}
+	if out := f.writer.last(t); len(out) != 1 || out[0].Topic != "down" {
+		t.Fatalf("wrote %v, want the later tier's moved event downstream", view(out))
+	}
+	var _ consume.Advancer = r
+}
