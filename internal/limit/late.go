@@ -35,10 +35,13 @@ const replayKeep = 5
 // reservation's own event, when it comes back, finds its slot taken and is
 // placed again (its claim is not Keep). A window's count never moves for a
 // take, so no window goes over its limit; late events that find no slot to
-// take are reserved as AdmitFrom does. Only tenants with one rule, of
-// aligned windows, counting events, in a limiter without a capacity take
-// or give up slots: the others' claims get Keep and their late events are
-// decided as by AdmitFrom.
+// take are reserved as AdmitFrom does. Only tenants whose rules are of
+// aligned windows, count events and nest in the finest of them (every
+// boundary of another rule is one of the finest rule's: 1m in 1h in 1d,
+// not 10s with 15s), in a limiter without a capacity, take or give up
+// slots; a slot is then a window of the finest rule (admit/85_late.lua).
+// The others' claims get Keep and their late events are decided as by
+// AdmitFrom.
 //
 // Every replica that may handle the first retry tier must check claims
 // (call AdmitLate for in-slot events) before any calls it with take: an

@@ -9,24 +9,41 @@
 -- window that holds now). The tenant's other events are late: they missed
 -- their slot.
 --
--- A tenant qualifies when it has one rule, of aligned windows, counting
--- events (no costs), and the call has no capacity: then a slot is one
--- window, and the slot a reservation holds is the window of its due time.
+-- A tenant qualifies when its rules are of aligned windows and count
+-- events (no costs), the call has no capacity, and its rules nest in its
+-- finest rule, the one with the shortest current window (finest_of: every
+-- boundary of another rule's windows is a boundary of the finest rule's, so
+-- each finest window lies inside one window of every rule; one rule always
+-- nests). Then every due time of a reservation is the start of a finest
+-- window (a search only stops on window boundaries), and the reservation's
+-- slot, until the earliest end of the windows holding its due, is that
+-- finest window: a finest window's count is the slots reserved in it, each
+-- one counted in a window of every rule that holds the whole finest window.
+-- (Rules that do not nest, e.g. 10s and 15s, do not qualify: a 10s window
+-- would then hold slots of two 15s windows, and an event taking "a slot
+-- of the window" might use one counted in the other. Recording takes per
+-- due time would not help without a count of the reservations at each due
+-- time, which nothing records.)
 --
 -- Taking (take = 1). A qualifying tenant's late events that the current
--- window has no room for take, in order, the slots of the tenant's
--- reservations in the earliest full windows before its first window with
--- room that start at least take_margin_ms after now: the window's field
--- "taken" grows by what they take, at most its count minus what was taken
--- there before, and they are deferred to that window (a reservation in the
+-- windows have no room for take, in order, the slots of the tenant's
+-- reservations in the earliest finest windows before its first time when
+-- every rule has room that start at least take_margin_ms after now: the
+-- finest window's field "taken" grows by what they take, at most its count
+-- minus what was taken there before, and they are deferred to that window
+-- (a reservation in the
 -- reply whose until is negated, -e: the caller marks the events as having
--- taken their slot, and the replay record keeps it so). The window's count does not move:
--- they use the slots the reservations had counted. What they do not take
--- is reserved as usual, from the first window with room on. Every window
--- read counts against the budget as in reserve (see Budget).
+-- taken their slot, and the replay record keeps it so). No count moves:
+-- they use the slots the reservations had counted, in every rule's window.
+-- What they do not take
+-- is reserved as usual, from where the take scan stopped on. Every window
+-- read counts against the budget as in reserve (see Budget); with several
+-- rules the scan also reads at most take_reads windows, and leaves the
+-- tenants after it their share, as reserve does.
 --
 -- Claims. A qualifying tenant's claims that are not in the replay record
--- read the field "taken" of the current window: d = min(taken, claims) of
+-- read the field "taken" of its finest rule's window that holds now (their
+-- slot: it holds their due time and ends no earlier than their until): d = min(taken, claims) of
 -- them, the last ones (the latest deferred in the batch), had their slot
 -- taken; taken shrinks by d (journaled) and those d are decided after the
 -- tenant's late events, at its first free slot: they take no slot in turn
@@ -67,16 +84,119 @@ do
   end
 end
 
--- qualifies reports whether tenant ti (its record at recs[p]) may take or
--- give up slots (see above).
-local function qualifies(ti, p)
-  return ncap == 0 and recs[p] == 1 and not cost_at[ti] and descs[recs[p + 2]].kind ~= "t"
+-- is_bound reports whether time b is a boundary of the windows of
+-- descriptor d (aligned: "a" or "e"); bset is d's boundaries as a set, for
+-- "e" (made by nested).
+local function is_bound(d, bset, b)
+  if d.kind == "a" then
+    return (b - d.base) % d.step == 0
+  end
+  return bset[b] == true
 end
 
--- taken_key is the key of tenant ti's window that holds now (its one rule).
-local function taken_key(ti)
+-- nested reports whether every boundary of descriptor dr's windows, after
+-- the start of df's window that holds now and before the end of df's window
+-- that holds the horizon's end, is a boundary of df's windows: then each
+-- window of df lies inside one window of dr, over every time a take or a
+-- claim of the call may look at. Its work is bounded by the descriptors'
+-- boundaries (the call's arguments), or by as many steps of dr, which is
+-- at least as long as df's current window (see finest_of).
+local function nested(dr, df)
+  if dr.kind == "a" and df.kind == "a" then
+    return dr.step % df.step == 0 and (dr.base - df.base) % df.step == 0
+  end
+  local bset = nil
+  local lim
+  if df.kind == "e" then
+    bset = {}
+    for _, b in ipairs(df.bounds) do
+      bset[b] = true
+    end
+    lim = df.bounds[#df.bounds]
+  else
+    lim = df.base + (math.floor((hend - df.base) / df.step) + 1) * df.step
+  end
+  if dr.kind == "a" then
+    if dr.step < df.cur_end - df.cur_start then
+      return false
+    end
+    local b = dr.cur_start
+    while b < lim do
+      if b > df.cur_start and not is_bound(df, bset, b) then
+        return false
+      end
+      b = b + dr.step
+    end
+    return true
+  end
+  for _, b in ipairs(dr.bounds) do
+    if b > df.cur_start and b < lim and not is_bound(df, bset, b) then
+      return false
+    end
+  end
+  return true
+end
+
+-- finest[set]: the finest rule of a rule set (its descriptor indices, as
+-- "d1,d2,..."), or false when the set's rules do not nest in it.
+local finest = {}
+
+-- finest_of returns, for the tenant whose record is at recs[p], the number
+-- (1-based, in its record's order) of its rule with the shortest current
+-- window when every other rule nests in it (nested), else nil. A window of
+-- that rule then lies inside one window of each other rule: the slot of a
+-- reservation is the finest window of its due time, and the finest window
+-- is all the slots it counts.
+local function finest_of(p)
+  local nrules = recs[p]
+  if nrules == 1 then
+    return 1
+  end
+  local ds = {}
+  for ri = 1, nrules do
+    ds[ri] = recs[p - 1 + 3 * ri]
+  end
+  local set = table.concat(ds, ",")
+  local fi = finest[set]
+  if fi == nil then
+    fi = 1
+    for ri = 2, nrules do
+      local d, f = descs[ds[ri]], descs[ds[fi]]
+      if d.cur_end - d.cur_start < f.cur_end - f.cur_start then
+        fi = ri
+      end
+    end
+    for ri = 1, nrules do
+      if ri ~= fi and not nested(descs[ds[ri]], descs[ds[fi]]) then
+        fi = false
+        break
+      end
+    end
+    finest[set] = fi
+  end
+  return fi or nil
+end
+
+-- qualifies returns, when tenant ti (its record at recs[p]) may take or
+-- give up slots (see above), the number of its finest rule (finest_of),
+-- else nil.
+local function qualifies(ti, p)
+  if ncap > 0 or cost_at[ti] then
+    return nil
+  end
+  for q = p + 2, p - 1 + 3 * recs[p], 3 do
+    if descs[recs[q]].kind == "t" then
+      return nil
+    end
+  end
+  return finest_of(p)
+end
+
+-- taken_key is the key of tenant ti's window that holds now of its rule
+-- number fi (its finest).
+local function taken_key(ti, fi)
   local p = rec_at[ti]
-  return wkey(KEYS[key_at[ti] + 1], descs[recs[p + 2]].cur_start)
+  return wkey(KEYS[key_at[ti] + fi], descs[recs[p - 1 + 3 * fi]].cur_start)
 end
 
 -- claim_phase decides the claims of every tenant (see Claims): it runs
@@ -106,8 +226,9 @@ local function claim_phase()
       end
     end
     local keep = live
-    if live > 0 and qualifies(ti, p) then
-      local key = taken_key(ti)
+    local fi = live > 0 and qualifies(ti, p)
+    if fi then
+      local key = taken_key(ti, fi)
       -- A broken key keeps the claims: the tenant's decision meets it.
       local v = redis.pcall("HGET", key, "taken")
       local tk = type(v) == "string" and tonumber(v) or 0
@@ -154,36 +275,107 @@ local function claim_phase()
   end
 end
 
+-- take_reads is the most windows a take scan of a tenant with several
+-- rules reads that the call had not read (besides the budget and what it
+-- leaves to the tenants after it, keep: see Budget), so that its search
+-- keeps most of the budget. The search jumps over a full window of a
+-- coarser rule with one read; the take scan walks the finest rule's
+-- windows in it, which hold the slots (a full coarser window that holds
+-- now cannot be skipped: the part of its count in finest windows ahead is
+-- not known). 128 walks the rest of a full minute of a 1s rule, of an hour
+-- of a 1m rule, or of a day of a 1h rule, twice over.
+local take_reads = 128
+
+-- take_left: the reads the running take scan of a tenant with several
+-- rules may still take (take_reads).
+local take_left = 0
+
+-- take_read returns the count of rule r's window starting at rs, counting
+-- a read the call had not made against the budget (and, for a tenant with
+-- several rules, against take_left and what it leaves to the tenants after
+-- it, keep), or nil when the scan may read it no more.
+local function take_read(r, rs, several, keep)
+  local key = wkey(r.key, rs)
+  if counts[key] == nil then
+    if budget < 1 or (several and (take_left < 1 or budget <= keep)) then
+      return nil
+    end
+    budget, take_left = budget - 1, take_left - 1
+  end
+  return count_of(key)
+end
+
+-- coarser returns, for the finest window [s, e) at t of a tenant's rules
+-- (fi: the finest; c: that window's count), whether every other rule has
+-- room at t, and where the scan goes on: e, or the end of a full window of
+-- a coarser rule that starts at first or later once the finest windows
+-- read in it (seen_at, seen: per rule, its window's start and their count)
+-- count as much as it does; nil when the scan may read no more.
+local function coarser(rules, fi, t, e, c, first, seen_at, seen, several, keep)
+  local room, next_t = true, e
+  for ri, r in ipairs(rules) do
+    if ri ~= fi then
+      local rs, re = win(r, t)
+      local cr = rs and take_read(r, rs, several, keep)
+      if not cr then
+        return nil
+      end
+      if seen_at[ri] ~= rs then
+        seen_at[ri], seen[ri] = rs, 0
+      end
+      seen[ri] = seen[ri] + c
+      if cr >= r.limit then
+        room = false
+        if rs >= first and seen[ri] >= cr and re > next_t then
+          next_t = re
+        end
+      end
+    end
+  end
+  return room, next_t
+end
+
 -- take_slots gives the late events of tenant ti (rest of them, the pos-th
 -- on, after admission; not its displaced claims, which follow them) the
--- slots of the tenant's reservations in the full windows from first on
--- (see Taking). It returns the takes (due, count,
--- until each, as reserve's), what is left, and where reserve goes on.
-local function take_slots(ti, rules, rest, first, pos)
+-- slots of the tenant's reservations in its finest rule's windows from
+-- first on, before its first time when every rule has room (see Taking).
+-- A finest window is skipped without a read once the finest windows read
+-- in a full window of a coarser rule that starts at first or later count
+-- as much as that window: the rest of it holds no slot. It returns the
+-- takes (due, count, until each, as reserve's), what is left, and where
+-- reserve goes on.
+local function take_slots(ti, rules, rest, first, pos, keep)
   rest = math.min(rest, recs[rec_at[ti] + 1] - (displaced[ti] or 0) - pos + 1)
-  if not take or rest < 1 or not qualifies(ti, rec_at[ti]) then
+  local fi = take and rest > 0 and qualifies(ti, rec_at[ti])
+  if not fi then
     return none, rest, first
   end
-  local r = rules[1]
+  local f = rules[fi]
+  local several = #rules > 1
+  take_left = take_reads
+  local seen_at, seen = {}, {}
   local res = {}
   local t = first
   while rest > 0 and t <= hend do
-    local s, e = win(r, t)
-    if not s then
+    local s, e = win(f, t)
+    local c = s and take_read(f, s, several, keep)
+    if not c then
       break
     end
-    local key = wkey(r.key, s)
-    if counts[key] == nil then
-      if budget < 1 then
+    local room, next_t = c < f.limit, e
+    if several then
+      local others
+      others, next_t = coarser(rules, fi, t, e, c, first, seen_at, seen, several, keep)
+      if others == nil then
         break
       end
-      budget = budget - 1
+      room = room and others
     end
-    local c = count_of(key)
-    if c < r.limit then
+    if room then
       break -- room: reserve goes on from here
     end
-    if s >= now + take_margin_ms then
+    if s >= now + take_margin_ms and c > 0 then
+      local key = wkey(f.key, s)
       cur = key
       local tk = tonumber(redis.call("HGET", key, "taken")) or 0
       local k = math.min(rest, c - tk)
@@ -194,7 +386,7 @@ local function take_slots(ti, rules, rest, first, pos)
         rest, pos = rest - k, pos + k
       end
     end
-    t = e
+    t = next_t
   end
   return res, rest, t
 end
