@@ -12,8 +12,9 @@ import (
 type lateCall struct {
 	take bool
 	// inSlot is index-aligned with the call's events: the event is a
-	// claim (Event.InSlot).
+	// claim (Event.InSlot); due is a claim's Event.Due in unix ms (0: none).
 	inSlot []bool
+	due    []int64
 }
 
 // replayKeep is the code of a claim that keeps its slot in admit.lua's
@@ -64,13 +65,17 @@ func (l *Limiter) AdmitLate(ctx context.Context, src Source, events []Event, tak
 	}
 	sorted := make([]Event, len(events))
 	inSlot := make([]bool, len(events))
+	due := make([]int64, len(events))
 	for j, i := range order {
 		sorted[j], inSlot[j] = events[i], events[i].InSlot
+		if e := events[i]; e.InSlot && !e.Due.IsZero() {
+			due[j] = e.Due.UnixMilli()
+		}
 	}
 	s := getScratch()
 	defer s.release()
 	tenants, costs, at := s.split(src, sorted)
-	at.late = &lateCall{take: take, inSlot: inSlot}
+	at.late = &lateCall{take: take, inSlot: inSlot, due: due}
 	ds, err := l.admitFrom(ctx, s, at, tenants, costs, false, time.Time{})
 	if err != nil {
 		return nil, err
@@ -92,7 +97,8 @@ func deferral(due, until int64) Decision {
 }
 
 // lateArg returns admit.lua's late argument for the call over groups:
-// [take, claims of each tenant] (85_late.lua), or "" for a call of
+// [take, claims of each tenant, then each claim's due in unix ms, tenant
+// by tenant in the call's order] (85_late.lua), or "" for a call of
 // AdmitFrom.
 func lateArg(groups []*group, late *lateCall) string {
 	if late == nil {
@@ -114,6 +120,14 @@ func lateArg(groups []*group, late *lateCall) string {
 		}
 		b = append(b, ',')
 		b = strconv.AppendInt(b, int64(n), 10)
+	}
+	for _, g := range groups {
+		for _, i := range g.idx {
+			if late.inSlot[i] {
+				b = append(b, ',')
+				b = strconv.AppendInt(b, late.due[i], 10)
+			}
+		}
 	}
 	return string(append(b, ']'))
 }

@@ -11,26 +11,35 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// windowState returns the count and the field taken of tenant's window of
-// rule (e.g. "2/1m") that starts at start.
+// windowState returns the count of tenant's window of rule (e.g. "2/1m")
+// that starts at start, and the takes there: the tenant's record of takes
+// at that due time (keys.taken) and the window's own field taken (where
+// an earlier version recorded them).
 func windowState(t *testing.T, rdb redis.UniversalClient, l *Limiter, tenant, rule string, start time.Time) (count, taken int64) {
 	t.Helper()
+	ctx := context.Background()
 	r, err := parseRule(rule)
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := rdb.HMGet(context.Background(), l.keys.window(tenant, r, start), "count", "taken").Result()
+	v, err := rdb.HMGet(ctx, l.keys.window(tenant, r, start), "count", "taken").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i, p := range []*int64{&count, &taken} {
-		if s, ok := v[i].(string); ok {
+	rec, err := rdb.HMGet(ctx, l.keys.taken(tenant), strconv.FormatInt(start.UnixMilli(), 10)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var legacy, recorded int64
+	for i, p := range []*int64{&count, &legacy, &recorded} {
+		x := append(v, rec...)[i]
+		if s, ok := x.(string); ok {
 			if *p, err = strconv.ParseInt(s, 10, 64); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	return count, taken
+	return count, legacy + recorded
 }
 
 // dues writes the decisions as "kind@offset from t0" (a took slot marked
@@ -187,7 +196,8 @@ func TestLateTakesPastFullHour(t *testing.T) {
 	}{
 		{"3/1m", time.Hour, 3, 0}, {"3/1m", time.Hour + time.Minute, 3, 3}, {"3/1m", 2 * time.Hour, 3, 1},
 		{"3/1m", 3 * time.Hour, 3, 0}, {"3/1m", 3*time.Hour + time.Minute, 2, 0},
-		{"6/1h", time.Hour, 6, 0}, {"6/1h", 2 * time.Hour, 6, 0}, {"6/1h", 3 * time.Hour, 5, 0},
+		// (Takes are recorded by due time: the hour's start is the minute's.)
+		{"6/1h", time.Hour, 6, 0}, {"6/1h", 2 * time.Hour, 6, 1}, {"6/1h", 3 * time.Hour, 5, 0},
 	} {
 		if c, tk := windowState(t, rdb, l, "acme", w.rule, t0.Add(w.at)); c != w.count || tk != w.taken {
 			t.Errorf("%s window t0+%s: count %d taken %d, want %d and %d", w.rule, w.at, c, tk, w.count, w.taken)
@@ -338,5 +348,64 @@ func TestBoundedLateTakeRules(t *testing.T) {
 		if v[0] != "1" || v[1] != "1" {
 			t.Fatalf("second t0+%ds: count %v taken %v, want 1 and 1", i, v[0], v[1])
 		}
+	}
+}
+
+func TestLateRuleChangeRedis(t *testing.T)        { testLateRuleChange(t, testRedis(t)) }
+func TestLateRuleChangeRedisCluster(t *testing.T) { testLateRuleChange(t, testCluster(t)) }
+
+// A change of the tenant's rules between a take and its claims: the take
+// is recorded by the slot's due time in a record of the tenant's own, not
+// in a window of its rules, so the claims find it under any rules (here a
+// finer rule was added, so the window that holds now is a second's; or the
+// rules no longer qualify: a byte rule). One claim is placed again, the
+// other keeps its slot: the minute window forwards no more than it counted.
+func testLateRuleChange(t *testing.T, rdb redis.UniversalClient) {
+	for _, after := range []string{"acme=2/1m,1/1s", "acme=2/1m,1KiB/1m"} {
+		t.Run(after, func(t *testing.T) {
+			ctx := context.Background()
+			clk := newFakeClock(t0)
+			l := newTestLimiter(t, rdb, "acme=2/1m", Options{Clock: clk.Now})
+			evs := make([]Event, 8)
+			for i := range evs {
+				evs[i] = Event{Tenant: "acme", Offset: int64(i)}
+			}
+			if _, err := l.AdmitFrom(ctx, Source{Topic: "events"}, evs); err != nil {
+				t.Fatal(err)
+			}
+			clk.Set(t0.Add(time.Minute + 30*time.Second))
+			retry := Source{Topic: "events.retry"}
+			ds, err := l.AdmitLate(ctx, retry, []Event{{Tenant: "acme", Offset: 100}}, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := dues(ds), "d@2m0s!"; got != want {
+				t.Fatalf("late event: got %s, want %s", got, want)
+			}
+			if err := l.SetRules(mustRules(t, after)); err != nil {
+				t.Fatal(err)
+			}
+			clk.Set(t0.Add(2*time.Minute + 5*time.Second))
+			slot := t0.Add(2 * time.Minute)
+			claims := []Event{{Tenant: "acme", Offset: 101, InSlot: true, Due: slot, Cost: Cost{Bytes: 10}},
+				{Tenant: "acme", Offset: 102, InSlot: true, Due: slot, Cost: Cost{Bytes: 10}}}
+			ds, err = l.AdmitLate(ctx, retry, claims, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ds[0].Kind != Keep || ds[1].Kind != Defer || ds[1].Took {
+				t.Fatalf("claims of t0+2m: got %s, want keep, then a deferral (its slot was taken)", dues(ds))
+			}
+			again, err := l.AdmitLate(ctx, retry, claims, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if dues(again) != dues(ds) {
+				t.Errorf("replayed claims: got %s, want %s", dues(again), dues(ds))
+			}
+			if _, tk := windowState(t, rdb, l, "acme", "2/1m", slot); tk != 0 {
+				t.Errorf("takes at t0+2m after the claims: %d, want 0", tk)
+			}
+		})
 	}
 }

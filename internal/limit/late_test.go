@@ -38,21 +38,7 @@ func testLateKeepsPlace(t *testing.T, rdb redis.UniversalClient) {
 	}
 	count := func(at time.Duration) (count, taken int64) {
 		t.Helper()
-		r, _ := parseRule("2/1m")
-		v, err := rdb.HMGet(ctx, l.keys.window("acme", r, t0.Add(at)), "count", "taken").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, p := range []*int64{&count, &taken} {
-			if s, ok := v[i].(string); ok {
-				var n int64
-				for _, c := range s {
-					n = 10*n + int64(c-'0')
-				}
-				*p = n
-			}
-		}
-		return count, taken
+		return windowState(t, rdb, l, "acme", "2/1m", t0.Add(at))
 	}
 
 	// Event 2 (due t0+1m) missed its slot; events 4 and 5 are in theirs

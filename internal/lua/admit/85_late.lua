@@ -3,11 +3,13 @@
 -- Contract. After the replay arguments (the last is ARGV[arg_recs+1] when
 -- the call names no source, ARGV[arg_recs+6] otherwise) the call may carry one more
 -- argument, the late argument (absent, or "", for a source batch): a JSON
--- array [take, c_1, ..., c_ntenants] for a batch read back from the first
--- retry tier. c_ti is how many of tenant ti's events are claims: its last
--- c_ti events, each an event that came back inside its reserved slot (the
--- window that holds now). The tenant's other events are late: they missed
--- their slot.
+-- array [take, c_1, ..., c_ntenants, then the claims' due times] for a
+-- batch read back from the first retry tier. c_ti is how many of tenant
+-- ti's events are claims: its last c_ti events, each an event that came
+-- back inside its reserved slot (the window that holds now). The tenant's
+-- other events are late: they missed their slot. The due times (unix ms,
+-- 0 when not known) are each claim's gk-due, tenant by tenant in the
+-- call's order, c_ti for tenant ti.
 --
 -- A tenant qualifies when its rules are of aligned windows and count
 -- events (no costs), the call has no capacity, and its rules nest in its
@@ -28,10 +30,12 @@
 -- Taking (take = 1). A qualifying tenant's late events that the current
 -- windows have no room for take, in order, the slots of the tenant's
 -- reservations in the earliest finest windows before its first time when
--- every rule has room that start at least take_margin_ms after now: the
--- finest window's field "taken" grows by what they take, at most its count
--- minus what was taken there before, and they are deferred to that window
--- (a reservation in the
+-- every rule has room that start at least take_margin_ms after now: they
+-- take at most the window's count less what was taken there, and what
+-- they take is added to the tenant's record of takes (record_key,
+-- limit.TakenSuffix: a hash of takes by due time, living until a minute
+-- after the end of the last window taken in), under the window's start.
+-- They are deferred to that window (a reservation in the
 -- reply whose until is negated, -e: the caller marks the events as having
 -- taken their slot, and the replay record keeps it so). No count moves:
 -- they use the slots the reservations had counted, in every rule's window.
@@ -41,20 +45,27 @@
 -- rules the scan also reads at most take_reads windows, and leaves the
 -- tenants after it their share, as reserve does.
 --
--- Claims. A qualifying tenant's claims that are not in the replay record
--- read the field "taken" of its finest rule's window that holds now (their
--- slot: it holds their due time and ends no earlier than their until): d = min(taken, claims) of
--- them, the last ones (the latest deferred in the batch), had their slot
--- taken; taken shrinks by d (journaled) and those d are decided after the
+-- Claims. A tenant's claims that are not in the replay record read the
+-- record of takes (claim_pools): the field of their own due time, and,
+-- when the tenant qualifies, the field of its finest window that holds now
+-- (a slot reserved under rules whose finest window was shorter, and taken
+-- under the rules now: their due times differ) and that window's field
+-- "taken" (where an earlier version of this script recorded takes). So a
+-- claim finds the take of its slot whatever the tenant's rules are now: a
+-- change of rules between a take and its claims (a finer rule added, a
+-- byte rule, a capacity) no longer hides it. The last claims first, each
+-- that finds a take there had its slot taken: the take is used up
+-- (journaled), and those d claims are decided after the
 -- tenant's late events, at its first free slot: they take no slot in turn
 -- (a displaced event taking the next window's slot would shift the whole
 -- queue by one, exact but one more deferral per window of backlog: in the
 -- fault suite's mix, 7,568 events took a slot, most of them displaced). The other claims keep their slot: they
 -- are taken out of the call (like replayed events, so a replay checks them
--- again, and finds the same: taken only grows while the window is in the
--- future, and a claim's window holds now) and reported in the reply's
--- replayed list with code 5 (keep: forward uncounted). A tenant that does
--- not qualify keeps all its claims, reading nothing.
+-- again, and finds the same: takes are only added while their window is in
+-- the future, and a claim's window holds now) and reported in the reply's
+-- replayed list with code 5 (keep: forward uncounted). Claims cost one
+-- HMGET of the record per tenant and call, and one HGET of a window for a
+-- qualifying tenant.
 --
 -- take_margin_ms keeps takes off windows about to start, so that a claim of
 -- that window, read by a replica whose clock runs a little ahead, never
@@ -62,9 +73,12 @@
 
 local take_margin_ms = 1000
 
--- The call's late argument: take, and claims per tenant (0: none).
+-- The call's late argument: take, claims per tenant (0: none), and each
+-- tenant's claims' due times (claim_due[ti][j]: its j-th claim's, 0 when
+-- not known).
 local take = false
 local claims = nil
+local claim_due = {}
 -- displaced[ti]: how many of tenant ti's claims had their slot taken (the
 -- last of its events in the call; they do not take slots in turn).
 local displaced = {}
@@ -78,8 +92,15 @@ do
     local v = cjson.decode(a)
     take = v[1] == 1
     claims = {}
+    local q = ntenants + 2
     for ti = 1, ntenants do
       claims[ti] = v[ti + 1] or 0
+      local ds = {}
+      for j = 1, claims[ti] do
+        ds[j] = v[q] or 0
+        q = q + 1
+      end
+      claim_due[ti] = ds
     end
   end
 end
@@ -193,10 +214,57 @@ local function qualifies(ti, p)
 end
 
 -- taken_key is the key of tenant ti's window that holds now of its rule
--- number fi (its finest).
+-- number fi (its finest), and that window's start.
 local function taken_key(ti, fi)
   local p = rec_at[ti]
-  return wkey(KEYS[key_at[ti] + fi], descs[recs[p - 1 + 3 * fi]].cur_start)
+  local s = descs[recs[p - 1 + 3 * fi]].cur_start
+  return wkey(KEYS[key_at[ti] + fi], s), s
+end
+
+-- record_key is the key of tenant ti's record of takes (limit.TakenSuffix):
+-- its tenant key (a rule key up to its hash tag's closing brace: a counter
+-- holds none) and ":taken".
+local function record_key(ti)
+  return string.match(KEYS[key_at[ti] + 1], "^(.*})") .. ":taken"
+end
+
+-- record_life_ms is how long the record of takes lives past the end of the
+-- last window taken in (as a window key's retention: a clock that lags, a
+-- claim a little late).
+local record_life_ms = 60000
+
+-- claim_pools reads what the claims of tenant ti (fi: its finest rule
+-- when it qualifies, else nil) may find taken: pools[f] for the record's
+-- field f (a due time), and legacy, the field "taken" of its finest window
+-- that holds now (where a take of an earlier version is). It returns the
+-- pools, the record's key, the finest window's key and start (nil without
+-- fi).
+local function claim_pools(ti, fi, dues)
+  local rk = record_key(ti)
+  local fields, seen = {}, {}
+  local wk, ws = nil, nil
+  if fi then
+    wk, ws = taken_key(ti, fi)
+    fields[1], seen[ws] = num(ws), true
+  end
+  for _, d in ipairs(dues) do
+    if d > 0 and not seen[d] then
+      seen[d] = true
+      fields[#fields + 1] = num(d)
+    end
+  end
+  local pools = {}
+  -- A broken key keeps the claims: the tenant's decision meets it.
+  local v = #fields > 0 and redis.pcall("HMGET", rk, unpack(fields))
+  for i, f in ipairs(fields) do
+    pools[f] = type(v) == "table" and not v.err and tonumber(v[i]) or 0
+  end
+  local legacy = 0
+  if wk then
+    local l = redis.pcall("HGET", wk, "taken")
+    legacy = type(l) == "string" and tonumber(l) or 0
+  end
+  return pools, legacy, rk, wk, ws
 end
 
 -- claim_phase decides the claims of every tenant (see Claims): it runs
@@ -218,36 +286,63 @@ local function claim_phase()
     local p = rec_at[ti]
     local n0 = offs and #offs[ti] or recs[p + 1]
     local c = math.min(claims[ti], n0)
-    -- The claims not replayed, and how many of them keep their slot.
-    local live = 0
+    -- The claims not replayed (live), their due times, and which of them
+    -- had their slot taken (gone[j]), the last first.
+    local live, dues = {}, {}
     for j = n0 - c + 1, n0 do
       if not rep_at[pos + j - 1] then
-        live = live + 1
+        live[#live + 1] = j
+        dues[#dues + 1] = claim_due[ti][j - n0 + claims[ti]] or 0
       end
     end
-    local keep = live
-    local fi = live > 0 and qualifies(ti, p)
-    if fi then
-      local key = taken_key(ti, fi)
-      -- A broken key keeps the claims: the tenant's decision meets it.
-      local v = redis.pcall("HGET", key, "taken")
-      local tk = type(v) == "string" and tonumber(v) or 0
-      local d = math.min(tk, live)
-      if d > 0 then
-        redis.call("HINCRBY", key, "taken", -d)
-        note(4, key, {"taken", d})
-        keep = live - d
-        displaced[ti] = d
+    local gone, d = {}, 0
+    if #live > 0 then
+      local fi = qualifies(ti, p)
+      local pools, legacy, rk, wk, ws = claim_pools(ti, fi, dues)
+      local used, used_legacy = {}, 0
+      local own = ws and num(ws)
+      for x = #live, 1, -1 do
+        local f = dues[x] > 0 and num(dues[x]) or own
+        if f and pools[f] > 0 then
+          pools[f] = pools[f] - 1
+        elseif own and pools[own] > 0 then
+          f = own
+          pools[own] = pools[own] - 1
+        elseif legacy > 0 then
+          f, legacy, used_legacy = false, legacy - 1, used_legacy + 1
+        else
+          f = nil
+        end
+        if f ~= nil then
+          gone[live[x]] = true
+          d = d + 1
+          if f then
+            used[f] = (used[f] or 0) + 1
+          end
+        end
+      end
+      for f, k in pairs(used) do
+        cur = rk
+        redis.call("HINCRBY", rk, f, -k)
+        note(4, rk, {f, k})
+      end
+      if used_legacy > 0 then
+        cur = wk
+        redis.call("HINCRBY", wk, "taken", -used_legacy)
+        note(4, wk, {"taken", used_legacy})
       end
     end
-    local l, k = {}, 0
+    if d > 0 then
+      displaced[ti] = d
+    end
+    local keep = #live - d
+    local l = {}
     for j = 1, n0 do
       local at = pos + j - 1
       local ri = rep_at[at]
       if ri then
         rep[#rep + 1], rep[#rep + 2], rep[#rep + 3], rep[#rep + 4] = at, replayed[ri + 1], replayed[ri + 2], replayed[ri + 3]
-      elseif j > n0 - c and k < keep then
-        k = k + 1
+      elseif j > n0 - c and not gone[j] then
         rep[#rep + 1], rep[#rep + 2], rep[#rep + 3], rep[#rep + 4] = at, 5, 0, 0
       elseif offs then
         l[#l + 1] = offs[ti][j]
@@ -355,6 +450,7 @@ local function take_slots(ti, rules, rest, first, pos, keep)
   take_left = take_reads
   local seen_at, seen = {}, {}
   local res = {}
+  local rk = nil -- the record of takes' key
   local t = first
   while rest > 0 and t <= hend do
     local s, e = win(f, t)
@@ -375,13 +471,21 @@ local function take_slots(ti, rules, rest, first, pos, keep)
       break -- room: reserve goes on from here
     end
     if s >= now + take_margin_ms and c > 0 then
-      local key = wkey(f.key, s)
+      -- What was taken there: in the record, and in the window by an
+      -- earlier version.
+      local key, fs = wkey(f.key, s), num(s)
       cur = key
       local tk = tonumber(redis.call("HGET", key, "taken")) or 0
+      rk = rk or record_key(ti)
+      cur = rk
+      tk = tk + (tonumber(redis.call("HGET", rk, fs)) or 0)
       local k = math.min(rest, c - tk)
       if k > 0 then
-        redis.call("HINCRBY", key, "taken", k)
-        note(4, key, {"taken", -k})
+        redis.call("HINCRBY", rk, fs, k)
+        note(4, rk, {fs, -k})
+        if redis.call("PTTL", rk) < e - now + record_life_ms then
+          redis.call("PEXPIRE", rk, num(e - now + record_life_ms))
+        end
         res[#res + 1], res[#res + 2], res[#res + 3] = s, k, -e
         rest, pos = rest - k, pos + k
       end
