@@ -36,13 +36,15 @@ const replayKeep = 5
 // reservation's own event, when it comes back, finds its slot taken and is
 // placed again (its claim is not Keep). A window's count never moves for a
 // take, so no window goes over its limit; late events that find no slot to
-// take are reserved as AdmitFrom does. Only tenants whose rules are of
-// aligned windows, count events and nest in the finest of them (every
-// boundary of another rule is one of the finest rule's: 1m in 1h in 1d,
-// not 10s with 15s), in a limiter without a capacity, take or give up
-// slots; a slot is then a window of the finest rule (admit/85_late.lua).
-// The others' claims get Keep and their late events are decided as by
-// AdmitFrom.
+// take are reserved as AdmitFrom does. Only tenants whose rules count
+// events, in a limiter without a capacity, take slots: with aligned
+// windows, rules that nest in the finest of them (every boundary of another
+// rule is one of the finest rule's: 1m in 1h in 1d, not 10s with 15s), a
+// slot being a window of the finest rule; with ttl windows, one rule, a
+// slot being a window of its chain (admit/85_late.lua). The others' late
+// events are decided as by AdmitFrom. A take is recorded under its slot's
+// due time, apart from the tenant's rules, and a claim (Event.Due) reads
+// its own: it finds its slot taken whatever the tenant's rules are now.
 //
 // Every replica that may handle the first retry tier must check claims
 // (call AdmitLate for in-slot events) before any calls it with take: an

@@ -409,3 +409,58 @@ func testLateRuleChange(t *testing.T, rdb redis.UniversalClient) {
 		})
 	}
 }
+
+// A tenant with one rule of ttl windows keeps its place too: a slot is a
+// window of its chain (anchored at its first event), and a claim reads the
+// takes of its own due time, the start of its chain's window.
+func TestLateKeepsPlaceTTL(t *testing.T) {
+	ctx := context.Background()
+	rdb := testRedis(t)
+	start := t0.Add(7 * time.Second) // the chain starts here, off every minute
+	clk := newFakeClock(start)
+	l := newTestLimiter(t, rdb, "acme=2/1m", Options{Clock: clk.Now, WindowKind: TTL})
+	evs := make([]Event, 8)
+	for i := range evs {
+		evs[i] = Event{Tenant: "acme", Offset: int64(i)}
+	}
+	ds, err := l.AdmitFrom(ctx, Source{Topic: "events"}, evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "a a d@1m7s d@1m7s d@2m7s d@2m7s d@3m7s d@3m7s"; got != want {
+		t.Fatalf("source batch: got %s, want %s", got, want)
+	}
+	clk.Set(start.Add(time.Minute + 30*time.Second))
+	retry := Source{Topic: "events.retry"}
+	late := []Event{{Tenant: "acme", Offset: 100}}
+	ds, err = l.AdmitLate(ctx, retry, late, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "d@2m7s!"; got != want || !ds[0].Until.Equal(start.Add(3*time.Minute)) {
+		t.Fatalf("late event: got %s until %s, want %s until t0+3m7s", got, ds[0].Until.Sub(t0), want)
+	}
+	again, err := l.AdmitLate(ctx, retry, late, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again[0] != ds[0] {
+		t.Errorf("replayed late event: got %+v, want %+v", again[0], ds[0])
+	}
+	clk.Set(start.Add(2*time.Minute + 5*time.Second))
+	slot := start.Add(2 * time.Minute)
+	claims := []Event{{Tenant: "acme", Offset: 101, InSlot: true, Due: slot}, {Tenant: "acme", Offset: 102, InSlot: true, Due: slot}}
+	ds, err = l.AdmitLate(ctx, retry, claims, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "k d@4m7s"; got != want {
+		t.Fatalf("claims of t0+2m7s: got %s, want %s (keep, then the first free slot)", got, want)
+	}
+	for i, want := range []int64{2, 2, 2, 2, 1} {
+		at := start.Add(time.Duration(i) * time.Minute)
+		if c, tk := windowState(t, rdb, l, "acme", "2/1m", at); c != want || tk != 0 {
+			t.Errorf("chain window %s: count %d taken %d, want %d and 0", at.Sub(t0), c, tk, want)
+		}
+	}
+}

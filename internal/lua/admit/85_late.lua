@@ -11,9 +11,11 @@
 -- 0 when not known) are each claim's gk-due, tenant by tenant in the
 -- call's order, c_ti for tenant ti.
 --
--- A tenant qualifies when its rules are of aligned windows and count
--- events (no costs), the call has no capacity, and its rules nest in its
--- finest rule, the one with the shortest current window (finest_of: every
+-- A tenant qualifies when the call has no capacity, its rules count events
+-- (no costs), and either it has one rule of ttl windows (a slot is then a
+-- window of its chain: a chain is never moved before its end, which a
+-- window holding a reservation keeps ahead), or its rules are of aligned
+-- windows and nest in its finest rule, the one with the shortest current window (finest_of: every
 -- boundary of another rule's windows is a boundary of the finest rule's, so
 -- each finest window lies inside one window of every rule; one rule always
 -- nests). Then every due time of a reservation is the start of a finest
@@ -207,7 +209,9 @@ local function qualifies(ti, p)
   end
   for q = p + 2, p - 1 + 3 * recs[p], 3 do
     if descs[recs[q]].kind == "t" then
-      return nil
+      -- One ttl rule: a slot is a window of its chain (several chains
+      -- start apart).
+      return recs[p] == 1 and 1 or nil
     end
   end
   return finest_of(p)
@@ -243,7 +247,9 @@ local function claim_pools(ti, fi, dues)
   local rk = record_key(ti)
   local fields, seen = {}, {}
   local wk, ws = nil, nil
-  if fi then
+  if fi and descs[recs[rec_at[ti] - 1 + 3 * fi]].kind ~= "t" then
+    -- (A ttl rule: its window that holds now is the chain's, not known
+    -- here; a claim's own due time is its window's start.)
     wk, ws = taken_key(ti, fi)
     fields[1], seen[ws] = num(ws), true
   end
