@@ -464,3 +464,46 @@ func TestLateKeepsPlaceTTL(t *testing.T) {
 		}
 	}
 }
+
+// The worst case of claims (G11): a batch of claims of one tenant, each
+// with a due time of its own (gk-due is written by whoever writes the retry
+// tier, unless RETRY_SECRET is set), every one of them recorded as taken.
+// The claims read the record once (one HMGET of the batch's due times),
+// all are placed again within the budget, and no call is slow.
+func TestBoundedLateClaims(t *testing.T) {
+	ctx := context.Background()
+	rdb := privateRedis(t)
+	m := newWorkMeter(t, rdb)
+	l := newTestLimiter(t, rdb, "*=1/1s", Options{Clock: func() time.Time { return t0 }})
+	evs := make([]Event, boundedBatch)
+	fields := make([]any, 0, 2*boundedBatch)
+	for i := range evs {
+		due := t0.Add(-time.Duration(i) * time.Millisecond)
+		evs[i] = Event{Tenant: "hot", Offset: int64(i), InSlot: true, Due: due}
+		fields = append(fields, strconv.FormatInt(due.UnixMilli(), 10), 1)
+	}
+	if err := rdb.HSet(ctx, l.keys.taken("hot"), fields...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	m.reset()
+	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, evs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The record, the current window, and the search's budget.
+	m.check("500 claims of 500 due times, every one taken", 1, int64(DefaultMaxScan)+2)
+	for i, d := range ds {
+		if d.Kind == Keep {
+			t.Fatalf("claim %d: kept, want placed again (its slot was taken)", i)
+		}
+	}
+	left, err := rdb.HVals(ctx, l.keys.taken("hot")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range left {
+		if v != "0" {
+			t.Fatalf("record of takes after the claims: a field holds %s, want every one used up (0)", v)
+		}
+	}
+}
