@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
 )
 
 func TestParseCommandStats(t *testing.T) {
@@ -251,5 +254,19 @@ func TestCPUAccountAndFloor(t *testing.T) {
 	}
 	if strings.Contains(notes, "gatekeeper-within:") || strings.Contains(notes, "seed-naive") {
 		t.Errorf("floor notes name a mode that deferred nothing or is not the binary:\n%s", notes)
+	}
+}
+
+// gate-local's admitter admits every event of a batch, one decision each.
+func TestAdmitAll(t *testing.T) {
+	events := []limit.Event{{Tenant: "a"}, {Tenant: "b"}, {Tenant: "a"}}
+	ds, err := admitAll{}.AdmitFrom(context.Background(), limit.Source{}, events)
+	if err != nil || len(ds) != len(events) {
+		t.Fatalf("got %d decisions, %v; want %d, nil", len(ds), err, len(events))
+	}
+	for i, d := range ds {
+		if d.Kind != limit.Admit {
+			t.Errorf("event %d: got %v, want admit", i, d.Kind)
+		}
 	}
 }

@@ -151,7 +151,7 @@ func newChildParts(c childConfig) (p *childParts, closeParts func()) {
 		Dialer:           &kafka.Dialer{ClientID: "gkbench", Timeout: kafkaTimeout, DualStack: true},
 		Logger:           p.log,
 	}
-	if c.Mode != modePassthrough {
+	if c.Mode != modePassthrough && c.Mode != modeGateLocal {
 		p.rdb = redis.NewClient(&redis.Options{
 			Addr: c.Redis, DialTimeout: redisTimeout, ReadTimeout: redisTimeout, WriteTimeout: redisTimeout,
 			PoolTimeout: redisTimeout, ContextTimeoutEnabled: true,
@@ -180,6 +180,8 @@ func (p *childParts) handler(ctx context.Context, c childConfig, goRun func(func
 	}
 	p.router.Metrics = p.metrics
 	switch c.Mode {
+	case modeGateLocal:
+		return p.gate(admitAll{})
 	case modeSeedNaive:
 		a := &seedAdmitter{rdb: p.rdb, script: redis.NewScript(lua.TTLIncr), prefix: c.Prefix, limit: c.Limit, window: c.Window}
 		if err := a.script.Load(ctx, p.rdb).Err(); err != nil {
@@ -292,6 +294,18 @@ func ruleUnit(d time.Duration) string {
 // seedAdmitter is the naive limiter: one EVALSHA of the seed's ttl script
 // per event; the count against the limit decides. Over the limit, the event
 // is diverted until its window resets (the script's seconds left).
+// admitAll admits every event at once, without Redis (gate-local): one
+// decisions slice per batch, as the limiter returns.
+type admitAll struct{}
+
+func (admitAll) AdmitFrom(_ context.Context, _ limit.Source, events []limit.Event) ([]limit.Decision, error) {
+	ds := make([]limit.Decision, len(events))
+	for i := range ds {
+		ds[i].Kind = limit.Admit
+	}
+	return ds, nil
+}
+
 type seedAdmitter struct {
 	rdb    *redis.Client
 	script *redis.Script

@@ -4,6 +4,10 @@
 //
 //   - passthrough: the same consumer group, Router and Kafka writer as
 //     Gatekeeper, every event forwarded, no limiter: the ceiling;
+//   - gate-local: passthrough's consumer, Router and writer behind the real
+//     Gate, whose admitter admits every event at once without Redis: the
+//     Gate's own work per event (the tenant, the decisions) and the origin
+//     headers every admitted event carries (G8), without the limiter;
 //   - seed-naive: one EVALSHA of the seed's ttl script per event, the count
 //     against the limit deciding forward or divert to the retry topic;
 //   - redis-rate: one go-redis/redis_rate Allow (GCRA) per event, then
@@ -26,7 +30,7 @@
 //     script call per batch: Redis time per 1,000 events and the slowest
 //     call (SLOWLOG); see adversarial.go.
 //
-// Modes 1-3 run in a child process of this command (it re-executes itself
+// Modes 1-4 run in a child process of this command (it re-executes itself
 // with -child MODE), Gatekeeper as its own binary, so that each mode's peak
 // RSS is its own. Each mode consumes the source topic with its own consumer
 // group and writes to its own output topics (LogAppendTime).
@@ -67,6 +71,7 @@ import (
 // profiling); it is not run unless asked for.
 const (
 	modePassthrough     = "passthrough"
+	modeGateLocal       = "gate-local"
 	modeSeedNaive       = "seed-naive"
 	modeRedisRate       = "redis-rate"
 	modeGatekeeper      = "gatekeeper"
@@ -80,7 +85,7 @@ const (
 	modeGatekeeperCapacity = "gatekeeper-capacity"
 )
 
-var allModes = []string{modePassthrough, modeGatekeeperIn, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperCapacity, modeGatekeeperOver, modeGatekeeperLib, modeAdversarial, modePaceCPU}
+var allModes = []string{modePassthrough, modeGateLocal, modeGatekeeperIn, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperCapacity, modeGatekeeperOver, modeGatekeeperLib, modeAdversarial, modePaceCPU}
 
 // isBinary says whether mode runs the gatekeeper binary.
 func isBinary(mode string) bool {
@@ -142,7 +147,7 @@ func main() {
 	fs.Float64Var(&o.Deferred, "deferred", 1.0/3, "share of events the per-tenant limit leaves over it (diverted)")
 	fs.IntVar(&o.Batch, "batch", 500, "consumer batch size of every mode (GATEKEEPER_BATCH_SIZE)")
 	fs.IntVar(&o.Rounds, "rounds", 1, "times every mode drains the main data set, the modes interleaved; each is reported by its median round")
-	modes := fs.String("modes", "passthrough,gatekeeper-within,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-capacity,gatekeeper-overrides,adversarial,pace-cpu", "modes to run: "+strings.Join(allModes, ","))
+	modes := fs.String("modes", "passthrough,gate-local,gatekeeper-within,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-capacity,gatekeeper-overrides,adversarial,pace-cpu", "modes to run: "+strings.Join(allModes, ","))
 	fs.IntVar(&o.Overrides, "overrides", 100000, "live overrides of the gatekeeper-overrides mode")
 	paceRates := fs.String("pace-cpu-rates", "1000,10000", "events a second of the pace-cpu mode, one measurement each")
 	fs.DurationVar(&o.PaceCPUFor, "pace-cpu-for", time.Minute, "how long the pace-cpu mode produces at each rate")

@@ -46,6 +46,7 @@ func report(t *testing.T, o outcome) {
 		f.Lost, f.Duplicated, o.bound, f.Early, f.MaxWindow, limitPerWindow, f.MaxAt)
 	t.Logf("figures: Redis window counts sum to %d; the events read back account for %d counts (first copy of each: one per direct admission, one per deferral, one per admission after the slot; %d for extra source copies); difference %+d (G9: 0)",
 		f.RedisCounted, f.Counts, f.SourceDupCounts, f.RedisCounted-f.Counts)
+	t.Logf("figures: most counted in one window by Redis %d/%d (%s; G2 as the limiter kept it, copies aside)", f.RedisMost, limitPerWindow, f.RedisMostKey)
 	off, worstTenants := tenantDiffs(f)
 	t.Logf("figures: G9 per tenant: %d of %d tenants off, sum of differences %+d, sum of their absolute values %d; worst: %s; late reservations (checked again as new after their slot, which they gave back: one count each): %d of %d through the retry path; extra copies of a trip in the first retry tier (retried writes): %d",
 		len(off), len(f.CountsByTenant), sumDiffs(off), sumAbs(off), worstTenants, f.Late, f.Deferred, f.RetryDups)
@@ -103,9 +104,9 @@ func report(t *testing.T, o outcome) {
 	if o.bound > 0 {
 		dup += fmt.Sprintf(" (bound %d)", o.bound)
 	}
-	t.Logf("fault %s kafka=%s: produced=%d downstream=%d dlq=%d lost=%d duplicated=%s early=%d max_window=%d/%d count_diff=%+.2f%% retry_late_p99=%.1fs retry_late_max=%.1fs recover=%s took=%v",
+	t.Logf("fault %s kafka=%s: produced=%d downstream=%d dlq=%d lost=%d duplicated=%s early=%d max_window=%d/%d redis_max_window=%d/%d count_diff=%+.2f%% retry_late_p99=%.1fs retry_late_max=%.1fs recover=%s took=%v",
 		o.sc.name, o.kafkaVersion, f.Produced, f.Downstream, f.DLQ, f.Lost, dup, f.Early, f.MaxWindow, limitPerWindow,
-		100*float64(f.RedisCounted-f.Once)/float64(max(f.Once, 1)), lp99.Seconds(), lmax.Seconds(),
+		f.RedisMost, limitPerWindow, 100*float64(f.RedisCounted-f.Once)/float64(max(f.Once, 1)), lp99.Seconds(), lmax.Seconds(),
 		recover, o.took.Round(time.Second))
 }
 
@@ -129,21 +130,28 @@ func redisWindowCount(prefix, tenant string, idx int64) string {
 // keys left out), in all and by tenant. Keys that expired since the poller
 // last saw them (a 5s window's key lives two minutes after its window ends,
 // shorter than a long scenario) count what the poller saw last.
-func redisCounted(ctx context.Context, prefix string, seen map[string]int) (int, map[string]int, error) {
+//
+// It also returns the largest count of one window and its key: G2 as Redis
+// kept it, every event the window counted (admitted there or reserved for
+// it), whenever it was appended downstream.
+func redisCounted(ctx context.Context, prefix string, seen map[string]int) (sum int, byTenant map[string]int, most int, mostKey string, err error) {
 	counts, err := windowCounts(ctx, prefix)
 	for k, n := range seen {
 		if _, ok := counts[k]; !ok {
 			counts[k] = n
 		}
 	}
-	sum, byTenant := 0, map[string]int{}
+	byTenant = map[string]int{}
 	for k, n := range counts {
 		sum += n
 		_, rest, _ := strings.Cut(k, ":{")
 		tenant, _, _ := strings.Cut(rest, "}")
 		byTenant[tenant] += n
+		if n > most || (n == most && k < mostKey) {
+			most, mostKey = n, k
+		}
 	}
-	return sum, byTenant, err
+	return sum, byTenant, most, mostKey, err
 }
 
 // windowCounts reads the count of every window key under prefix.
@@ -286,6 +294,15 @@ func check(t *testing.T, o outcome) {
 	} else if sumAbs(off) > allowed {
 		t.Errorf("G9: Redis window counts minus the events' counts: got |%d| over %d tenants (worst: %s), want at most %d: the counts of the %d extra source copies (%d) and the %d extra retry-tier copies",
 			sumAbs(off), len(off), worst, allowed, f.SourceDups, f.SourceDupCounts, f.RetryDups)
+	}
+	// G2 in every scenario, from what Redis counted: the downstream tally
+	// (MaxWindow) is asserted only where nothing is decided at a window's
+	// end and appended in the next (exact scenarios, below).
+	if f.RedisMost > limitPerWindow {
+		t.Errorf("G2: Redis counted %d in %s, want at most %d", f.RedisMost, f.RedisMostKey, limitPerWindow)
+	}
+	if f.RedisMostKey == "" {
+		t.Errorf("G2: no window count read from Redis (prefix %s): nothing to check the limit against", o.flow.Prefix)
 	}
 	if tol := o.sc.countTolerance; tol > 0 {
 		if diff := f.RedisCounted - f.Once; float64(abs(diff)) > tol*float64(f.Once) {

@@ -250,7 +250,7 @@ func (r *run) finish(params dupParams) outcome {
 		t.Errorf("read the first retry tier: %v", err)
 	}
 	fig.RetryDups = retryDups(retry)
-	if fig.RedisCounted, fig.RedisByTenant, err = redisCounted(ctx, f.Prefix, r.counts.stop()); err != nil {
+	if fig.RedisCounted, fig.RedisByTenant, fig.RedisMost, fig.RedisMostKey, err = redisCounted(ctx, f.Prefix, r.counts.stop()); err != nil {
 		t.Errorf("read the window counts: %v", err)
 	}
 	r.mu.Lock()

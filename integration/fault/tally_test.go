@@ -41,6 +41,12 @@ type figures struct {
 	// tenant (G9 is checked per tenant: one tenant's phantom counts must
 	// not hide behind another's missing ones).
 	CountsByTenant, RedisByTenant map[string]int
+	// RedisMost is the largest count of one tenant's window in Redis (at
+	// key RedisMostKey): what the limiter counted there, G2's own figure.
+	// MaxWindow places events by append time, so an event decided at a
+	// window's end and appended in the next is in the next there.
+	RedisMost    int
+	RedisMostKey string
 	// SourceDupCounts is what the extra source copies (SourceDups) count:
 	// each is a position of its own, decided and counted again, estimated
 	// as what its first copy counted (included in Counts and CountsByTenant).
