@@ -270,3 +270,22 @@ func TestAdmitAll(t *testing.T) {
 		}
 	}
 }
+
+// The side-by-side modes' tables: pace-cpu compares the gates, capacity-cpu
+// each gate with its own Redis too.
+func TestSideBySideTables(t *testing.T) {
+	r := report{SideBySide: []sideCPUResult{
+		{Mode: modePaceCPU, Rate: 1000, Events: 60000, CPU: [2]float64{6, 6.3}, Load: "1.0"},
+		{Mode: modeCapacityCPU, Rate: 1000, Events: 60000, CPU: [2]float64{6, 6.6}, Redis: [2]float64{1.2, 3}, Load: "2.0"},
+	}}
+	md := r.sideBySideTables()
+	for _, want := range []string{
+		"| 1000 | 60000 | 100.00 s | 105.00 s | 1.050 | 1.0 |",
+		"| 1000 | 60000 | 100.00 / 20.00 / 120.00 s | 110.00 / 50.00 / 160.00 s | 1.100 | 1.333 | 2.0 |",
+		"## Pacing by the downstream", "## A shared capacity",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("tables lack %q:\n%s", want, md)
+		}
+	}
+}

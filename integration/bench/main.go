@@ -85,7 +85,7 @@ const (
 	modeGatekeeperCapacity = "gatekeeper-capacity"
 )
 
-var allModes = []string{modePassthrough, modeGateLocal, modeGatekeeperIn, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperCapacity, modeGatekeeperOver, modeGatekeeperLib, modeAdversarial, modePaceCPU}
+var allModes = []string{modePassthrough, modeGateLocal, modeGatekeeperIn, modeSeedNaive, modeRedisRate, modeGatekeeper, modeGatekeeperBytes, modeGatekeeperCapacity, modeGatekeeperOver, modeGatekeeperLib, modeAdversarial, modePaceCPU, modeCapacityCPU}
 
 // isBinary says whether mode runs the gatekeeper binary.
 func isBinary(mode string) bool {
@@ -96,8 +96,10 @@ func isBinary(mode string) bool {
 func containsMode(modes []string, mode string) bool { return slices.Contains(modes, mode) }
 
 // drained says whether mode drains the main data set (the others are
-// scenarios of their own: adversarial, pace-cpu).
-func drained(mode string) bool { return mode != modeAdversarial && mode != modePaceCPU }
+// scenarios of their own: adversarial, pace-cpu, capacity-cpu).
+func drained(mode string) bool {
+	return mode != modeAdversarial && mode != modePaceCPU && mode != modeCapacityCPU
+}
 
 type options struct {
 	Brokers      []string
@@ -147,10 +149,10 @@ func main() {
 	fs.Float64Var(&o.Deferred, "deferred", 1.0/3, "share of events the per-tenant limit leaves over it (diverted)")
 	fs.IntVar(&o.Batch, "batch", 500, "consumer batch size of every mode (GATEKEEPER_BATCH_SIZE)")
 	fs.IntVar(&o.Rounds, "rounds", 1, "times every mode drains the main data set, the modes interleaved; each is reported by its median round")
-	modes := fs.String("modes", "passthrough,gate-local,gatekeeper-within,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-capacity,gatekeeper-overrides,adversarial,pace-cpu", "modes to run: "+strings.Join(allModes, ","))
+	modes := fs.String("modes", "passthrough,gate-local,gatekeeper-within,seed-naive,redis-rate,gatekeeper,gatekeeper-bytes,gatekeeper-capacity,gatekeeper-overrides,adversarial,pace-cpu,capacity-cpu", "modes to run: "+strings.Join(allModes, ","))
 	fs.IntVar(&o.Overrides, "overrides", 100000, "live overrides of the gatekeeper-overrides mode")
-	paceRates := fs.String("pace-cpu-rates", "1000,10000", "events a second of the pace-cpu mode, one measurement each")
-	fs.DurationVar(&o.PaceCPUFor, "pace-cpu-for", time.Minute, "how long the pace-cpu mode produces at each rate")
+	paceRates := fs.String("pace-cpu-rates", "1000,10000", "events a second of the side-by-side modes (pace-cpu, capacity-cpu), one measurement each")
+	fs.DurationVar(&o.PaceCPUFor, "pace-cpu-for", time.Minute, "how long the side-by-side modes (pace-cpu, capacity-cpu) produce at each rate")
 	fs.StringVar(&o.Window, "window", "ttl", "Gatekeeper's GATEKEEPER_WINDOW: ttl (the seed's window, as seed-naive counts) or aligned")
 	fs.DurationVar(&o.WindowLen, "window-len", time.Hour, "length of the limit's window (every mode)")
 	fs.IntVar(&o.LiveEvents, "live-events", 10000, "events of the paced latency phase after each drain (0: none)")
@@ -282,7 +284,7 @@ func run(ctx context.Context, o options) error {
 	if err := d.sweepScenario(ctx, &rep); err != nil {
 		return err
 	}
-	if err := d.paceCPUScenario(ctx, &rep); err != nil {
+	if err := d.sideBySideScenario(ctx, &rep); err != nil {
 		return err
 	}
 	rep.Finished = time.Now().UTC()
@@ -329,7 +331,7 @@ func newDriver(ctx context.Context, o options) (d *driver, closeDriver func(), e
 // buildGatekeeper builds ./cmd/gatekeeper into the work directory when a
 // gatekeeper binary mode runs and no binary was given.
 func (d *driver) buildGatekeeper(ctx context.Context) error {
-	if !slices.ContainsFunc(d.o.Modes, isBinary) && !containsMode(d.o.Modes, modePaceCPU) || d.o.GKBin != "" {
+	if !slices.ContainsFunc(d.o.Modes, isBinary) && !containsMode(d.o.Modes, modePaceCPU) && !containsMode(d.o.Modes, modeCapacityCPU) || d.o.GKBin != "" {
 		return nil
 	}
 	bin, err := filepath.Abs(filepath.Join(d.o.Work, "gatekeeper"))
@@ -367,7 +369,7 @@ func (d *driver) mainScenario(ctx context.Context, rep *report) error {
 	for round := 1; round <= o.Rounds; round++ {
 		for _, mode := range o.Modes {
 			if !drained(mode) {
-				continue // see adversarialScenario and paceCPUScenario
+				continue // see adversarialScenario and sideBySideScenario
 			}
 			mr := modeRun{mode: mode, wl: wl, src: src, limit: limit, batch: o.Batch, live: o.LiveEvents, tag: mode}
 			if mode == modeGatekeeperIn {

@@ -129,8 +129,9 @@ type report struct {
 	Sweep    []result  `json:"sweep,omitempty"`
 	// Adversarial holds the adversarial mode's cases (see adversarial.go).
 	Adversarial []advResult `json:"adversarial,omitempty"`
-	// PaceCPU holds the pace-cpu mode's rates (see pacecpu.go).
-	PaceCPU []paceCPUResult `json:"pace_cpu,omitempty"`
+	// SideBySide holds the side-by-side modes' rates (pace-cpu and
+	// capacity-cpu, see pacecpu.go).
+	SideBySide []sideCPUResult `json:"side_by_side,omitempty"`
 }
 
 // fillRatios sets each result's ratio to the passthrough of its scenario
@@ -270,11 +271,7 @@ func (r *report) markdown() string {
 		fmt.Fprintf(&b, "In-process against the same Redis, one script call per batch of %d events, a fixed clock; Redis busy from `INFO commandstats`, the slowest call from `SLOWLOG` (every command logged during the mode), window reads are `HMGET` calls (G11: bounded by the batch, see \"Bounded work per call\" in README.md).\n\n", s.Batch)
 		b.WriteString(t)
 	}
-	if t := r.paceCPUTable(); t != "" {
-		b.WriteString("\n## Pacing by the downstream: what it costs the gate\n\n")
-		b.WriteString("Two gatekeeper binaries side by side, both with `CAPACITY=1000000000/1s`, one of them also with `CAPACITY_FROM=group:<downstream group>` (a member of that group reads and commits the downstream topic; the paced gatekeeper is the fleet's only replica, so it takes the lease and reads the downstream four times a second), read the same source topic while its events are produced at a steady rate, every event within its limits; each one's CPU (/proc) from the first event produced until the downstream topic holds both copies of every event. Side by side, the rest of the machine's load falls on both.\n\n")
-		b.WriteString(t)
-	}
+	b.WriteString(r.sideBySideTables())
 	if len(r.Sweep) > 0 {
 		b.WriteString("\n## Sweep: tenants × batch size\n\n")
 		x := r.Sweep[0]
