@@ -168,7 +168,7 @@ type RetryConfig struct {
 	// route.Retrier.CheckClaims) or on (a deferred event that missed its
 	// slot takes the slot of its tenant's earliest later reservation,
 	// route.Retrier.TakeSlots, and claims are checked).
-	LateTakesSlots string `split_words:"true" default:"off" desc:"on: a deferred event that missed its slot takes the slot of its tenant's earliest later reservation, ahead of what the tenant deferred after it (one-rule tenants of aligned windows counting events); check: take none, but check whether an event back in its slot lost it (one Redis call per retry batch); off: neither. Turn on only once every replica runs with check or on"`
+	LateTakesSlots string `split_words:"true" default:"off" desc:"on: a deferred event that missed its slot takes the slot of its tenant's earliest later reservation, ahead of what the tenant deferred after it (tenants whose rules count events: aligned windows nesting in the finest rule's, or one ttl rule; no capacity); check: take none, but check whether an event back in its slot lost it (one Redis call per retry batch); off: neither. Turn on only once every replica runs this version with check or on"`
 	// RetryLookahead bounds the deferred events the retry role holds in
 	// memory per retry-tier partition.
 	RetryLookahead int `split_words:"true" default:"10000" desc:"most deferred events held in memory per retry-tier partition while they wait for their release time (memory: about this many times the partitions of the retry tiers times the event size, with headers)"`
