@@ -1,5 +1,7 @@
 package limit
 
+import "time"
+
 // Event is one event of a batch as the limiter decides it: its tenant, what
 // it costs, and its position in the batch's source partition. It is a value
 // type.
@@ -16,6 +18,10 @@ type Event struct {
 	// reserved slot (AdmitLate): it keeps the slot unless a late event of
 	// its tenant took it.
 	InSlot bool
+	// Due is, for an InSlot event, its gk-due: the start of the slot it
+	// claims, whose takes it reads (admit/85_late.lua). The zero time reads
+	// only the takes of the tenant's finest window that holds now.
+	Due time.Time
 }
 
 // Tenants returns the tenants of events, index-aligned with them.

@@ -17,6 +17,7 @@ import (
 //	<rule key>:<window start ms>              a window's count (keys.window)
 //	<rule key>:anchor                         a ttl chain (keys.anchor)
 //	<prefix>:{<tenant>}:frontier:<rule set>   search frontier (keys.frontier)
+//	<prefix>:{<tenant>}:taken                 slots taken by late events (keys.taken)
 //	<prefix>:cap:<counter>                    capacity rule key (keys.capacity)
 //	<capacity key>:<window start ms>          a capacity window (admit/35_capacity.lua)
 //	<capacity key>/demand:<window start ms>   its demand histogram (CapacityDemandSuffix)
@@ -49,6 +50,10 @@ const (
 	// windows' demand histograms: <capacity key>/demand:<start ms>
 	// (35_capacity.lua's dkey; outside the pattern <capacity key>:*).
 	CapacityDemandSuffix = "/demand"
+	// TakenSuffix ends the key of a tenant's record of slots taken by late
+	// events: <prefix>:{<tenant>}:taken, a hash of takes by due time
+	// (admit/85_late.lua builds it from a rule key, record_key).
+	TakenSuffix = ":taken"
 )
 
 // encodeTenant returns the tenant's form inside the hash tag.
@@ -112,6 +117,12 @@ func (k keys) window(tenant string, r Rule, start time.Time) string {
 // builds the same key from the rule key it is given (anchor_key).
 func (k keys) anchor(tenant string, r Rule) string {
 	return k.rule(tenant, r) + AnchorSuffix
+}
+
+// taken returns the key of the tenant's record of slots taken by late
+// events (TakenSuffix): it does not depend on the tenant's rules.
+func (k keys) taken(tenant string) string {
+	return k.tenant(tenant) + TakenSuffix
 }
 
 // frontier returns the key of the tenant's search frontier for a rule set.

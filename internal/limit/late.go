@@ -12,8 +12,9 @@ import (
 type lateCall struct {
 	take bool
 	// inSlot is index-aligned with the call's events: the event is a
-	// claim (Event.InSlot).
+	// claim (Event.InSlot); due is a claim's Event.Due in unix ms (0: none).
 	inSlot []bool
+	due    []int64
 }
 
 // replayKeep is the code of a claim that keeps its slot in admit.lua's
@@ -35,10 +36,15 @@ const replayKeep = 5
 // reservation's own event, when it comes back, finds its slot taken and is
 // placed again (its claim is not Keep). A window's count never moves for a
 // take, so no window goes over its limit; late events that find no slot to
-// take are reserved as AdmitFrom does. Only tenants with one rule, of
-// aligned windows, counting events, in a limiter without a capacity take
-// or give up slots: the others' claims get Keep and their late events are
-// decided as by AdmitFrom.
+// take are reserved as AdmitFrom does. Only tenants whose rules count
+// events, in a limiter without a capacity, take slots: with aligned
+// windows, rules that nest in the finest of them (every boundary of another
+// rule is one of the finest rule's: 1m in 1h in 1d, not 10s with 15s), a
+// slot being a window of the finest rule; with ttl windows, one rule, a
+// slot being a window of its chain (admit/85_late.lua). The others' late
+// events are decided as by AdmitFrom. A take is recorded under its slot's
+// due time, apart from the tenant's rules, and a claim (Event.Due) reads
+// its own: it finds its slot taken whatever the tenant's rules are now.
 //
 // Every replica that may handle the first retry tier must check claims
 // (call AdmitLate for in-slot events) before any calls it with take: an
@@ -61,13 +67,17 @@ func (l *Limiter) AdmitLate(ctx context.Context, src Source, events []Event, tak
 	}
 	sorted := make([]Event, len(events))
 	inSlot := make([]bool, len(events))
+	due := make([]int64, len(events))
 	for j, i := range order {
 		sorted[j], inSlot[j] = events[i], events[i].InSlot
+		if e := events[i]; e.InSlot && !e.Due.IsZero() {
+			due[j] = e.Due.UnixMilli()
+		}
 	}
 	s := getScratch()
 	defer s.release()
 	tenants, costs, at := s.split(src, sorted)
-	at.late = &lateCall{take: take, inSlot: inSlot}
+	at.late = &lateCall{take: take, inSlot: inSlot, due: due}
 	ds, err := l.admitFrom(ctx, s, at, tenants, costs, false, time.Time{})
 	if err != nil {
 		return nil, err
@@ -89,7 +99,8 @@ func deferral(due, until int64) Decision {
 }
 
 // lateArg returns admit.lua's late argument for the call over groups:
-// [take, claims of each tenant] (85_late.lua), or "" for a call of
+// [take, claims of each tenant, then each claim's due in unix ms, tenant
+// by tenant in the call's order] (85_late.lua), or "" for a call of
 // AdmitFrom.
 func lateArg(groups []*group, late *lateCall) string {
 	if late == nil {
@@ -111,6 +122,14 @@ func lateArg(groups []*group, late *lateCall) string {
 		}
 		b = append(b, ',')
 		b = strconv.AppendInt(b, int64(n), 10)
+	}
+	for _, g := range groups {
+		for _, i := range g.idx {
+			if late.inSlot[i] {
+				b = append(b, ',')
+				b = strconv.AppendInt(b, late.due[i], 10)
+			}
+		}
 	}
 	return string(append(b, ']'))
 }

@@ -2,6 +2,7 @@ package limit
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,11 +16,18 @@ func TestLateKeepsPlaceRedisCluster(t *testing.T) { testLateKeepsPlace(t, testCl
 // deferred after it: it takes the slot of the earliest later reservation,
 // whose own event, back in its slot, finds it taken and is placed again at
 // the first free slot (taking none in turn); no window counts more than its
-// limit, and a replay decides the same.
+// limit, and a replay decides the same. The same with several rules whose
+// windows nest (2/1m inside 100/1h): a slot is a window of the finest rule.
 func testLateKeepsPlace(t *testing.T, rdb redis.UniversalClient) {
+	for _, spec := range []string{"acme=2/1m", "acme=2/1m,100/1h"} {
+		t.Run(spec, func(t *testing.T) { testLateKeepsPlaceUnder(t, rdb, spec) })
+	}
+}
+
+func testLateKeepsPlaceUnder(t *testing.T, rdb redis.UniversalClient, spec string) {
 	ctx := context.Background()
 	clk := newFakeClock(t0)
-	l := newTestLimiter(t, rdb, "acme=2/1m", Options{Clock: clk.Now})
+	l := newTestLimiter(t, rdb, spec, Options{Clock: clk.Now})
 	src := Source{Topic: "events", Partition: 0}
 	evs := make([]Event, 10)
 	for i := range evs {
@@ -38,21 +46,7 @@ func testLateKeepsPlace(t *testing.T, rdb redis.UniversalClient) {
 	}
 	count := func(at time.Duration) (count, taken int64) {
 		t.Helper()
-		r, _ := parseRule("2/1m")
-		v, err := rdb.HMGet(ctx, l.keys.window("acme", r, t0.Add(at)), "count", "taken").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, p := range []*int64{&count, &taken} {
-			if s, ok := v[i].(string); ok {
-				var n int64
-				for _, c := range s {
-					n = 10*n + int64(c-'0')
-				}
-				*p = n
-			}
-		}
-		return count, taken
+		return windowState(t, rdb, l, "acme", "2/1m", t0.Add(at))
 	}
 
 	// Event 2 (due t0+1m) missed its slot; events 4 and 5 are in theirs
@@ -123,6 +117,13 @@ func testLateKeepsPlace(t *testing.T, rdb redis.UniversalClient) {
 	}
 	if c, _ := count(5 * time.Minute); c != 1 {
 		t.Errorf("window t0+5m after the replay: count %d, want 1", c)
+	}
+	if strings.HasSuffix(spec, "100/1h") {
+		// The hour: the ten events of the source batch and the displaced
+		// one (the late event's missed slot is given back by Release).
+		if c, _ := windowState(t, rdb, l, "acme", "100/1h", t0); c != 11 {
+			t.Errorf("hour t0: count %d, want 11", c)
+		}
 	}
 }
 

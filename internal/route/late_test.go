@@ -68,6 +68,9 @@ func TestRetrierClaims(t *testing.T) {
 	for _, e := range la.events[0] {
 		if e.InSlot {
 			claims = append(claims, e.Offset)
+			if !e.Due.Equal(past) { // the slot it claims, whose takes it reads
+				t.Errorf("claim %d: due %s, want its gk-due %s", e.Offset, e.Due, past)
+			}
 		} else {
 			lates = append(lates, e.Offset)
 		}

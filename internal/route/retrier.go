@@ -383,7 +383,11 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, no
 		}
 		j = len(b.events)
 		b.trips[k] = j
-		b.events = append(b.events, limit.Event{Tenant: d.Tenant, Cost: cost, Offset: m.Offset, InSlot: claim})
+		ev := limit.Event{Tenant: d.Tenant, Cost: cost, Offset: m.Offset, InSlot: claim}
+		if claim {
+			ev.Due = d.Due // the slot it claims (its takes are recorded by due time)
+		}
+		b.events = append(b.events, ev)
 		switch {
 		case claim:
 			b.claims++

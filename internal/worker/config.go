@@ -168,7 +168,7 @@ type RetryConfig struct {
 	// route.Retrier.CheckClaims) or on (a deferred event that missed its
 	// slot takes the slot of its tenant's earliest later reservation,
 	// route.Retrier.TakeSlots, and claims are checked).
-	LateTakesSlots string `split_words:"true" default:"off" desc:"on: a deferred event that missed its slot takes the slot of its tenant's earliest later reservation, ahead of what the tenant deferred after it (one-rule tenants of aligned windows counting events); check: take none, but check whether an event back in its slot lost it (one Redis call per retry batch); off: neither. Turn on only once every replica runs with check or on"`
+	LateTakesSlots string `split_words:"true" default:"off" desc:"on: a deferred event that missed its slot takes the slot of its tenant's earliest later reservation, ahead of what the tenant deferred after it (tenants whose rules count events: aligned windows nesting in the finest rule's, or one ttl rule; no capacity); check: take none, but check whether an event back in its slot lost it (one Redis call per retry batch); off: neither. Turn on only once every replica runs this version with check or on"`
 	// RetryLookahead bounds the deferred events the retry role holds in
 	// memory per retry-tier partition.
 	RetryLookahead int `split_words:"true" default:"10000" desc:"most deferred events held in memory per retry-tier partition while they wait for their release time (memory: about this many times the partitions of the retry tiers times the event size, with headers)"`
@@ -188,6 +188,10 @@ type RetryConfig struct {
 	// accept events without gk-sig (written by replicas not yet rolled, or
 	// by a release before gk-sig was bound to its tier). Not a secret.
 	RetryAcceptUnsignedUntil string `split_words:"true" desc:"while turning RETRY_SECRET on: until this RFC 3339 time the retry tiers also accept unsigned events, deferred by replicas not yet rolled (set it to the rollout's end plus DEFER_HORIZON; none: never)"`
+	// CapacityAdvance: with a capacity of events on aligned windows, the
+	// retry tiers move waiting deferred events into the capacity's idle
+	// room (route.Retrier.AdvanceBacklog, #24).
+	CapacityAdvance bool `split_words:"true" default:"true" desc:"with a CAPACITY of events and aligned windows, the retry tiers move waiting deferred events into the current window when the capacity has room nobody is expected to take, so that a backlog drains at the capacity (false: they wait for their reserved slots, at about half of it). Set false on every replica while rolling from a release without it"`
 }
 
 // BoundsConfig is the Bounds group of Config: the bounds of batches, records and the limiter's memory.

@@ -290,6 +290,14 @@ const (
 
 // retryGroup returns the consumer group of the retry tiers with the retrier
 // as its handler, or nil when this process does not run the retry role.
+// advancesBacklog says whether the retry tiers move waiting deferred events
+// into the capacity's idle room (#24): with CAPACITY_ADVANCE and a capacity
+// of events on aligned windows; otherwise nothing changes.
+func (c Config) advancesBacklog() bool {
+	return c.CapacityAdvance && len(c.CapacityRules()) > 0 && c.CapacityRules().Measure() == limit.Events &&
+		limit.WindowKind(c.Window) == limit.Aligned
+}
+
 func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumerGroup, error) {
 	cfg := p.Config
 	if !cfg.HasRole(route.RoleRetry) {
@@ -304,10 +312,7 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 	if p.Live != nil && p.Live.Expediter != nil {
 		spec.Expedited = p.Live.Expediter.Expedited
 	}
-	// With a capacity of events on aligned windows, a deferred backlog moves
-	// into the capacity's idle room (#24); without one nothing changes.
-	spec.AdvanceBacklog = len(cfg.CapacityRules()) > 0 && cfg.CapacityRules().Measure() == limit.Events &&
-		limit.WindowKind(cfg.Window) == limit.Aligned
+	spec.AdvanceBacklog = cfg.advancesBacklog()
 	retrier, err := route.NewRetrier(spec)
 	if err != nil {
 		return nil, err // NewRetrier's errors already start with "retrier: "

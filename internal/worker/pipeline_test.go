@@ -49,3 +49,28 @@ func errText(err error) string {
 	}
 	return err.Error()
 }
+
+// The retry tiers move a waiting backlog into the capacity's idle room only
+// with CAPACITY_ADVANCE and a capacity of events on aligned windows.
+func TestAdvancesBacklog(t *testing.T) {
+	cfg := func(capacity, window string, advance bool) Config {
+		var c Config
+		c.Capacity, c.Window, c.CapacityAdvance = capacity, window, advance
+		return c
+	}
+	for _, tt := range []struct {
+		name string
+		cfg  Config
+		want bool
+	}{
+		{"events, aligned", cfg("100/1s", "aligned", true), true},
+		{"CAPACITY_ADVANCE=false", cfg("100/1s", "aligned", false), false},
+		{"no capacity", cfg("", "aligned", true), false},
+		{"bytes", cfg("10MiB/1s", "aligned", true), false},
+		{"ttl windows", cfg("100/1s", "ttl", true), false},
+	} {
+		if got := tt.cfg.advancesBacklog(); got != tt.want {
+			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}

@@ -3,41 +3,71 @@
 -- Contract. After the replay arguments (the last is ARGV[arg_recs+1] when
 -- the call names no source, ARGV[arg_recs+6] otherwise) the call may carry one more
 -- argument, the late argument (absent, or "", for a source batch): a JSON
--- array [take, c_1, ..., c_ntenants] for a batch read back from the first
--- retry tier. c_ti is how many of tenant ti's events are claims: its last
--- c_ti events, each an event that came back inside its reserved slot (the
--- window that holds now). The tenant's other events are late: they missed
--- their slot.
+-- array [take, c_1, ..., c_ntenants, then the claims' due times] for a
+-- batch read back from the first retry tier. c_ti is how many of tenant
+-- ti's events are claims: its last c_ti events, each an event that came
+-- back inside its reserved slot (the window that holds now). The tenant's
+-- other events are late: they missed their slot. The due times (unix ms,
+-- 0 when not known) are each claim's gk-due, tenant by tenant in the
+-- call's order, c_ti for tenant ti.
 --
--- A tenant qualifies when it has one rule, of aligned windows, counting
--- events (no costs), and the call has no capacity: then a slot is one
--- window, and the slot a reservation holds is the window of its due time.
+-- A tenant qualifies when the call has no capacity, its rules count events
+-- (no costs), and either it has one rule of ttl windows (a slot is then a
+-- window of its chain: a chain is never moved before its end, which a
+-- window holding a reservation keeps ahead), or its rules are of aligned
+-- windows and nest in its finest rule, the one with the shortest current window (finest_of: every
+-- boundary of another rule's windows is a boundary of the finest rule's, so
+-- each finest window lies inside one window of every rule; one rule always
+-- nests). Then every due time of a reservation is the start of a finest
+-- window (a search only stops on window boundaries), and the reservation's
+-- slot, until the earliest end of the windows holding its due, is that
+-- finest window: a finest window's count is the slots reserved in it, each
+-- one counted in a window of every rule that holds the whole finest window.
+-- (Rules that do not nest, e.g. 10s and 15s, do not qualify: a 10s window
+-- would then hold slots of two 15s windows, and an event taking "a slot
+-- of the window" might use one counted in the other. Recording takes per
+-- due time would not help without a count of the reservations at each due
+-- time, which nothing records.)
 --
 -- Taking (take = 1). A qualifying tenant's late events that the current
--- window has no room for take, in order, the slots of the tenant's
--- reservations in the earliest full windows before its first window with
--- room that start at least take_margin_ms after now: the window's field
--- "taken" grows by what they take, at most its count minus what was taken
--- there before, and they are deferred to that window (a reservation in the
+-- windows have no room for take, in order, the slots of the tenant's
+-- reservations in the earliest finest windows before its first time when
+-- every rule has room that start at least take_margin_ms after now: they
+-- take at most the window's count less what was taken there, and what
+-- they take is added to the tenant's record of takes (record_key,
+-- limit.TakenSuffix: a hash of takes by due time, living until a minute
+-- after the end of the last window taken in), under the window's start.
+-- They are deferred to that window (a reservation in the
 -- reply whose until is negated, -e: the caller marks the events as having
--- taken their slot, and the replay record keeps it so). The window's count does not move:
--- they use the slots the reservations had counted. What they do not take
--- is reserved as usual, from the first window with room on. Every window
--- read counts against the budget as in reserve (see Budget).
+-- taken their slot, and the replay record keeps it so). No count moves:
+-- they use the slots the reservations had counted, in every rule's window.
+-- What they do not take
+-- is reserved as usual, from where the take scan stopped on. Every window
+-- read counts against the budget as in reserve (see Budget); with several
+-- rules the scan also reads at most take_reads windows, and leaves the
+-- tenants after it their share, as reserve does.
 --
--- Claims. A qualifying tenant's claims that are not in the replay record
--- read the field "taken" of the current window: d = min(taken, claims) of
--- them, the last ones (the latest deferred in the batch), had their slot
--- taken; taken shrinks by d (journaled) and those d are decided after the
+-- Claims. A tenant's claims that are not in the replay record read the
+-- record of takes (claim_pools): the field of their own due time, and,
+-- when the tenant qualifies, the field of its finest window that holds now
+-- (a slot reserved under rules whose finest window was shorter, and taken
+-- under the rules now: their due times differ) and that window's field
+-- "taken" (where an earlier version of this script recorded takes). So a
+-- claim finds the take of its slot whatever the tenant's rules are now: a
+-- change of rules between a take and its claims (a finer rule added, a
+-- byte rule, a capacity) no longer hides it. The last claims first, each
+-- that finds a take there had its slot taken: the take is used up
+-- (journaled), and those d claims are decided after the
 -- tenant's late events, at its first free slot: they take no slot in turn
 -- (a displaced event taking the next window's slot would shift the whole
 -- queue by one, exact but one more deferral per window of backlog: in the
 -- fault suite's mix, 7,568 events took a slot, most of them displaced). The other claims keep their slot: they
 -- are taken out of the call (like replayed events, so a replay checks them
--- again, and finds the same: taken only grows while the window is in the
--- future, and a claim's window holds now) and reported in the reply's
--- replayed list with code 5 (keep: forward uncounted). A tenant that does
--- not qualify keeps all its claims, reading nothing.
+-- again, and finds the same: takes are only added while their window is in
+-- the future, and a claim's window holds now) and reported in the reply's
+-- replayed list with code 5 (keep: forward uncounted). Claims cost one
+-- HMGET of the record per tenant and call, and one HGET of a window for a
+-- qualifying tenant.
 --
 -- take_margin_ms keeps takes off windows about to start, so that a claim of
 -- that window, read by a replica whose clock runs a little ahead, never
@@ -45,9 +75,12 @@
 
 local take_margin_ms = 1000
 
--- The call's late argument: take, and claims per tenant (0: none).
+-- The call's late argument: take, claims per tenant (0: none), and each
+-- tenant's claims' due times (claim_due[ti][j]: its j-th claim's, 0 when
+-- not known).
 local take = false
 local claims = nil
+local claim_due = {}
 -- displaced[ti]: how many of tenant ti's claims had their slot taken (the
 -- last of its events in the call; they do not take slots in turn).
 local displaced = {}
@@ -61,22 +94,183 @@ do
     local v = cjson.decode(a)
     take = v[1] == 1
     claims = {}
+    local q = ntenants + 2
     for ti = 1, ntenants do
       claims[ti] = v[ti + 1] or 0
+      local ds = {}
+      for j = 1, claims[ti] do
+        ds[j] = v[q] or 0
+        q = q + 1
+      end
+      claim_due[ti] = ds
     end
   end
 end
 
--- qualifies reports whether tenant ti (its record at recs[p]) may take or
--- give up slots (see above).
-local function qualifies(ti, p)
-  return ncap == 0 and recs[p] == 1 and not cost_at[ti] and descs[recs[p + 2]].kind ~= "t"
+-- is_bound reports whether time b is a boundary of the windows of
+-- descriptor d (aligned: "a" or "e"); bset is d's boundaries as a set, for
+-- "e" (made by nested).
+local function is_bound(d, bset, b)
+  if d.kind == "a" then
+    return (b - d.base) % d.step == 0
+  end
+  return bset[b] == true
 end
 
--- taken_key is the key of tenant ti's window that holds now (its one rule).
-local function taken_key(ti)
+-- nested reports whether every boundary of descriptor dr's windows, after
+-- the start of df's window that holds now and before the end of df's window
+-- that holds the horizon's end, is a boundary of df's windows: then each
+-- window of df lies inside one window of dr, over every time a take or a
+-- claim of the call may look at. Its work is bounded by the descriptors'
+-- boundaries (the call's arguments), or by as many steps of dr, which is
+-- at least as long as df's current window (see finest_of).
+local function nested(dr, df)
+  if dr.kind == "a" and df.kind == "a" then
+    return dr.step % df.step == 0 and (dr.base - df.base) % df.step == 0
+  end
+  local bset = nil
+  local lim
+  if df.kind == "e" then
+    bset = {}
+    for _, b in ipairs(df.bounds) do
+      bset[b] = true
+    end
+    lim = df.bounds[#df.bounds]
+  else
+    lim = df.base + (math.floor((hend - df.base) / df.step) + 1) * df.step
+  end
+  if dr.kind == "a" then
+    if dr.step < df.cur_end - df.cur_start then
+      return false
+    end
+    local b = dr.cur_start
+    while b < lim do
+      if b > df.cur_start and not is_bound(df, bset, b) then
+        return false
+      end
+      b = b + dr.step
+    end
+    return true
+  end
+  for _, b in ipairs(dr.bounds) do
+    if b > df.cur_start and b < lim and not is_bound(df, bset, b) then
+      return false
+    end
+  end
+  return true
+end
+
+-- finest[set]: the finest rule of a rule set (its descriptor indices, as
+-- "d1,d2,..."), or false when the set's rules do not nest in it.
+local finest = {}
+
+-- finest_of returns, for the tenant whose record is at recs[p], the number
+-- (1-based, in its record's order) of its rule with the shortest current
+-- window when every other rule nests in it (nested), else nil. A window of
+-- that rule then lies inside one window of each other rule: the slot of a
+-- reservation is the finest window of its due time, and the finest window
+-- is all the slots it counts.
+local function finest_of(p)
+  local nrules = recs[p]
+  if nrules == 1 then
+    return 1
+  end
+  local ds = {}
+  for ri = 1, nrules do
+    ds[ri] = recs[p - 1 + 3 * ri]
+  end
+  local set = table.concat(ds, ",")
+  local fi = finest[set]
+  if fi == nil then
+    fi = 1
+    for ri = 2, nrules do
+      local d, f = descs[ds[ri]], descs[ds[fi]]
+      if d.cur_end - d.cur_start < f.cur_end - f.cur_start then
+        fi = ri
+      end
+    end
+    for ri = 1, nrules do
+      if ri ~= fi and not nested(descs[ds[ri]], descs[ds[fi]]) then
+        fi = false
+        break
+      end
+    end
+    finest[set] = fi
+  end
+  return fi or nil
+end
+
+-- qualifies returns, when tenant ti (its record at recs[p]) may take or
+-- give up slots (see above), the number of its finest rule (finest_of),
+-- else nil.
+local function qualifies(ti, p)
+  if ncap > 0 or cost_at[ti] then
+    return nil
+  end
+  for q = p + 2, p - 1 + 3 * recs[p], 3 do
+    if descs[recs[q]].kind == "t" then
+      -- One ttl rule: a slot is a window of its chain (several chains
+      -- start apart).
+      return recs[p] == 1 and 1 or nil
+    end
+  end
+  return finest_of(p)
+end
+
+-- taken_key is the key of tenant ti's window that holds now of its rule
+-- number fi (its finest), and that window's start.
+local function taken_key(ti, fi)
   local p = rec_at[ti]
-  return wkey(KEYS[key_at[ti] + 1], descs[recs[p + 2]].cur_start)
+  local s = descs[recs[p - 1 + 3 * fi]].cur_start
+  return wkey(KEYS[key_at[ti] + fi], s), s
+end
+
+-- record_key is the key of tenant ti's record of takes (limit.TakenSuffix):
+-- its tenant key (a rule key up to its hash tag's closing brace: a counter
+-- holds none) and ":taken".
+local function record_key(ti)
+  return string.match(KEYS[key_at[ti] + 1], "^(.*})") .. ":taken"
+end
+
+-- record_life_ms is how long the record of takes lives past the end of the
+-- last window taken in (as a window key's retention: a clock that lags, a
+-- claim a little late).
+local record_life_ms = 60000
+
+-- claim_pools reads what the claims of tenant ti (fi: its finest rule
+-- when it qualifies, else nil) may find taken: pools[f] for the record's
+-- field f (a due time), and legacy, the field "taken" of its finest window
+-- that holds now (where a take of an earlier version is). It returns the
+-- pools, the record's key, the finest window's key and start (nil without
+-- fi).
+local function claim_pools(ti, fi, dues)
+  local rk = record_key(ti)
+  local fields, seen = {}, {}
+  local wk, ws = nil, nil
+  if fi and descs[recs[rec_at[ti] - 1 + 3 * fi]].kind ~= "t" then
+    -- (A ttl rule: its window that holds now is the chain's, not known
+    -- here; a claim's own due time is its window's start.)
+    wk, ws = taken_key(ti, fi)
+    fields[1], seen[ws] = num(ws), true
+  end
+  for _, d in ipairs(dues) do
+    if d > 0 and not seen[d] then
+      seen[d] = true
+      fields[#fields + 1] = num(d)
+    end
+  end
+  local pools = {}
+  -- A broken key keeps the claims: the tenant's decision meets it.
+  local v = #fields > 0 and redis.pcall("HMGET", rk, unpack(fields))
+  for i, f in ipairs(fields) do
+    pools[f] = type(v) == "table" and not v.err and tonumber(v[i]) or 0
+  end
+  local legacy = 0
+  if wk then
+    local l = redis.pcall("HGET", wk, "taken")
+    legacy = type(l) == "string" and tonumber(l) or 0
+  end
+  return pools, legacy, rk, wk, ws
 end
 
 -- claim_phase decides the claims of every tenant (see Claims): it runs
@@ -98,35 +292,63 @@ local function claim_phase()
     local p = rec_at[ti]
     local n0 = offs and #offs[ti] or recs[p + 1]
     local c = math.min(claims[ti], n0)
-    -- The claims not replayed, and how many of them keep their slot.
-    local live = 0
+    -- The claims not replayed (live), their due times, and which of them
+    -- had their slot taken (gone[j]), the last first.
+    local live, dues = {}, {}
     for j = n0 - c + 1, n0 do
       if not rep_at[pos + j - 1] then
-        live = live + 1
+        live[#live + 1] = j
+        dues[#dues + 1] = claim_due[ti][j - n0 + claims[ti]] or 0
       end
     end
-    local keep = live
-    if live > 0 and qualifies(ti, p) then
-      local key = taken_key(ti)
-      -- A broken key keeps the claims: the tenant's decision meets it.
-      local v = redis.pcall("HGET", key, "taken")
-      local tk = type(v) == "string" and tonumber(v) or 0
-      local d = math.min(tk, live)
-      if d > 0 then
-        redis.call("HINCRBY", key, "taken", -d)
-        note(4, key, {"taken", d})
-        keep = live - d
-        displaced[ti] = d
+    local gone, d = {}, 0
+    if #live > 0 then
+      local fi = qualifies(ti, p)
+      local pools, legacy, rk, wk, ws = claim_pools(ti, fi, dues)
+      local used, used_legacy = {}, 0
+      local own = ws and num(ws)
+      for x = #live, 1, -1 do
+        local f = dues[x] > 0 and num(dues[x]) or own
+        if f and pools[f] > 0 then
+          pools[f] = pools[f] - 1
+        elseif own and pools[own] > 0 then
+          f = own
+          pools[own] = pools[own] - 1
+        elseif legacy > 0 then
+          f, legacy, used_legacy = false, legacy - 1, used_legacy + 1
+        else
+          f = nil
+        end
+        if f ~= nil then
+          gone[live[x]] = true
+          d = d + 1
+          if f then
+            used[f] = (used[f] or 0) + 1
+          end
+        end
+      end
+      for f, k in pairs(used) do
+        cur = rk
+        redis.call("HINCRBY", rk, f, -k)
+        note(4, rk, {f, k})
+      end
+      if used_legacy > 0 then
+        cur = wk
+        redis.call("HINCRBY", wk, "taken", -used_legacy)
+        note(4, wk, {"taken", used_legacy})
       end
     end
-    local l, k = {}, 0
+    if d > 0 then
+      displaced[ti] = d
+    end
+    local keep = #live - d
+    local l = {}
     for j = 1, n0 do
       local at = pos + j - 1
       local ri = rep_at[at]
       if ri then
         rep[#rep + 1], rep[#rep + 2], rep[#rep + 3], rep[#rep + 4] = at, replayed[ri + 1], replayed[ri + 2], replayed[ri + 3]
-      elseif j > n0 - c and k < keep then
-        k = k + 1
+      elseif j > n0 - c and not gone[j] then
         rep[#rep + 1], rep[#rep + 2], rep[#rep + 3], rep[#rep + 4] = at, 5, 0, 0
       elseif offs then
         l[#l + 1] = offs[ti][j]
@@ -154,47 +376,127 @@ local function claim_phase()
   end
 end
 
+-- take_reads is the most windows a take scan of a tenant with several
+-- rules reads that the call had not read (besides the budget and what it
+-- leaves to the tenants after it, keep: see Budget), so that its search
+-- keeps most of the budget. The search jumps over a full window of a
+-- coarser rule with one read; the take scan walks the finest rule's
+-- windows in it, which hold the slots (a full coarser window that holds
+-- now cannot be skipped: the part of its count in finest windows ahead is
+-- not known). 128 walks the rest of a full minute of a 1s rule, of an hour
+-- of a 1m rule, or of a day of a 1h rule, twice over.
+local take_reads = 128
+
+-- take_left: the reads the running take scan of a tenant with several
+-- rules may still take (take_reads).
+local take_left = 0
+
+-- take_read returns the count of rule r's window starting at rs, counting
+-- a read the call had not made against the budget (and, for a tenant with
+-- several rules, against take_left and what it leaves to the tenants after
+-- it, keep), or nil when the scan may read it no more.
+local function take_read(r, rs, several, keep)
+  local key = wkey(r.key, rs)
+  if counts[key] == nil then
+    if budget < 1 or (several and (take_left < 1 or budget <= keep)) then
+      return nil
+    end
+    budget, take_left = budget - 1, take_left - 1
+  end
+  return count_of(key)
+end
+
+-- coarser returns, for the finest window [s, e) at t of a tenant's rules
+-- (fi: the finest; c: that window's count), whether every other rule has
+-- room at t, and where the scan goes on: e, or the end of a full window of
+-- a coarser rule that starts at first or later once the finest windows
+-- read in it (seen_at, seen: per rule, its window's start and their count)
+-- count as much as it does; nil when the scan may read no more.
+local function coarser(rules, fi, t, e, c, first, seen_at, seen, several, keep)
+  local room, next_t = true, e
+  for ri, r in ipairs(rules) do
+    if ri ~= fi then
+      local rs, re = win(r, t)
+      local cr = rs and take_read(r, rs, several, keep)
+      if not cr then
+        return nil
+      end
+      if seen_at[ri] ~= rs then
+        seen_at[ri], seen[ri] = rs, 0
+      end
+      seen[ri] = seen[ri] + c
+      if cr >= r.limit then
+        room = false
+        if rs >= first and seen[ri] >= cr and re > next_t then
+          next_t = re
+        end
+      end
+    end
+  end
+  return room, next_t
+end
+
 -- take_slots gives the late events of tenant ti (rest of them, the pos-th
 -- on, after admission; not its displaced claims, which follow them) the
--- slots of the tenant's reservations in the full windows from first on
--- (see Taking). It returns the takes (due, count,
--- until each, as reserve's), what is left, and where reserve goes on.
-local function take_slots(ti, rules, rest, first, pos)
+-- slots of the tenant's reservations in its finest rule's windows from
+-- first on, before its first time when every rule has room (see Taking).
+-- A finest window is skipped without a read once the finest windows read
+-- in a full window of a coarser rule that starts at first or later count
+-- as much as that window: the rest of it holds no slot. It returns the
+-- takes (due, count, until each, as reserve's), what is left, and where
+-- reserve goes on.
+local function take_slots(ti, rules, rest, first, pos, keep)
   rest = math.min(rest, recs[rec_at[ti] + 1] - (displaced[ti] or 0) - pos + 1)
-  if not take or rest < 1 or not qualifies(ti, rec_at[ti]) then
+  local fi = take and rest > 0 and qualifies(ti, rec_at[ti])
+  if not fi then
     return none, rest, first
   end
-  local r = rules[1]
+  local f = rules[fi]
+  local several = #rules > 1
+  take_left = take_reads
+  local seen_at, seen = {}, {}
   local res = {}
+  local rk = nil -- the record of takes' key
   local t = first
   while rest > 0 and t <= hend do
-    local s, e = win(r, t)
-    if not s then
+    local s, e = win(f, t)
+    local c = s and take_read(f, s, several, keep)
+    if not c then
       break
     end
-    local key = wkey(r.key, s)
-    if counts[key] == nil then
-      if budget < 1 then
+    local room, next_t = c < f.limit, e
+    if several then
+      local others
+      others, next_t = coarser(rules, fi, t, e, c, first, seen_at, seen, several, keep)
+      if others == nil then
         break
       end
-      budget = budget - 1
+      room = room and others
     end
-    local c = count_of(key)
-    if c < r.limit then
+    if room then
       break -- room: reserve goes on from here
     end
-    if s >= now + take_margin_ms then
+    if s >= now + take_margin_ms and c > 0 then
+      -- What was taken there: in the record, and in the window by an
+      -- earlier version.
+      local key, fs = wkey(f.key, s), num(s)
       cur = key
       local tk = tonumber(redis.call("HGET", key, "taken")) or 0
+      rk = rk or record_key(ti)
+      cur = rk
+      tk = tk + (tonumber(redis.call("HGET", rk, fs)) or 0)
       local k = math.min(rest, c - tk)
       if k > 0 then
-        redis.call("HINCRBY", key, "taken", k)
-        note(4, key, {"taken", -k})
+        redis.call("HINCRBY", rk, fs, k)
+        note(4, rk, {fs, -k})
+        if redis.call("PTTL", rk) < e - now + record_life_ms then
+          redis.call("PEXPIRE", rk, num(e - now + record_life_ms))
+        end
         res[#res + 1], res[#res + 2], res[#res + 3] = s, k, -e
         rest, pos = rest - k, pos + k
       end
     end
-    t = e
+    t = next_t
   end
   return res, rest, t
 end

@@ -65,7 +65,7 @@ local function decide(ti, n, c, costs)
   -- the tenants after it their near reads (see Budget).
   local keep = math.min(keep_most, near * (ntenants - ti))
   -- Late events first take the slots of later reservations (85_late.lua).
-  local took, left, from = take_slots(ti, rules, n - admitted, first, admitted + 1)
+  local took, left, from = take_slots(ti, rules, n - admitted, first, admitted + 1, keep)
   local taken = 0
   for i = 2, #took, 3 do
     taken = taken + took[i]
