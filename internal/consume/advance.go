@@ -27,6 +27,14 @@ type Advancer interface {
 	Advance(ctx context.Context, b Batch) []bool
 }
 
+// AdvanceWanter is an Advancer that says beforehand whether an offer at now
+// could let anything go: when it says no, the partition builds no offer
+// (route.Retrier: before the capacity window's ramp, or while another
+// partition's offer is recent).
+type AdvanceWanter interface {
+	AdvanceWanted(now time.Time) bool
+}
+
 // advanceDue reports whether the partition offers its waiting messages to
 // the Advancer now.
 func (r *delayedRun) advanceDue(now time.Time) bool {
@@ -37,6 +45,9 @@ func (r *delayedRun) advanceDue(now time.Time) bool {
 // releases at once those it lets go.
 func (r *delayedRun) advance(hctx context.Context, now time.Time) {
 	r.advanceAt = now.Add(r.c.AdvanceEvery)
+	if w, ok := r.c.Advance.(AdvanceWanter); ok && !w.AdvanceWanted(now) {
+		return
+	}
 	n := min(r.h.Len(), r.p.cfg.BatchSize)
 	head := make([]waiting, 0, n)
 	for len(head) < n {

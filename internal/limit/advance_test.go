@@ -69,6 +69,7 @@ func backlogOf(t *testing.T, advance bool, limits string, until int, plan func(s
 	rdb := privateRedis(t)
 	m := newWorkMeter(t, rdb)
 	l := newTestLimiter(t, rdb, limits, Options{Clock: clk.Now, Capacity: c, Horizon: 2 * time.Minute})
+	l.advanceEvery = 0 // a call at each offer, 20 a second, and its replay
 	own := l.Rules().For("b")[0]
 	ctx := context.Background()
 	start := clk.Now()
@@ -333,6 +334,7 @@ func TestAdvanceBounded(t *testing.T) {
 	m := newWorkMeter(t, rdb)
 	const budget = 256
 	l := newTestLimiter(t, rdb, "*=100/1s", Options{Clock: clk.Now, Capacity: c, Horizon: time.Minute, MaxScan: budget})
+	l.advanceEvery = 0
 	ctx := context.Background()
 	start := clk.Now()
 	waiting := map[string][]Waiting{}
@@ -380,5 +382,55 @@ func TestAdvanceBounded(t *testing.T) {
 		if count, _, _ := capWindow(t, l, c[0], start.Add(time.Duration(sec)*time.Second)); count > c[0].Limit {
 			t.Errorf("second %d: %d booked, over the capacity", sec, count)
 		}
+	}
+}
+
+// TestAdvanceOneCallPerInterval: a Limiter makes at most one Advance call
+// per AdvanceEvery for all the partitions that offer, and none before the
+// capacity window's ramp: offers in between make no script call.
+func TestAdvanceOneCallPerInterval(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("100/1s")
+	rdb := privateRedis(t)
+	m := newWorkMeter(t, rdb)
+	l := newTestLimiter(t, rdb, "*=1000/1s", Options{Clock: clk.Now, Capacity: c, Horizon: time.Minute})
+	ctx := context.Background()
+	offer := func(part int) {
+		t.Helper()
+		ws := []Waiting{{Tenant: "b", Offset: int64(part), Due: clk.Now().Add(5 * time.Second)}}
+		if _, err := l.Advance(ctx, Source{Topic: "retry", Partition: part}, ws); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := func() int64 { return m.calls("evalsha") + m.calls("eval") }
+	clk.Add(200 * time.Millisecond) // before the ramp (half the window)
+	if l.AdvanceWanted(clk.Now()) {
+		t.Errorf("before the ramp: AdvanceWanted true, want false")
+	}
+	m.reset()
+	offer(0)
+	if n := calls(); n != 0 {
+		t.Errorf("before the ramp: %d script calls, want 0", n)
+	}
+	clk.Add(400 * time.Millisecond) // in the ramp
+	if !l.AdvanceWanted(clk.Now()) {
+		t.Fatalf("in the ramp: AdvanceWanted false, want true")
+	}
+	m.reset()
+	for part := range 6 { // six partitions offer at once
+		offer(part)
+	}
+	if n := calls(); n != 1 {
+		t.Errorf("six offers at once: %d script calls, want 1", n)
+	}
+	if l.AdvanceWanted(clk.Now().Add(AdvanceEvery - time.Millisecond)) {
+		t.Errorf("within AdvanceEvery of the last call: AdvanceWanted true, want false")
+	}
+	clk.Add(AdvanceEvery)
+	m.reset()
+	offer(1)
+	offer(2)
+	if n := calls(); n != 1 {
+		t.Errorf("two offers AdvanceEvery later: %d script calls, want 1", n)
 	}
 }

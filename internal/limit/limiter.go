@@ -119,6 +119,12 @@ type Limiter struct {
 	states *stateCache
 	sent   sentOffsets
 
+	// advNext is when this Limiter may make its next Advance call (unix
+	// ns; advance.go: one call per advanceEvery, AdvanceEvery but in
+	// tests, for all partitions).
+	advNext      atomic.Int64
+	advanceEvery time.Duration
+
 	// replayBound bounds each replay record (ReplayRecordBytes; tests
 	// lower it); drop and sweep delete Cluster records once commits pass
 	// them (replaySweep).
@@ -187,14 +193,15 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		return nil, err
 	}
 	l := &Limiter{
-		rdb:     rdb,
-		cluster: cluster,
-		opts:    opts,
-		keys:    keys{prefix: opts.Prefix, kind: opts.WindowKind, scope: opts.ReplayScope},
-		admit:   redis.NewScript(lua.Admit),
-		get:     redis.NewScript(lua.AlignedGet),
-		release: redis.NewScript(lua.Release),
-		drop:    redis.NewScript(lua.ReplayDrop),
+		advanceEvery: AdvanceEvery,
+		rdb:          rdb,
+		cluster:      cluster,
+		opts:         opts,
+		keys:         keys{prefix: opts.Prefix, kind: opts.WindowKind, scope: opts.ReplayScope},
+		admit:        redis.NewScript(lua.Admit),
+		get:          redis.NewScript(lua.AlignedGet),
+		release:      redis.NewScript(lua.Release),
+		drop:         redis.NewScript(lua.ReplayDrop),
 
 		replayBound: ReplayRecordBytes,
 	}

@@ -84,6 +84,9 @@ func (r *Retrier) Advance(ctx context.Context, b consume.Batch) []bool {
 		return nil
 	}
 	now := r.now()
+	if !r.AdvanceWanted(now) {
+		return nil // nothing could move: no call
+	}
 	var events []limit.Waiting
 	var idx []int
 	for i, m := range b.Messages {
@@ -115,6 +118,15 @@ func (r *Retrier) Advance(ctx context.Context, b consume.Batch) []bool {
 		}
 	}
 	return out
+}
+
+// AdvanceWanted implements consume.AdvanceWanter: false when an offer at now
+// could move nothing, so that none is built (the Admitter's AdvanceWanted,
+// limit.Limiter.AdvanceWanted: before the capacity window's ramp, or while
+// its last call is recent); true when the Admitter does not say.
+func (r *Retrier) AdvanceWanted(now time.Time) bool {
+	w, ok := r.Admitter.(interface{ AdvanceWanted(time.Time) bool })
+	return !ok || w.AdvanceWanted(now)
 }
 
 // forwardAdvanced sets b.items[i] when m, before its due time, had its
