@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"slices"
-	"strconv"
 	"time"
 )
 
@@ -129,22 +128,8 @@ func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) ([]
 // advanceArg returns admit.lua's advance argument for the call over groups:
 // "A" and, per tenant, the due times of its events (87_advance.lua).
 func advanceArg(groups []*group, adv *advanceCall) string {
-	b := make([]byte, 0, 2+16*len(adv.due))
-	b = append(b, 'A', '[')
-	for gi, g := range groups {
-		if gi > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, '[')
-		for j, i := range g.idx {
-			if j > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendInt(b, adv.due[i], 10)
-		}
-		b = append(b, ']')
-	}
-	return string(append(b, ']'))
+	b := append(make([]byte, 0, 2+16*len(adv.due)), 'A')
+	return string(appendPerGroup(b, groups, func(i int) int64 { return adv.due[i] }))
 }
 
 // AdvanceEvery is the least time between two Advance calls of one Limiter,

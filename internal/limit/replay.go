@@ -129,24 +129,29 @@ func (l *Limiter) replayArgs(ks, av []any, groups []*group, src positions, b *ca
 	}
 	// Offsets minus lo, one array per tenant: short numbers, and the
 	// script finds each tenant's without the tenants' records.
-	offs := b.offs[:0]
-	offs = append(offs, '[')
-	for gi, g := range groups {
-		if gi > 0 {
-			offs = append(offs, ',')
-		}
-		offs = append(offs, '[')
-		for j, i := range g.idx {
-			if j > 0 {
-				offs = append(offs, ',')
-			}
-			offs = strconv.AppendInt(offs, src.offsets[i]-lo, 10)
-		}
-		offs = append(offs, ']')
-	}
-	offs = append(offs, ']')
+	offs := appendPerGroup(b.offs[:0], groups, func(i int) int64 { return src.offsets[i] - lo })
 	b.offs = offs
 	return ks, append(av, src.Low, ReplayRecordTTL.Milliseconds(), lo, hi, offs, l.replayBound)
+}
+
+// appendPerGroup appends to b a JSON array with one array per group: v(i)
+// of each of the group's events i, in the group's order.
+func appendPerGroup(b []byte, groups []*group, v func(i int) int64) []byte {
+	b = append(b, '[')
+	for gi, g := range groups {
+		if gi > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '[')
+		for j, i := range g.idx {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, v(i), 10)
+		}
+		b = append(b, ']')
+	}
+	return append(b, ']')
 }
 
 // checkSource reports a source with a negative offset.
