@@ -434,3 +434,79 @@ func TestAdvanceOneCallPerInterval(t *testing.T) {
 		t.Errorf("two offers AdvanceEvery later: %d script calls, want 1", n)
 	}
 }
+
+// TestAdvancedEventClaimedAgain: an event whose booking Advance moved, and
+// that its replica then never forwarded (it crashed between the call and the
+// write), comes back to the next owner at its old due time as a claim of its
+// old slot, which the move freed. Checked (AdmitLate, as the Retrier does
+// with AdvanceBacklog), it gets the move's decision back from the replay
+// record, an admission already counted: nothing is counted again, and it is
+// not taken for a claim of a slot it no longer holds.
+func TestAdvancedEventClaimedAgain(t *testing.T) {
+	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	c, _ := ParseCapacity("100/1s")
+	rdb := privateRedis(t)
+	l := newTestLimiter(t, rdb, "b=150/1s", Options{Clock: clk.Now, Capacity: c, Horizon: 2 * time.Minute})
+	l.advanceEvery = 0
+	ctx := context.Background()
+	retry := Source{Topic: "retry", Partition: 0}
+	start := clk.Now()
+	// b floods 300 in second 0: 100 admitted, the rest deferred ahead.
+	batch := make([]string, 300)
+	for i := range batch {
+		batch[i] = "b"
+	}
+	ds, err := l.Admit(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var waiting []Waiting
+	for _, d := range ds {
+		if d.Kind == Defer {
+			waiting = append(waiting, Waiting{Tenant: "b", Offset: int64(len(waiting)), Due: d.Due})
+		}
+	}
+	if len(waiting) == 0 {
+		t.Fatal("nothing deferred")
+	}
+	// From second 2 on nothing new comes: offer the head of the backlog in
+	// the second half of each second until one moves.
+	var moved Waiting
+	for sec := 2; sec < 10 && moved.Tenant == ""; sec++ {
+		clk.Set(start.Add(time.Duration(sec)*time.Second + 600*time.Millisecond))
+		var head []Waiting // the events still ahead: the tier's waiting ones
+		for _, w := range waiting {
+			if w.Due.After(clk.Now()) && len(head) < 20 {
+				head = append(head, w)
+			}
+		}
+		mv, err := l.Advance(ctx, retry, head)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range head {
+			if mv[i] {
+				moved = head[i]
+				break
+			}
+		}
+	}
+	if moved.Tenant == "" {
+		t.Fatal("no waiting event moved")
+	}
+	// The mover crashed before the write. At its old due time the event is
+	// inside its old slot, and the next owner checks it as a claim.
+	clk.Set(moved.Due.Add(10 * time.Millisecond))
+	slotCount, _, _ := capWindow(t, l, c[0], moved.Due.Truncate(time.Second))
+	got, err := l.AdmitLate(ctx, retry, []Event{{Tenant: "b", Offset: moved.Offset, InSlot: true, Due: moved.Due}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, _, _ := capWindow(t, l, c[0], moved.Due.Truncate(time.Second))
+	if len(got) != 1 || got[0].Kind != Admit {
+		t.Errorf("the moved event checked again at its old slot: got %+v, want its admission back (counted when it moved)", got)
+	}
+	if after != slotCount {
+		t.Errorf("its old slot's capacity window: %d before the check, %d after, want no change", slotCount, after)
+	}
+}

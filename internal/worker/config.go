@@ -191,7 +191,7 @@ type RetryConfig struct {
 	// CapacityAdvance: with a capacity of events on aligned windows, the
 	// retry tiers move waiting deferred events into the capacity's idle
 	// room (route.Retrier.AdvanceBacklog, #24).
-	CapacityAdvance bool `split_words:"true" default:"true" desc:"with a CAPACITY of events and aligned windows, the retry tiers move waiting deferred events into the current window when the capacity has room nobody is expected to take, so that a backlog drains at the capacity (false: they wait for their reserved slots, at about half of it). Set false on every replica while rolling from a release without it"`
+	CapacityAdvance bool `split_words:"true" default:"true" desc:"with a CAPACITY of events and aligned windows, the retry tiers move waiting deferred events into the current window when the capacity has room nobody is expected to take, so that a backlog drains at the capacity (false: they wait for their reserved slots, at about half of it). With it the first retry tier checks the events back in their slot, one Redis call per batch, as LATE_TAKES_SLOTS=check does. Set false on every replica while rolling from a release without it"`
 }
 
 // BoundsConfig is the Bounds group of Config: the bounds of batches, records and the limiter's memory.

@@ -298,6 +298,19 @@ func (c Config) advancesBacklog() bool {
 		limit.WindowKind(c.Window) == limit.Aligned
 }
 
+// checksClaims says whether the first retry tier checks the events that
+// come back inside their slot (claims) with one admit call per batch: with
+// LATE_TAKES_SLOTS check or on, and whenever the backlog's moves are on. A
+// moved event whose replica crashed before forwarding it comes back to the
+// next owner at its old due time, inside the old slot the move freed; the
+// check finds the move in the replay record (an admission already counted)
+// where an unchecked claim would be forwarded uncounted, one over that
+// slot's window if the freed slot was booked again
+// (limit.TestAdvancedEventClaimedAgain).
+func (c Config) checksClaims() bool {
+	return c.LateTakesSlots != lateOff || c.advancesBacklog()
+}
+
 func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumerGroup, error) {
 	cfg := p.Config
 	if !cfg.HasRole(route.RoleRetry) {
@@ -308,7 +321,7 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 		return nil, err
 	}
 	spec := route.Retrier{Admission: adm, MaxAttempts: cfg.MaxAttempts,
-		CheckClaims: cfg.LateTakesSlots != lateOff, TakeSlots: cfg.LateTakesSlots == lateOn}
+		CheckClaims: cfg.checksClaims(), TakeSlots: cfg.LateTakesSlots == lateOn}
 	if p.Live != nil && p.Live.Expediter != nil {
 		spec.Expedited = p.Live.Expediter.Expedited
 	}

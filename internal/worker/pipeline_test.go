@@ -72,5 +72,15 @@ func TestAdvancesBacklog(t *testing.T) {
 		if got := tt.cfg.advancesBacklog(); got != tt.want {
 			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
 		}
+		// With the moves on, claims are checked (a moved event handled
+		// again after a crash); otherwise only as LATE_TAKES_SLOTS says.
+		tt.cfg.LateTakesSlots = lateOff
+		if got := tt.cfg.checksClaims(); got != tt.want {
+			t.Errorf("%s, LATE_TAKES_SLOTS=off: claims checked %v, want %v", tt.name, got, tt.want)
+		}
+		tt.cfg.LateTakesSlots = lateCheck
+		if !tt.cfg.checksClaims() {
+			t.Errorf("%s, LATE_TAKES_SLOTS=check: claims not checked", tt.name)
+		}
 	}
 }
