@@ -54,13 +54,7 @@ func TestDelayedAdvance(t *testing.T) {
 			return nil
 		})}
 	dc = dc.withDefaults()
-	stop, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		p.runDelayed(&dc, stop, context.Background())
-	}()
-	defer func() { cancel(); <-done }()
+	runDelayedUntilCleanup(t, p, &dc)
 	state := func() (o [][]int64, r []int64, m int) {
 		mu.Lock()
 		defer mu.Unlock()

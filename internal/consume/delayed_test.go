@@ -317,13 +317,7 @@ func TestDelayedLatenessIncludesHandling(t *testing.T) {
 			late = append(late, d)
 		},
 	}
-	stop, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		p.runDelayed(&dc, stop, context.Background())
-	}()
-	defer func() { cancel(); <-done }()
+	runDelayedUntilCleanup(t, p, &dc)
 
 	eventually(t, 5*time.Second, "committed", func() bool { return len(c.get()) > 0 })
 	mu.Lock()
@@ -363,13 +357,7 @@ func TestDelayedHandsReleaseNotes(t *testing.T) {
 		return Release{At: releaseAtHeader(m), Note: fmt.Sprintf("note of %d", m.Offset)}
 	}}
 	dc = dc.withDefaults()
-	stop, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		p.runDelayed(&dc, stop, context.Background())
-	}()
-	defer func() { cancel(); <-done }()
+	runDelayedUntilCleanup(t, p, &dc)
 	eventually(t, 5*time.Second, "every message handed over", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
@@ -413,16 +401,22 @@ func TestDelayedRetriesCommitWhileBatchFails(t *testing.T) {
 		return c.commit(oc)
 	}
 	dc := DelayedConfig{Config: *p.cfg, ReleaseAt: releaseByHeader}.withDefaults()
-	stop, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		p.runDelayed(&dc, stop, context.Background())
-	}()
-	defer func() { cancel(); <-done }()
+	runDelayedUntilCleanup(t, p, &dc)
 	eventually(t, 5*time.Second, "the first messages handled", func() bool { return handled.Load() == 4 })
 	for _, m := range msgs(4, 8) {
 		f.ch <- withRelease(m, t0)
 	}
 	eventually(t, 5*time.Second, "the messages after the failed commit handled", func() bool { return handled.Load() == 8 })
+}
+
+// runDelayedUntilCleanup runs p's delayed loop with dc until the test ends.
+func runDelayedUntilCleanup(t *testing.T, p *partition, dc *DelayedConfig) {
+	t.Helper()
+	stop, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.runDelayed(dc, stop, context.Background())
+	}()
+	t.Cleanup(func() { cancel(); <-done })
 }
