@@ -249,16 +249,7 @@ func TestBoundedLateTakeRules(t *testing.T) {
 	if _, err := p.Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
-	evs := make([]Event, boundedBatch)
-	for i := range evs {
-		evs[i] = Event{Tenant: "hot", Offset: int64(i)}
-	}
-	m.reset()
-	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, evs, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.check("500 late events, 1/1s and 60/1m, every slot ahead taken", 1, int64(DefaultMaxScan)+2)
+	ds := lateHotBatch(t, l, m, "500 late events, 1/1s and 60/1m, every slot ahead taken", int64(DefaultMaxScan)+2)
 	for i, d := range ds {
 		if d.Kind != Defer || d.Took || !d.Due.Equal(d.Until) {
 			t.Fatalf("event %d: got %+v, want deferred unreserved to where the search stopped", i, d)

@@ -178,16 +178,7 @@ func TestBoundedLateTake(t *testing.T) {
 	if _, err := p.Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
-	evs := make([]Event, boundedBatch)
-	for i := range evs {
-		evs[i] = Event{Tenant: "hot", Offset: int64(i)}
-	}
-	m.reset()
-	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, evs, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.check("500 late events, every slot ahead taken", 1, int64(DefaultMaxScan)+1)
+	ds := lateHotBatch(t, l, m, "500 late events, every slot ahead taken", int64(DefaultMaxScan)+1)
 	stop := t0.Add(time.Duration(DefaultMaxScan+1) * time.Second)
 	for i, d := range ds {
 		if d.Kind != Defer || d.Took || !d.Due.Equal(d.Until) || d.Due.After(stop) || !d.Due.After(t0) {
@@ -208,4 +199,22 @@ func TestBoundedLateTake(t *testing.T) {
 			t.Fatalf("window t0+%ds: count %v taken %v, want 1 and 1", i, v[0], v[1])
 		}
 	}
+}
+
+// lateHotBatch decides boundedBatch late events of tenant "hot" in one
+// AdmitLate call that may take slots, and checks with m that it was one
+// script call of at most reads window reads (the bounded-take tests).
+func lateHotBatch(t *testing.T, l *Limiter, m *workMeter, what string, reads int64) []Decision {
+	t.Helper()
+	evs := make([]Event, boundedBatch)
+	for i := range evs {
+		evs[i] = Event{Tenant: "hot", Offset: int64(i)}
+	}
+	m.reset()
+	ds, err := l.AdmitLate(context.Background(), Source{Topic: "events.retry"}, evs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.check(what, 1, reads)
+	return ds
 }
