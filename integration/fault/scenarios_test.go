@@ -251,9 +251,23 @@ func brokerRestart(r *run, at time.Duration) dupParams {
 	// kafka.sh returns once a tool it starts (a JVM) has had an answer, one
 	// to several seconds after the broker answers a client: the time the
 	// broker first answers is kept too ("kafka answering").
+	// Between the two, the broker may answer ApiVersions while its
+	// partitions and group coordinators are still loading: the time it first
+	// serves every partition of the flow and both groups is kept as well
+	// ("kafka serving the flow"), the earliest any gatekeeper could forward.
 	actx, acancel := context.WithCancel(ctx)
-	answered := make(chan time.Time, 1)
-	go func() { answered <- firstAnswer(actx, kafkaAddr()) }()
+	answered, serving := make(chan time.Time, 1), make(chan time.Time, 1)
+	go func() {
+		at := firstAnswer(actx, kafkaAddr())
+		answered <- at
+		if at.IsZero() {
+			serving <- at
+			return
+		}
+		sctx, scancel := context.WithTimeout(ctx, time.Minute)
+		defer scancel()
+		serving <- flowServed(sctx, kafkaAddr(), r.flow)
+	}()
 	if out, err := servers.broker.script(ctx, "start"); err != nil {
 		acancel()
 		r.t.Fatalf("%v\n%s", err, out)
@@ -264,6 +278,11 @@ func brokerRestart(r *run, at time.Duration) dupParams {
 		r.markBackAt("kafka answering", at)
 		r.t.Logf("fault: broker answered a client at %s, %v before kafka.sh returned", at.UTC().Format("15:04:05.000"),
 			time.Since(at).Round(10*time.Millisecond))
+		if sv := <-serving; !sv.IsZero() {
+			r.markBackAt("kafka serving the flow", sv)
+			r.t.Logf("fault: broker served every partition and group of the flow at %s, %v after its first answer",
+				sv.UTC().Format("15:04:05.000"), sv.Sub(at).Round(10*time.Millisecond))
+		}
 	}
 	r.t.Logf("fault: broker serving again (+%v)", r.since())
 	return dupParams{SourceOwned: sourcePartitions, RetryOwned: retryPartitions, BatchSize: batchSize}
@@ -282,6 +301,58 @@ func firstAnswer(ctx context.Context, addr string) time.Time {
 			if err == nil {
 				return time.Now()
 			}
+		}
+		select {
+		case <-ctx.Done():
+			return time.Time{}
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// flowServed returns when the broker at addr first serves the flow: every
+// partition of its downstream, retry tier and dead letter topics answers
+// ListOffsets at its leader, and the offsets of its group and retry group
+// can be fetched (their coordinators have loaded them), tried every 50ms
+// with a 1s timeout each; or the zero time when ctx ends first.
+func flowServed(ctx context.Context, addr string, f flow) time.Time {
+	topics := append([]string{f.Downstream, f.DLQ}, f.Tiers()...)
+	ask := map[string][]kafka.OffsetRequest{}
+	for _, topic := range topics {
+		for p := range tierPartitions {
+			ask[topic] = append(ask[topic], kafka.LastOffsetOf(p))
+		}
+	}
+	c := &kafka.Client{Addr: kafka.TCP(addr), Timeout: time.Second}
+	served := func() bool {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		res, err := c.ListOffsets(cctx, &kafka.ListOffsetsRequest{Topics: ask})
+		if err != nil {
+			return false
+		}
+		for _, topic := range topics {
+			ps := res.Topics[topic]
+			if len(ps) != tierPartitions {
+				return false
+			}
+			for _, p := range ps {
+				if p.Error != nil {
+					return false
+				}
+			}
+		}
+		for _, g := range []string{f.Group, f.RetryGroup()} {
+			res, err := c.OffsetFetch(cctx, &kafka.OffsetFetchRequest{GroupID: g, Topics: map[string][]int{f.Retry: {0}}})
+			if err != nil || res.Error != nil {
+				return false
+			}
+		}
+		return true
+	}
+	for {
+		if served() {
+			return time.Now()
 		}
 		select {
 		case <-ctx.Done():
