@@ -32,7 +32,8 @@ type advanceCall struct {
 // what its satisfied tenants other than the event's are still expected to
 // ask there). A moved event's booking leaves its slot's windows (their
 // counts go down by one, the capacity's too) and is counted in the current
-// windows; the caller forwards it now, with gk-due rewritten to now. The
+// windows; the caller forwards it now, with gk-due rewritten to at, the
+// time the call counted the moves at (its clock, in the windows of at). The
 // result is index-aligned with events: true for a moved event. An event
 // that does not move keeps its slot, and so do the later events of its
 // tenant in the call (a tenant's events leave in order).
@@ -48,16 +49,16 @@ type advanceCall struct {
 // tenants whose rules count events; otherwise Advance returns without a
 // Redis call and nothing moves. A non-nil error means
 // Redis trouble and nothing moved.
-func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) ([]bool, error) {
-	moved := make([]bool, len(events))
+func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) (moved []bool, at time.Time, err error) {
+	moved = make([]bool, len(events))
 	if len(events) == 0 || len(l.opts.Capacity) == 0 || l.opts.WindowKind != Aligned || l.opts.Capacity.Measure() != Events {
-		return moved, nil
+		return moved, at, nil
 	}
 	// The script moves nothing before the ramp's start in every capacity
 	// window (idle in 87_advance.lua): no call then.
 	now := l.opts.Clock()
 	if !l.AdvanceWanted(now) || !l.takeAdvance(now) {
-		return moved, nil
+		return moved, at, nil
 	}
 	// Each tenant's events in due order (groups keeps the order within a
 	// tenant): the script moves a tenant's head first.
@@ -74,26 +75,26 @@ func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) ([]
 	s := getScratch()
 	defer s.release()
 	s.tenants = grow(s.tenants, len(events))
-	at := positions{Source: src}
+	pos := positions{Source: src}
 	if src.Topic != "" {
 		s.offsets = grow(s.offsets, len(events))
-		at.offsets = s.offsets
+		pos.offsets = s.offsets
 	}
 	adv := &advanceCall{due: make([]int64, len(events))}
 	for j, i := range order {
 		s.tenants[j] = events[i].Tenant
 		adv.due[j] = events[i].Due.UnixMilli()
-		if at.offsets != nil {
-			at.offsets[j] = events[i].Offset
+		if pos.offsets != nil {
+			pos.offsets[j] = events[i].Offset
 		}
 	}
-	at.advance = adv
-	if err := checkSource(at); err != nil {
-		return nil, err
+	pos.advance = adv
+	if err := checkSource(pos); err != nil {
+		return nil, at, err
 	}
 	groups, err := l.groups(s, s.tenants, false)
 	if err != nil {
-		return nil, err
+		return nil, at, err
 	}
 	var calls []*group
 	l.mu.Lock()
@@ -107,22 +108,22 @@ func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) ([]
 	}
 	l.mu.Unlock()
 	if len(calls) == 0 {
-		return moved, nil
+		return moved, at, nil
 	}
-	replies, err := l.call(ctx, s, now, calls, at, now.Add(l.opts.Horizon))
+	replies, err := l.call(ctx, s, now, calls, pos, now.Add(l.opts.Horizon))
 	if err != nil {
-		return nil, err
+		return nil, at, err
 	}
 	ds := make([]Decision, len(events))
 	for j, g := range calls {
 		if err := l.apply(g, replies[j], now, ds, false); err != nil {
-			return nil, err
+			return nil, at, err
 		}
 	}
 	for j, i := range order {
 		moved[i] = ds[j].Kind == Admit
 	}
-	return moved, nil
+	return moved, now, nil
 }
 
 // advanceArg returns admit.lua's advance argument for the call over groups:

@@ -140,9 +140,12 @@ func backlogOf(t *testing.T, advance bool, limits string, until int, plan func(s
 			ws[i] = Waiting{Tenant: w.tenant, Offset: w.off, Due: w.due}
 		}
 		calls0, reads0 := m.calls("evalsha")+m.calls("eval"), m.calls("hmget")
-		moved, err := l.Advance(ctx, retry, ws)
+		moved, at, err := l.Advance(ctx, retry, ws)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if slices.Contains(moved, true) && !at.Equal(now) {
+			t.Errorf("second %d: moves counted at %v, want the call's clock %v", sec, at, now)
 		}
 		calls, reads := m.calls("evalsha")+m.calls("eval")-calls0, m.calls("hmget")-reads0
 		if want := int64(btoi(k%20 >= 10)); calls != want { // none in the first half of a second
@@ -150,7 +153,7 @@ func backlogOf(t *testing.T, advance bool, limits string, until int, plan func(s
 		}
 		run.reads = max(run.reads, reads)
 		before, _, _ := capWindow(t, l, c[0], now.Truncate(time.Second))
-		again, err := l.Advance(ctx, retry, ws)
+		again, _, err := l.Advance(ctx, retry, ws)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -303,7 +306,7 @@ func TestAdvanceNeedsCapacity(t *testing.T) {
 	ws := []Waiting{{Tenant: "b", Offset: 1, Due: time.Now().Add(3 * time.Second)}}
 	l := newTestLimiter(t, rdb, "b=150/1s", Options{})
 	m.reset()
-	moved, err := l.Advance(ctx, Source{Topic: "retry"}, ws)
+	moved, _, err := l.Advance(ctx, Source{Topic: "retry"}, ws)
 	if err != nil || moved[0] {
 		t.Fatalf("without a capacity: moved %v, %v", moved, err)
 	}
@@ -312,7 +315,7 @@ func TestAdvanceNeedsCapacity(t *testing.T) {
 	}
 	c, _ := ParseCapacity("100/1s")
 	l = newTestLimiter(t, rdb, "b=1MiB/1s", Options{Capacity: c})
-	if moved, err = l.Advance(ctx, Source{Topic: "retry"}, ws); err != nil || moved[0] {
+	if moved, _, err = l.Advance(ctx, Source{Topic: "retry"}, ws); err != nil || moved[0] {
 		t.Fatalf("a tenant of bytes: moved %v, %v", moved, err)
 	}
 }
@@ -367,7 +370,7 @@ func TestAdvanceBounded(t *testing.T) {
 			waiting[fmt.Sprintf("t%03d", i)] = w[tc.each:]
 		}
 		m.reset()
-		moved, err := l.Advance(ctx, Source{Topic: "retry"}, ws)
+		moved, _, err := l.Advance(ctx, Source{Topic: "retry"}, ws)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -398,7 +401,7 @@ func TestAdvanceOneCallPerInterval(t *testing.T) {
 	offer := func(part int) {
 		t.Helper()
 		ws := []Waiting{{Tenant: "b", Offset: int64(part), Due: clk.Now().Add(5 * time.Second)}}
-		if _, err := l.Advance(ctx, Source{Topic: "retry", Partition: part}, ws); err != nil {
+		if _, _, err := l.Advance(ctx, Source{Topic: "retry", Partition: part}, ws); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -480,7 +483,7 @@ func TestAdvancedEventClaimedAgain(t *testing.T) {
 				head = append(head, w)
 			}
 		}
-		mv, err := l.Advance(ctx, retry, head)
+		mv, _, err := l.Advance(ctx, retry, head)
 		if err != nil {
 			t.Fatal(err)
 		}

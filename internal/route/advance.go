@@ -22,37 +22,41 @@ const DecisionAdvanced = "advanced"
 // nobody is expected to take (*limit.Limiter implements it:
 // limit.Limiter.Advance). It must be safe for concurrent use.
 type BacklogAdvancer interface {
-	Advance(ctx context.Context, src limit.Source, events []limit.Waiting) ([]bool, error)
+	// Advance reports which events moved, and the time at which the moves
+	// were counted (the windows of at hold them): the moved events are
+	// forwarded with gk-due rewritten to at.
+	Advance(ctx context.Context, src limit.Source, events []limit.Waiting) (moved []bool, at time.Time, err error)
 }
 
 // advanced remembers the messages whose booking Advance moved, by position,
-// until Handle has forwarded them.
+// with the time the move was counted at, until Handle has forwarded them.
 type advanced struct {
 	mu   sync.Mutex
-	keys map[string]struct{}
+	keys map[string]time.Time
 }
 
 func advancedKey(m kafka.Message) string {
 	return m.Topic + "/" + strconv.Itoa(m.Partition) + "/" + strconv.FormatInt(m.Offset, 10)
 }
 
-func (a *advanced) add(m kafka.Message) {
+func (a *advanced) add(m kafka.Message, at time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.keys == nil {
-		a.keys = map[string]struct{}{}
+		a.keys = map[string]time.Time{}
 	}
-	a.keys[advancedKey(m)] = struct{}{}
+	a.keys[advancedKey(m)] = at
 }
 
-func (a *advanced) has(m kafka.Message) bool {
+// at returns the time m's move was counted at, if Advance moved it.
+func (a *advanced) at(m kafka.Message) (time.Time, bool) {
 	if a == nil {
-		return false
+		return time.Time{}, false
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	_, ok := a.keys[advancedKey(m)]
-	return ok
+	at, ok := a.keys[advancedKey(m)]
+	return at, ok
 }
 
 func (a *advanced) done(ms []kafka.Message) {
@@ -75,7 +79,8 @@ func (a *advanced) done(ms []kafka.Message) {
 // Admitter as a BacklogAdvancer, in one call for the batch (the tier
 // partition as its Source, as Handle's: a replay of the call, or a moved
 // event handled again after a crash, counts once). It returns which may go
-// now: Handle then forwards them with gk-due rewritten to now. Without
+// now: Handle then forwards them with gk-due rewritten to the time the moves
+// were counted at. Without
 // AdvanceBacklog, or an Admitter that cannot move bookings, or when the call
 // fails (logged), nothing goes.
 func (r *Retrier) Advance(ctx context.Context, b consume.Batch) []bool {
@@ -104,7 +109,7 @@ func (r *Retrier) Advance(ctx context.Context, b consume.Batch) []bool {
 	if len(events) == 0 {
 		return nil
 	}
-	moved, err := a.Advance(ctx, source(b), events)
+	moved, at, err := a.Advance(ctx, source(b), events)
 	if err != nil || len(moved) != len(events) {
 		r.logger().Warn("moving waiting deferred events into idle capacity failed; they wait for their slots",
 			"topic", b.Topic, "partition", b.Partition, "events", len(events), "err", err)
@@ -114,7 +119,7 @@ func (r *Retrier) Advance(ctx context.Context, b consume.Batch) []bool {
 	for k, i := range idx {
 		if moved[k] {
 			out[i] = true
-			r.advanced.add(b.Messages[i])
+			r.advanced.add(b.Messages[i], at)
 		}
 	}
 	return out
@@ -130,14 +135,17 @@ func (r *Retrier) AdvanceWanted(now time.Time) bool {
 }
 
 // forwardAdvanced sets b.items[i] when m, before its due time, had its
-// booking moved by Advance: forwarded now, gk-due rewritten to now (its
-// other gk- headers kept). It reports whether it did.
-func (r *Retrier) forwardAdvanced(b *retryBatch, i int, m kafka.Message, now time.Time) bool {
-	if !r.advanced.has(m) {
+// booking moved by Advance: forwarded now, gk-due rewritten to the time the
+// move was counted at (its other gk- headers kept), so that the window of
+// gk-due is the one that counted it, however late Handle runs after the
+// call. It reports whether it did.
+func (r *Retrier) forwardAdvanced(b *retryBatch, i int, m kafka.Message) bool {
+	at, ok := r.advanced.at(m)
+	if !ok {
 		return false
 	}
 	b.counts[DecisionAdvanced]++
-	due := kafka.Header{Key: HeaderDue, Value: formatMillis(now.UnixMilli())}
+	due := kafka.Header{Key: HeaderDue, Value: formatMillis(at.UnixMilli())}
 	b.items[i] = Item{Msg: withHeaders(m, func(k string) bool { return k == HeaderDue }, due), Outcome: Forward}
 	return true
 }

@@ -19,12 +19,13 @@ import (
 type advancingAdmitter struct {
 	*fakeAdmitter
 	move func(limit.Waiting) bool
+	at   time.Time // what Advance says the moves were counted at
 	mu   sync.Mutex
 	got  [][]limit.Waiting
 	src  []limit.Source
 }
 
-func (a *advancingAdmitter) Advance(_ context.Context, src limit.Source, events []limit.Waiting) ([]bool, error) {
+func (a *advancingAdmitter) Advance(_ context.Context, src limit.Source, events []limit.Waiting) ([]bool, time.Time, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.got = append(a.got, slices.Clone(events))
@@ -33,15 +34,16 @@ func (a *advancingAdmitter) Advance(_ context.Context, src limit.Source, events 
 	for i, e := range events {
 		out[i] = a.move(e)
 	}
-	return out, nil
+	return out, a.at, nil
 }
 
 // TestRetrierAdvance: the Retrier offers the waiting events of a retry
 // tier partition that hold a reserved slot still ahead (not unreserved or
 // due ones) to the Admitter in one call naming the tier partition as its
 // source; Handle forwards those moved, before their gk-due (from the
-// first tier or a later one), with gk-due rewritten to now and counted as
-// advanced, and still fails on the others as early. Without
+// first tier or a later one), with gk-due rewritten to the time the
+// Admitter counted the moves at (not the later time Handle runs at, which
+// may be in the next window) and counted as advanced, and still fails on the others as early. Without
 // AdvanceBacklog nothing is offered.
 func TestRetrierAdvance(t *testing.T) {
 	moved := retryMsg("down.retry", 1, deferral("b", 1, t0.Add(5*time.Second), t0.Add(6*time.Second)))
@@ -52,7 +54,8 @@ func TestRetrierAdvance(t *testing.T) {
 	msgs := []kafka.Message{moved, kept, unreserved, due}
 
 	f := newRetrier(t, byTenant(nil))
-	adv := &advancingAdmitter{fakeAdmitter: f.admitter, move: func(w limit.Waiting) bool { return w.Offset == 1 || w.Offset == 5 }}
+	counted := t0.Add(-300 * time.Millisecond)
+	adv := &advancingAdmitter{fakeAdmitter: f.admitter, move: func(w limit.Waiting) bool { return w.Offset == 1 || w.Offset == 5 }, at: counted}
 	spec := Retrier{Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready), MaxAttempts: 3}
 	spec.Admitter = adv
 	if got := mustRetrier(t, spec).Advance(context.Background(), consumed(0, msgs)); got != nil || len(adv.got) != 0 {
@@ -76,8 +79,8 @@ func TestRetrierAdvance(t *testing.T) {
 	if len(out) != 1 || out[0].Topic != "down" {
 		t.Fatalf("wrote %v, want the moved event downstream", view(out))
 	}
-	if d, ok := lastHeader(out[0].Headers, HeaderDue); !ok || d != ms(t0) {
-		t.Errorf("gk-due %q, want now %s", d, ms(t0))
+	if d, ok := lastHeader(out[0].Headers, HeaderDue); !ok || d != ms(counted) {
+		t.Errorf("gk-due %q, want the time the move was counted at %s (Handle ran at %s)", d, ms(counted), ms(t0))
 	}
 	if v := counterValue(t, f.metrics.Decisions.WithLabelValues(DecisionAdvanced)); v != 1 {
 		t.Errorf("advanced decisions %v, want 1", v)

@@ -328,7 +328,7 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, no
 			return nil
 		}
 		if release := due.Add(-tier.LowerBound); now.Before(release) {
-			if r.forwardAdvanced(b, i, m, now) {
+			if r.forwardAdvanced(b, i, m) {
 				return nil
 			}
 			if r.early(b, i, m, c) {
@@ -348,7 +348,7 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, no
 		return nil
 	}
 	if now.Before(d.Due) {
-		if r.forwardAdvanced(b, i, m, now) {
+		if r.forwardAdvanced(b, i, m) {
 			return nil
 		}
 		if r.early(b, i, m, c) {
