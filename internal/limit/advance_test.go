@@ -12,12 +12,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// drainRun is what backlog saw of one run: per second, the events
-// forwarded in it (admitted, forwarded at their due time inside their slot,
-// or moved), and when the last of them went.
+// drainRun is what backlog saw of one run: per second, what was forwarded
+// in it (admitted, forwarded at their due time inside their slot, or
+// moved), in the capacity's measure (events, or their bytes or units) and,
+// for b, in its own rule's, and when the last of them went.
 type drainRun struct {
 	fwd      map[int]int64            // all tenants
 	by       map[string]map[int]int64 // per tenant
+	own      map[int]int64            // b, in its own rule's measure
 	deferBy  map[string]int           // events deferred, per tenant
 	last     int                      // the second of the last forward
 	calls    int                      // Advance calls
@@ -33,6 +35,18 @@ type waitingEvent struct {
 	tenant     string
 	off        int64
 	due, until time.Time
+	cost       Cost
+}
+
+// drainPlan is a run of backlogOf: the capacity, the tenants' rules, the
+// events sent at each call (20 a second) until the second until, and what
+// the i-th event sent costs (nil: events alone, and AdmitCosts is not
+// used).
+type drainPlan struct {
+	capacity, limits string
+	until            int
+	plan             func(sec, k int) []string
+	cost             func(i int) Cost
 }
 
 // backlog floods b, under CAPACITY=100/1s and b's own 150/1s, with 300
@@ -48,24 +62,31 @@ type waitingEvent struct {
 // the capacity and b's rule.
 func backlog(t *testing.T, advance bool) drainRun {
 	t.Helper()
-	return backlogOf(t, advance, "b=150/1s", 3, func(sec, k int) []string {
-		if sec < 3 {
-			return repeat("b", 15)
-		}
-		return nil
-	})
+	return backlogOf(t, advance, drainPlan{capacity: "100/1s", limits: "b=150/1s", until: 3, plan: flood("b", 15, 3)})
 }
 
-// backlogOf runs the retry tier of backlog under CAPACITY=100/1s and
-// limits, with the events of plan(second, call) sent at each call (20 a
-// second) until the second until, and after it until nothing waits.
-func backlogOf(t *testing.T, advance bool, limits string, until int, plan func(sec, k int) []string) drainRun {
+// flood returns the plan of tenant sending n events a call until the
+// second until.
+func flood(tenant string, n, until int) func(sec, k int) []string {
+	return func(sec, k int) []string {
+		if sec < until {
+			return repeat(tenant, n)
+		}
+		return nil
+	}
+}
+
+// backlogOf runs the retry tier of backlog under p's capacity and limits,
+// with the events of p.plan(second, call) sent at each call (20 a second)
+// until the second p.until, and after it until nothing waits.
+func backlogOf(t *testing.T, advance bool, p drainPlan) drainRun {
 	t.Helper()
 	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	c, err := ParseCapacity("100/1s")
+	c, err := ParseCapacity(p.capacity)
 	if err != nil {
 		t.Fatal(err)
 	}
+	limits, until, plan := p.limits, p.until, p.plan
 	rdb := privateRedis(t)
 	m := newWorkMeter(t, rdb)
 	l := newTestLimiter(t, rdb, limits, Options{Clock: clk.Now, Capacity: c, Horizon: 2 * time.Minute})
@@ -74,18 +95,22 @@ func backlogOf(t *testing.T, advance bool, limits string, until int, plan func(s
 	ctx := context.Background()
 	start := clk.Now()
 	retry := Source{Topic: "retry", Partition: 0}
-	run := drainRun{fwd: map[int]int64{}, by: map[string]map[int]int64{}, deferBy: map[string]int{}}
-	forward := func(tenant string, sec int) {
-		run.fwd[sec]++
+	run := drainRun{fwd: map[int]int64{}, by: map[string]map[int]int64{}, own: map[int]int64{}, deferBy: map[string]int{}}
+	forward := func(tenant string, sec int, cost Cost) {
+		run.fwd[sec] += cost.of(c[0].Measure)
 		if run.by[tenant] == nil {
 			run.by[tenant] = map[int]int64{}
 		}
-		run.by[tenant][sec]++
+		run.by[tenant][sec] += cost.of(c[0].Measure)
+		if tenant == "b" {
+			run.own[sec] += cost.of(own.Measure)
+		}
 		run.last = sec
 	}
 	var waiting []waitingEvent
 	var next int64 // the retry tier's next offset
 	sent := 0
+	var sentBy int64 // in the capacity's measure
 	m.reset()
 	for k := 0; k < 40*20; k++ {
 		now := start.Add(time.Duration(k) * 50 * time.Millisecond)
@@ -95,17 +120,28 @@ func backlogOf(t *testing.T, advance bool, limits string, until int, plan func(s
 			break
 		}
 		if batch := plan(sec, k%20); sec < until && len(batch) > 0 {
-			ds, err := l.Admit(ctx, batch)
+			costs := make([]Cost, len(batch))
+			for i := range costs {
+				if p.cost != nil {
+					costs[i] = p.cost(sent + i)
+				}
+			}
+			admit := func() ([]Decision, error) { return l.AdmitCosts(ctx, batch, costs) }
+			if p.cost == nil {
+				admit = func() ([]Decision, error) { return l.Admit(ctx, batch) }
+			}
+			ds, err := admit()
 			if err != nil {
 				t.Fatal(err)
 			}
 			sent += len(ds)
 			for i, d := range ds {
+				sentBy += costs[i].of(c[0].Measure)
 				switch d.Kind {
 				case Admit:
-					forward(batch[i], sec)
+					forward(batch[i], sec, costs[i])
 				case Defer:
-					waiting = append(waiting, waitingEvent{tenant: batch[i], off: next, due: d.Due, until: d.Until})
+					waiting = append(waiting, waitingEvent{tenant: batch[i], off: next, due: d.Due, until: d.Until, cost: costs[i]})
 					run.deferred++
 					run.deferBy[batch[i]]++
 					next++
@@ -122,7 +158,7 @@ func backlogOf(t *testing.T, advance bool, limits string, until int, plan func(s
 			if !now.Before(w.until) {
 				t.Errorf("event %d due %v forwarded at %v, after its slot", w.off, w.due, now)
 			}
-			forward(w.tenant, sec)
+			forward(w.tenant, sec, w.cost)
 			return true
 		})
 		if !advance || len(waiting) == 0 {
@@ -137,7 +173,7 @@ func backlogOf(t *testing.T, advance bool, limits string, until int, plan func(s
 		head := waiting[:min(100, len(waiting))]
 		ws := make([]Waiting, len(head))
 		for i, w := range head {
-			ws[i] = Waiting{Tenant: w.tenant, Offset: w.off, Due: w.due}
+			ws[i] = Waiting{Tenant: w.tenant, Offset: w.off, Due: w.due, Cost: w.cost}
 		}
 		calls0, reads0 := m.calls("evalsha")+m.calls("eval"), m.calls("hmget")
 		moved, at, err := l.Advance(ctx, retry, ws)
@@ -166,7 +202,7 @@ func backlogOf(t *testing.T, advance bool, limits string, until int, plan func(s
 		for i, mv := range moved {
 			if mv {
 				gone[head[i].off] = true
-				forward(head[i].tenant, sec)
+				forward(head[i].tenant, sec, head[i].cost)
 				run.moves++
 				if kept[head[i].tenant] {
 					t.Errorf("second %d: an event of %s moved after an earlier one of its was kept", sec, head[i].tenant)
@@ -195,9 +231,9 @@ func backlogOf(t *testing.T, advance bool, limits string, until int, plan func(s
 		if count > c[0].Limit || o > own.Limit {
 			t.Errorf("second %d: capacity window %d of %d, b's window %d of %d", sec, count, c[0].Limit, o, own.Limit)
 		}
-		if count != run.fwd[sec] || o != run.by["b"][sec] {
-			t.Errorf("second %d: %d events forwarded, counted %d in the capacity window; b %d, %d in b's own",
-				sec, run.fwd[sec], count, run.by["b"][sec], o)
+		if count != run.fwd[sec] || o != run.own[sec] {
+			t.Errorf("second %d: %d forwarded, counted %d in the capacity window; b %d, %d in b's own",
+				sec, run.fwd[sec], count, run.own[sec], o)
 		}
 		for ten, n := range booked {
 			if n != run.by[ten][sec] {
@@ -205,8 +241,8 @@ func backlogOf(t *testing.T, advance bool, limits string, until int, plan func(s
 			}
 		}
 	}
-	if total != int64(sent) || counted != int64(sent) {
-		t.Errorf("%d events sent, %d forwarded, %d counted", sent, total, counted)
+	if total != sentBy || counted != sentBy {
+		t.Errorf("%d sent (%d events), %d forwarded, %d counted", sentBy, sent, total, counted)
 	}
 	if run.reads > DefaultMaxScan+8 {
 		t.Errorf("an Advance call read %d windows, want at most its budget %d and the current windows", run.reads, DefaultMaxScan)
@@ -273,8 +309,9 @@ func TestCapacityBacklogLeavesNewcomer(t *testing.T) {
 		}
 		return batch
 	}
-	before := backlogOf(t, false, "b=150/1s;*=1000/1s", 10, plan)
-	after := backlogOf(t, true, "b=150/1s;*=1000/1s", 10, plan)
+	p := drainPlan{capacity: "100/1s", limits: "b=150/1s;*=1000/1s", until: 10, plan: plan}
+	before := backlogOf(t, false, p)
+	after := backlogOf(t, true, p)
 	for _, r := range []struct {
 		name string
 		run  drainRun
@@ -297,8 +334,7 @@ func TestCapacityBacklogLeavesNewcomer(t *testing.T) {
 }
 
 // TestAdvanceNeedsCapacity: without a capacity Advance moves nothing and
-// makes no Redis call; with one, a tenant whose rules count bytes moves
-// nothing either.
+// makes no Redis call.
 func TestAdvanceNeedsCapacity(t *testing.T) {
 	rdb := privateRedis(t)
 	m := newWorkMeter(t, rdb)
@@ -313,10 +349,35 @@ func TestAdvanceNeedsCapacity(t *testing.T) {
 	if n := m.calls("evalsha") + m.calls("eval"); n != 0 {
 		t.Errorf("without a capacity: %d script calls, want none", n)
 	}
-	c, _ := ParseCapacity("100/1s")
-	l = newTestLimiter(t, rdb, "b=1MiB/1s", Options{Capacity: c})
-	if moved, _, err = l.Advance(ctx, Source{Topic: "retry"}, ws); err != nil || moved[0] {
-		t.Fatalf("a tenant of bytes: moved %v, %v", moved, err)
+}
+
+// TestAdvanceInOrder: an Advance call offers Redis a tenant's events only
+// up to its first whose cost no rule may count (takeCosts takes it out):
+// the later ones must not move before it.
+func TestAdvanceInOrder(t *testing.T) {
+	rules := []Rule{{Limit: 1000, Measure: Bytes}}
+	tenants := []string{"a", "b", "a", "a", "b", "a"}
+	costs := []Cost{{Bytes: 10}, {Bytes: 10}, {Bytes: 10}, {Bytes: 5000}, {Bytes: 10}, {Bytes: 10}}
+	var groups []*group
+	for _, ten := range []string{"a", "b"} {
+		g := &group{tenant: ten, rules: rules, byCost: true}
+		for i, x := range tenants {
+			if x == ten {
+				g.idx = append(g.idx, i)
+			}
+		}
+		groups = append(groups, g)
+	}
+	ds := make([]Decision, len(tenants))
+	takeCosts(groups, costs, ds, nil)
+	inOrder(groups, tenants, ds)
+	for _, tc := range []struct {
+		g    *group
+		want []int
+	}{{groups[0], []int{0, 2}}, {groups[1], []int{1, 4}}} {
+		if !slices.Equal(tc.g.idx, tc.want) || len(tc.g.costs) != len(tc.want) {
+			t.Errorf("tenant %s: offered %v (%d costs), want %v", tc.g.tenant, tc.g.idx, len(tc.g.costs), tc.want)
+		}
 	}
 }
 
@@ -511,5 +572,47 @@ func TestAdvancedEventClaimedAgain(t *testing.T) {
 	}
 	if after != slotCount {
 		t.Errorf("its old slot's capacity window: %d before the check, %d after, want no change", slotCount, after)
+	}
+}
+
+// TestCapacityBacklogDrainsBytes is TestCapacityBacklogDrains for a
+// capacity of bytes, CAPACITY=100KiB/1s: b floods 15 events a call (300 a
+// second) for three seconds, of 500, 1000 and 1500 bytes in turn (300,000
+// bytes a second, three times the capacity), with its own rule counting
+// events (150/1s) or bytes (150KiB/1s). Moves go by each event's bytes:
+// every second's capacity window and b's own window count exactly what was
+// forwarded in it, within their limits, and a replay of every Advance call
+// counts nothing (backlogOf). With Advance the backlog drains sooner than
+// on its reserved slots alone, each second near the capacity while it
+// waits.
+func TestCapacityBacklogDrainsBytes(t *testing.T) {
+	sizes := []int64{500, 1000, 1500}
+	cost := func(i int) Cost { return Cost{Bytes: sizes[i%len(sizes)]} }
+	for _, own := range []string{"b=150/1s", "b=150KiB/1s"} {
+		t.Run(own, func(t *testing.T) {
+			p := drainPlan{capacity: "100KiB/1s", limits: own, until: 3, plan: flood("b", 15, 3), cost: cost}
+			before := backlogOf(t, false, p)
+			after := backlogOf(t, true, p)
+			for _, r := range []struct {
+				name string
+				run  drainRun
+			}{{"reserved slots alone", before}, {"with Advance", after}} {
+				var used []int64
+				for sec := 0; sec <= r.run.last; sec++ {
+					used = append(used, r.run.fwd[sec])
+				}
+				t.Logf("%s: %d events deferred; the last forwarded in second %d, bytes per second %v; %d script calls of Advance (at most %d window reads each) moved %d events; the slowest call %v",
+					r.name, r.run.deferred, r.run.last, used, r.run.calls, r.run.reads, r.run.moves, r.run.slowest)
+			}
+			if after.moves == 0 || after.last >= before.last {
+				t.Errorf("with Advance %d events moved and the backlog drained in second %d, reserved slots alone in second %d: want moves, and sooner",
+					after.moves, after.last, before.last)
+			}
+			for sec := 3; sec < after.last; sec++ {
+				if after.fwd[sec] < 100*1024*95/100 {
+					t.Errorf("with Advance, second %d forwarded %d bytes, want at least 95%% of the capacity while a backlog waits", sec, after.fwd[sec])
+				}
+			}
+		})
 	}
 }

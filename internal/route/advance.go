@@ -75,8 +75,8 @@ func (a *advanced) done(ms []kafka.Message) {
 // retry tier partition's earliest waiting messages (of any tier: a backlog
 // deferred more than a minute ahead waits in the later tiers) it offers
 // those that hold a reserved slot (gk-reserved after gk-due, not gk-took),
-// whose gk-sig verifies and whose due time is still ahead, to the
-// Admitter as a BacklogAdvancer, in one call for the batch (the tier
+// whose gk-sig verifies and whose due time is still ahead, each with its
+// cost (CostFrom, as Handle reads it), to the Admitter as a BacklogAdvancer, in one call for the batch (the tier
 // partition as its Source, as Handle's: a replay of the call, or a moved
 // event handled again after a crash, counts once). It returns which may go
 // now: Handle then forwards them with gk-due rewritten to the time the moves
@@ -94,16 +94,28 @@ func (r *Retrier) Advance(ctx context.Context, b consume.Batch) []bool {
 	}
 	var events []limit.Waiting
 	var idx []int
+	var noCost map[string]bool // tenants with an event whose cost is unread
 	for i, m := range b.Messages {
 		c := r.checkedOf(b, i)
 		if !c.inTier || c.sigErr != nil || c.lenient || c.dueErr != nil {
 			continue
 		}
 		d, err := parseDeferral(m, c.dueOf())
-		if err != nil || d.Took || !d.Reserved.After(d.Due) || !now.Before(d.Due) {
+		if err != nil || d.Took || !d.Reserved.After(d.Due) || !now.Before(d.Due) || noCost[d.Tenant] {
 			continue
 		}
-		events = append(events, limit.Waiting{Tenant: d.Tenant, Offset: m.Offset, Due: d.Due})
+		// Its cost as Handle and the Gate read it (its gk- headers do not
+		// count). An event whose cost cannot be read is not offered, nor
+		// are its tenant's later ones (they must not move before it).
+		cost, err := r.CostFrom.Cost(m)
+		if err != nil {
+			if noCost == nil {
+				noCost = map[string]bool{}
+			}
+			noCost[d.Tenant] = true
+			continue
+		}
+		events = append(events, limit.Waiting{Tenant: d.Tenant, Offset: m.Offset, Due: d.Due, Cost: cost})
 		idx = append(idx, i)
 	}
 	if len(events) == 0 {
