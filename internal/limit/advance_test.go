@@ -505,10 +505,22 @@ func TestAdvanceOneCallPerInterval(t *testing.T) {
 // old slot, which the move freed. Checked (AdmitLate, as the Retrier does
 // with AdvanceBacklog), it gets the move's decision back from the replay
 // record, an admission already counted: nothing is counted again, and it is
-// not taken for a claim of a slot it no longer holds.
+// not taken for a claim of a slot it no longer holds. The same under a
+// capacity of bytes, the events 1,000 bytes each.
 func TestAdvancedEventClaimedAgain(t *testing.T) {
+	for _, tc := range []struct {
+		capacity string
+		cost     Cost
+	}{{"100/1s", Cost{}}, {"100KiB/1s", Cost{Bytes: 1000}}} {
+		t.Run(tc.capacity, func(t *testing.T) { advancedClaimedAgain(t, tc.capacity, tc.cost) })
+	}
+}
+
+// advancedClaimedAgain is TestAdvancedEventClaimedAgain under capacity,
+// every event of the given cost.
+func advancedClaimedAgain(t *testing.T, capacity string, cost Cost) {
 	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	c, _ := ParseCapacity("100/1s")
+	c, _ := ParseCapacity(capacity)
 	rdb := privateRedis(t)
 	l := newTestLimiter(t, rdb, "b=150/1s", Options{Clock: clk.Now, Capacity: c, Horizon: 2 * time.Minute})
 	l.advanceEvery = 0
@@ -520,14 +532,18 @@ func TestAdvancedEventClaimedAgain(t *testing.T) {
 	for i := range batch {
 		batch[i] = "b"
 	}
-	ds, err := l.Admit(ctx, batch)
+	costs := make([]Cost, len(batch))
+	for i := range costs {
+		costs[i] = cost
+	}
+	ds, err := l.AdmitCosts(ctx, batch, costs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var waiting []Waiting
 	for _, d := range ds {
 		if d.Kind == Defer {
-			waiting = append(waiting, Waiting{Tenant: "b", Offset: int64(len(waiting)), Due: d.Due})
+			waiting = append(waiting, Waiting{Tenant: "b", Offset: int64(len(waiting)), Due: d.Due, Cost: cost})
 		}
 	}
 	if len(waiting) == 0 {
@@ -562,7 +578,7 @@ func TestAdvancedEventClaimedAgain(t *testing.T) {
 	// inside its old slot, and the next owner checks it as a claim.
 	clk.Set(moved.Due.Add(10 * time.Millisecond))
 	slotCount, _, _ := capWindow(t, l, c[0], moved.Due.Truncate(time.Second))
-	got, err := l.AdmitLate(ctx, retry, []Event{{Tenant: "b", Offset: moved.Offset, InSlot: true, Due: moved.Due}}, false)
+	got, err := l.AdmitLate(ctx, retry, []Event{{Tenant: "b", Cost: cost, Offset: moved.Offset, InSlot: true, Due: moved.Due}}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -575,22 +591,37 @@ func TestAdvancedEventClaimedAgain(t *testing.T) {
 	}
 }
 
-// TestCapacityBacklogDrainsBytes is TestCapacityBacklogDrains for a
-// capacity of bytes, CAPACITY=100KiB/1s: b floods 15 events a call (300 a
-// second) for three seconds, of 500, 1000 and 1500 bytes in turn (300,000
-// bytes a second, three times the capacity), with its own rule counting
-// events (150/1s) or bytes (150KiB/1s). Moves go by each event's bytes:
-// every second's capacity window and b's own window count exactly what was
+// TestCapacityBacklogDrainsCosts is TestCapacityBacklogDrains for a
+// capacity of bytes (CAPACITY=100KiB/1s) or units (100000u/1s): b floods
+// 15 events a call (300 a second) for three seconds, of 500, 1000 and 1500
+// bytes and as many units in turn (300,000 a second, three times the
+// capacity), with its own rule counting events (150/1s), bytes
+// (150KiB/1s) or units (150000u/1s). Moves go by each event's cost: every
+// second's capacity window and b's own window count exactly what was
 // forwarded in it, within their limits, and a replay of every Advance call
 // counts nothing (backlogOf). With Advance the backlog drains sooner than
-// on its reserved slots alone, each second near the capacity while it
-// waits.
-func TestCapacityBacklogDrainsBytes(t *testing.T) {
+// on its reserved slots alone, each second at 95% of the capacity at least
+// while it waits (of b's own rule, 80KiB/1s, where that is the tighter).
+func TestCapacityBacklogDrainsCosts(t *testing.T) {
 	sizes := []int64{500, 1000, 1500}
-	cost := func(i int) Cost { return Cost{Bytes: sizes[i%len(sizes)]} }
-	for _, own := range []string{"b=150/1s", "b=150KiB/1s"} {
-		t.Run(own, func(t *testing.T) {
-			p := drainPlan{capacity: "100KiB/1s", limits: own, until: 3, plan: flood("b", 15, 3), cost: cost}
+	cost := func(i int) Cost { return Cost{Bytes: sizes[i%len(sizes)], Units: sizes[i%len(sizes)]} }
+	for _, tc := range []struct {
+		capacity, own string
+		fill          int64 // the least forwarded a second while the backlog waits
+	}{
+		{"100KiB/1s", "b=150/1s", 100 * 1024 * 95 / 100},
+		{"100KiB/1s", "b=150KiB/1s", 100 * 1024 * 95 / 100},
+		{"100KiB/1s", "b=150000u/1s", 100 * 1024 * 95 / 100},
+		{"100KiB/1s", "b=80KiB/1s", 80 * 1024 * 95 / 100}, // b's own rule is the tighter
+		{"100000u/1s", "b=150/1s", 100000 * 95 / 100},
+		{"100000u/1s", "b=150KiB/1s", 100000 * 95 / 100},
+	} {
+		t.Run(tc.capacity+" "+tc.own, func(t *testing.T) {
+			c, err := ParseCapacity(tc.capacity)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := drainPlan{capacity: tc.capacity, limits: tc.own, until: 3, plan: flood("b", 15, 3), cost: cost}
 			before := backlogOf(t, false, p)
 			after := backlogOf(t, true, p)
 			for _, r := range []struct {
@@ -601,16 +632,16 @@ func TestCapacityBacklogDrainsBytes(t *testing.T) {
 				for sec := 0; sec <= r.run.last; sec++ {
 					used = append(used, r.run.fwd[sec])
 				}
-				t.Logf("%s: %d events deferred; the last forwarded in second %d, bytes per second %v; %d script calls of Advance (at most %d window reads each) moved %d events; the slowest call %v",
-					r.name, r.run.deferred, r.run.last, used, r.run.calls, r.run.reads, r.run.moves, r.run.slowest)
+				t.Logf("%s: %d events deferred; the last forwarded in second %d, per second %v (%s); %d script calls of Advance (at most %d window reads each) moved %d events; the slowest call %v",
+					r.name, r.run.deferred, r.run.last, used, c[0].Measure, r.run.calls, r.run.reads, r.run.moves, r.run.slowest)
 			}
 			if after.moves == 0 || after.last >= before.last {
 				t.Errorf("with Advance %d events moved and the backlog drained in second %d, reserved slots alone in second %d: want moves, and sooner",
 					after.moves, after.last, before.last)
 			}
 			for sec := 3; sec < after.last; sec++ {
-				if after.fwd[sec] < 100*1024*95/100 {
-					t.Errorf("with Advance, second %d forwarded %d bytes, want at least 95%% of the capacity while a backlog waits", sec, after.fwd[sec])
+				if after.fwd[sec] < tc.fill {
+					t.Errorf("with Advance, second %d forwarded %d (capacity %d), want at least %d while a backlog waits", sec, after.fwd[sec], c[0].Limit, tc.fill)
 				}
 			}
 		})
