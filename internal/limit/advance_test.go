@@ -390,14 +390,27 @@ func TestAdvanceInOrder(t *testing.T) {
 // tenants, or one each of 500), every one in a window of its own rules
 // that the call has not read: the call reads at most its budget (here 256)
 // and the current windows, and its time (SLOWLOG) is printed and held to a
-// generous ceiling.
+// generous ceiling. The same with a capacity and rules of bytes
+// (1000KiB/1s, each tenant 100KiB/1s), every event 1KiB: the moves by cost
+// read no more.
 func TestAdvanceBounded(t *testing.T) {
+	for _, tc := range []struct {
+		capacity, limits string
+		cost             Cost
+	}{{"1000/1s", "*=100/1s", Cost{}}, {"1000KiB/1s", "*=100KiB/1s", Cost{Bytes: 1024}}} {
+		t.Run(tc.capacity, func(t *testing.T) { advanceBounded(t, tc.capacity, tc.limits, tc.cost) })
+	}
+}
+
+// advanceBounded is TestAdvanceBounded under capacity and limits, every
+// event of the given cost.
+func advanceBounded(t *testing.T, capacity, limits string, cost Cost) {
 	clk := newFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	c, _ := ParseCapacity("1000/1s")
+	c, _ := ParseCapacity(capacity)
 	rdb := privateRedis(t)
 	m := newWorkMeter(t, rdb)
 	const budget = 256
-	l := newTestLimiter(t, rdb, "*=100/1s", Options{Clock: clk.Now, Capacity: c, Horizon: time.Minute, MaxScan: budget})
+	l := newTestLimiter(t, rdb, limits, Options{Clock: clk.Now, Capacity: c, Horizon: time.Minute, MaxScan: budget})
 	l.advanceEvery = 0
 	ctx := context.Background()
 	start := clk.Now()
@@ -408,13 +421,17 @@ func TestAdvanceBounded(t *testing.T) {
 		for i := 0; i < 25; i++ {
 			batch = append(batch, repeat(fmt.Sprintf("t%03d", 25*b+i), 20)...)
 		}
-		ds, err := l.Admit(ctx, batch)
+		costs := make([]Cost, len(batch))
+		for i := range costs {
+			costs[i] = cost
+		}
+		ds, err := l.AdmitCosts(ctx, batch, costs)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for i, d := range ds {
 			if d.Kind == Defer && d.Due.After(start.Add(3*time.Second)) {
-				waiting[batch[i]] = append(waiting[batch[i]], Waiting{Tenant: batch[i], Offset: off, Due: d.Due})
+				waiting[batch[i]] = append(waiting[batch[i]], Waiting{Tenant: batch[i], Offset: off, Due: d.Due, Cost: cost})
 				off++
 			}
 		}
