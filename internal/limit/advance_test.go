@@ -42,12 +42,14 @@ type waitingEvent struct {
 // drainPlan is a run of backlogOf: the capacity, the tenants' rules, the
 // events sent at each call (20 a second) until the second until, and what
 // the i-th event sent costs (nil: events alone, and AdmitCosts is not
-// used).
+// used); check, when set, looks at the windows of the seconds from start
+// once the backlog is gone.
 type drainPlan struct {
 	capacity, limits string
 	until            int
 	plan             func(sec, k int) []string
 	cost             func(i int) Cost
+	check            func(t *testing.T, l *Limiter, start time.Time)
 }
 
 // backlog floods b, under CAPACITY=100/1s and b's own 150/1s, with 300
@@ -259,6 +261,9 @@ func backlogOf(t *testing.T, advance bool, p drainPlan) drainRun {
 	}
 	if run.slowest > slowCeiling {
 		t.Errorf("slowest script call %v, want at most %v", run.slowest, slowCeiling)
+	}
+	if p.check != nil {
+		p.check(t, l, start)
 	}
 	return run
 }
