@@ -9,12 +9,15 @@ import (
 
 // Waiting is a deferred event waiting in a retry tier before its due time
 // (issue 24): its tenant, its position in the tier's partition (read when
-// the call names a Source) and its gk-due, the start of its reserved slot.
-// It is a value type.
+// the call names a Source), its gk-due, the start of its reserved slot, and
+// its Cost, what the Gate counted it as (read from the event the same way:
+// route.CostFrom; its gk- headers do not count), which rules and a capacity
+// of bytes or units count. It is a value type.
 type Waiting struct {
 	Tenant string
 	Offset int64
 	Due    time.Time
+	Cost   Cost
 }
 
 // advanceCall is what a call of Advance adds to a batch (admit.lua's
@@ -30,8 +33,10 @@ type advanceCall struct {
 // tenant's own rules and its entitlement in the current capacity window
 // have room and the window has idle room (the capacity not booked, less
 // what its satisfied tenants other than the event's are still expected to
-// ask there). A moved event's booking leaves its slot's windows (their
-// counts go down by one, the capacity's too) and is counted in the current
+// ask there), each for the event's cost (1 for a rule of events, its bytes
+// or units for one of bytes or units). A moved event's booking leaves its
+// slot's windows (their counts go down by its cost, the capacity's too) and
+// is counted in the current
 // windows; the caller forwards it now, with gk-due rewritten to at, the
 // time the call counted the moves at (its clock, in the windows of at). The
 // result is index-aligned with events: true for a moved event. An event
@@ -43,15 +48,16 @@ type advanceCall struct {
 // it back as moved and counts nothing (G9). One script call, as
 // AdmitFrom; its window reads are bounded by Options.MaxScan.
 //
-// Only a limiter with a capacity of events and aligned windows moves
-// anything, only in the second half of the capacity's windows (from the
-// ramp's start, where what nobody is expected to take is known), and only
-// tenants whose rules count events; otherwise Advance returns without a
-// Redis call and nothing moves. A non-nil error means
-// Redis trouble and nothing moved.
+// Only a limiter with a capacity and aligned windows moves anything, only in
+// the second half of the capacity's windows (from the ramp's start, where
+// what nobody is expected to take is known), and only tenants whose rules
+// are aligned; otherwise Advance returns without a Redis call and nothing
+// moves. An event whose cost no rule may count (see AdmitFrom) does not
+// move, nor do the later events of its tenant. A non-nil error means Redis
+// trouble and nothing moved.
 func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) (moved []bool, at time.Time, err error) {
 	moved = make([]bool, len(events))
-	if len(events) == 0 || len(l.opts.Capacity) == 0 || l.opts.WindowKind != Aligned || l.opts.Capacity.Measure() != Events {
+	if len(events) == 0 || len(l.opts.Capacity) == 0 || l.opts.WindowKind != Aligned {
 		return moved, at, nil
 	}
 	// The script moves nothing before the ramp's start in every capacity
@@ -81,9 +87,11 @@ func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) (mo
 		pos.offsets = s.offsets
 	}
 	adv := &advanceCall{due: make([]int64, len(events))}
+	costs := make([]Cost, len(events))
 	for j, i := range order {
 		s.tenants[j] = events[i].Tenant
 		adv.due[j] = events[i].Due.UnixMilli()
+		costs[j] = events[i].Cost
 		if pos.offsets != nil {
 			pos.offsets[j] = events[i].Offset
 		}
@@ -96,10 +104,13 @@ func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) (mo
 	if err != nil {
 		return nil, at, err
 	}
+	ds := make([]Decision, len(events))
+	takeCosts(groups, costs, ds, l.CapacityInForce())
+	inOrder(groups, s.tenants, ds)
 	var calls []*group
 	l.mu.Lock()
 	for _, g := range groups {
-		if len(g.idx) == 0 || len(g.rules) == 0 || g.byCost {
+		if len(g.idx) == 0 || len(g.rules) == 0 {
 			continue
 		}
 		g.st = l.stateLocked(g, now)
@@ -114,7 +125,6 @@ func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) (mo
 	if err != nil {
 		return nil, at, err
 	}
-	ds := make([]Decision, len(events))
 	for j, g := range calls {
 		if err := l.apply(g, replies[j], now, ds, false); err != nil {
 			return nil, at, err
@@ -124,6 +134,33 @@ func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) (mo
 		moved[i] = ds[j].Kind == Admit
 	}
 	return moved, now, nil
+}
+
+// inOrder cuts each group of an Advance call over tenants before its
+// tenant's first event that takeCosts took out (ds holds its Reject): the
+// later events of the tenant must not move before it (a tenant's events
+// leave in order).
+func inOrder(groups []*group, tenants []string, ds []Decision) {
+	first := map[string]int{}
+	for i := len(ds) - 1; i >= 0; i-- {
+		if ds[i].Kind == Reject {
+			first[tenants[i]] = i
+		}
+	}
+	if len(first) == 0 {
+		return
+	}
+	for _, g := range groups {
+		at, ok := first[g.tenant]
+		if !ok {
+			continue
+		}
+		n := 0
+		for n < len(g.idx) && g.idx[n] < at {
+			n++
+		}
+		g.idx, g.costs = g.idx[:n], g.costs[:n]
+	}
 }
 
 // advanceArg returns admit.lua's advance argument for the call over groups:
@@ -145,13 +182,13 @@ func advanceArg(groups []*group, adv *advanceCall) string {
 const AdvanceEvery = 100 * time.Millisecond
 
 // AdvanceWanted reports whether an Advance call at now may move anything:
-// with a capacity of events on aligned windows, once every capacity window
+// with a capacity on aligned windows, once every capacity window
 // has reached its ramp (before, a call moves nothing, and none is made),
 // and when this Limiter's last call is at least AdvanceEvery old. A caller
 // checks it before it builds an offer (route.Retrier.Advance), so that an
 // offer that cannot move anything costs nothing.
 func (l *Limiter) AdvanceWanted(now time.Time) bool {
-	if len(l.opts.Capacity) == 0 || l.opts.WindowKind != Aligned || l.opts.Capacity.Measure() != Events {
+	if len(l.opts.Capacity) == 0 || l.opts.WindowKind != Aligned {
 		return false
 	}
 	for _, r := range l.opts.Capacity {

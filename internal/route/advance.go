@@ -75,14 +75,15 @@ func (a *advanced) done(ms []kafka.Message) {
 // retry tier partition's earliest waiting messages (of any tier: a backlog
 // deferred more than a minute ahead waits in the later tiers) it offers
 // those that hold a reserved slot (gk-reserved after gk-due, not gk-took),
-// whose gk-sig verifies and whose due time is still ahead, to the
-// Admitter as a BacklogAdvancer, in one call for the batch (the tier
-// partition as its Source, as Handle's: a replay of the call, or a moved
-// event handled again after a crash, counts once). It returns which may go
-// now: Handle then forwards them with gk-due rewritten to the time the moves
-// were counted at. Without
-// AdvanceBacklog, or an Admitter that cannot move bookings, or when the call
-// fails (logged), nothing goes.
+// whose gk-sig verifies and whose due time is still ahead, each with its
+// cost (CostFrom, as the Gate and Handle read it), to the Admitter as a
+// BacklogAdvancer, in one call for the batch (the tier partition as its
+// Source, as Handle's: a replay of the call, or a moved event handled again
+// after a crash, counts once). An event whose cost cannot be read is not
+// offered, nor are its tenant's events due at or after it. It returns which
+// may go now: Handle then forwards them with gk-due rewritten to the time
+// the moves were counted at. Without AdvanceBacklog, or an Admitter that
+// cannot move bookings, or when the call fails (logged), nothing goes.
 func (r *Retrier) Advance(ctx context.Context, b consume.Batch) []bool {
 	a, ok := r.Admitter.(BacklogAdvancer)
 	if !ok || !r.AdvanceBacklog || r.advanced == nil || len(b.Messages) == 0 {
@@ -92,8 +93,14 @@ func (r *Retrier) Advance(ctx context.Context, b consume.Batch) []bool {
 	if !r.AdvanceWanted(now) {
 		return nil // nothing could move: no call
 	}
-	var events []limit.Waiting
-	var idx []int
+	type offer struct {
+		i int
+		w limit.Waiting
+	}
+	var offers []offer
+	// noCost: per tenant, the earliest due time of its events whose cost
+	// cannot be read.
+	var noCost map[string]time.Time
 	for i, m := range b.Messages {
 		c := r.checkedOf(b, i)
 		if !c.inTier || c.sigErr != nil || c.lenient || c.dueErr != nil {
@@ -103,8 +110,29 @@ func (r *Retrier) Advance(ctx context.Context, b consume.Batch) []bool {
 		if err != nil || d.Took || !d.Reserved.After(d.Due) || !now.Before(d.Due) {
 			continue
 		}
-		events = append(events, limit.Waiting{Tenant: d.Tenant, Offset: m.Offset, Due: d.Due})
-		idx = append(idx, i)
+		// Its cost as Handle and the Gate read it (its gk- headers do not
+		// count).
+		cost, err := r.CostFrom.Cost(m)
+		if err != nil {
+			if first, ok := noCost[d.Tenant]; !ok || d.Due.Before(first) {
+				if noCost == nil {
+					noCost = map[string]time.Time{}
+				}
+				noCost[d.Tenant] = d.Due
+			}
+		}
+		offers = append(offers, offer{i, limit.Waiting{Tenant: d.Tenant, Offset: m.Offset, Due: d.Due, Cost: cost}})
+	}
+	// An event whose cost cannot be read is not offered, nor are its
+	// tenant's events due at or after it (they must not move before it).
+	var events []limit.Waiting
+	var idx []int
+	for _, o := range offers {
+		if first, ok := noCost[o.w.Tenant]; ok && !o.w.Due.Before(first) {
+			continue
+		}
+		events = append(events, o.w)
+		idx = append(idx, o.i)
 	}
 	if len(events) == 0 {
 		return nil

@@ -67,7 +67,10 @@ func TestRetrierAdvance(t *testing.T) {
 	if !slices.Equal(got, []bool{true, false, false, false}) {
 		t.Fatalf("Advance: %v, want the first alone", got)
 	}
-	want := []limit.Waiting{{Tenant: "b", Offset: 1, Due: t0.Add(5 * time.Second)}, {Tenant: "b", Offset: 2, Due: t0.Add(6 * time.Second)}}
+	// Each with the cost the Gate counted: key "k1", value "v" and header
+	// trace=x are 9 bytes; its gk- headers do not count.
+	want := []limit.Waiting{{Tenant: "b", Offset: 1, Due: t0.Add(5 * time.Second), Cost: limit.Cost{Bytes: 9}},
+		{Tenant: "b", Offset: 2, Due: t0.Add(6 * time.Second), Cost: limit.Cost{Bytes: 9}}}
 	if len(adv.got) != 1 || !slices.Equal(adv.got[0], want) || adv.src[0].Topic != "down.retry" {
 		t.Fatalf("offered %v from %v, want one call of %v from down.retry", adv.got, adv.src, want)
 	}
@@ -99,4 +102,46 @@ func TestRetrierAdvance(t *testing.T) {
 		t.Fatalf("wrote %v, want the later tier's moved event downstream", view(out))
 	}
 	var _ consume.Advancer = r
+}
+
+// TestRetrierAdvanceCosts: with GATEKEEPER_COST_FROM the Retrier offers each
+// waiting event with its cost, read as the Gate and Handle read it (bytes
+// without the gk- headers, and units); an event whose cost cannot be read
+// is not offered, nor are its tenant's events due at or after it, whatever
+// their offsets (they must not move before it), while its tenant's events
+// due before it and other tenants' are.
+func TestRetrierAdvanceCosts(t *testing.T) {
+	withUnits := func(m kafka.Message, units string) kafka.Message {
+		if units != "" {
+			m.Headers = append(m.Headers, kafka.Header{Key: "units", Value: []byte(units)})
+		}
+		return m
+	}
+	msgs := []kafka.Message{
+		withUnits(retryMsg("down.retry", 0, deferral("b", 1, t0.Add(8*time.Second), t0.Add(9*time.Second))), "2"),
+		withUnits(retryMsg("down.retry", 1, deferral("b", 1, t0.Add(5*time.Second), t0.Add(6*time.Second))), "40"),
+		withUnits(retryMsg("down.retry", 2, deferral("b", 1, t0.Add(6*time.Second), t0.Add(7*time.Second))), ""),
+		withUnits(retryMsg("down.retry", 3, deferral("b", 1, t0.Add(7*time.Second), t0.Add(8*time.Second))), "7"),
+		withUnits(retryMsg("down.retry", 4, deferral("c", 1, t0.Add(7*time.Second), t0.Add(8*time.Second))), "3"),
+		withUnits(retryMsg("down.retry", 5, deferral("b", 1, t0.Add(5500*time.Millisecond), t0.Add(6*time.Second))), "1"),
+	}
+	f := newRetrier(t, byTenant(nil))
+	adv := &advancingAdmitter{fakeAdmitter: f.admitter, move: func(limit.Waiting) bool { return false }, at: t0}
+	costs, err := ParseCostFrom("header:units")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := Retrier{Admission: testAdmission(f.writer, f.admitter, f.metrics, f.ready), MaxAttempts: 3, AdvanceBacklog: true}
+	spec.Admitter, spec.CostFrom = adv, costs
+	mustRetrier(t, spec).Advance(context.Background(), consumed(0, msgs))
+	// 9 bytes of key, value and trace=x, and the header units=40 (7) or
+	// units=3 (6).
+	want := []limit.Waiting{
+		{Tenant: "b", Offset: 1, Due: t0.Add(5 * time.Second), Cost: limit.Cost{Bytes: 9 + 7, Units: 40}},
+		{Tenant: "c", Offset: 4, Due: t0.Add(7 * time.Second), Cost: limit.Cost{Bytes: 9 + 6, Units: 3}},
+		{Tenant: "b", Offset: 5, Due: t0.Add(5500 * time.Millisecond), Cost: limit.Cost{Bytes: 9 + 6, Units: 1}},
+	}
+	if len(adv.got) != 1 || !slices.Equal(adv.got[0], want) {
+		t.Fatalf("offered %v, want one call of %v", adv.got, want)
+	}
 }

@@ -188,10 +188,10 @@ type RetryConfig struct {
 	// accept events without gk-sig (written by replicas not yet rolled, or
 	// by a release before gk-sig was bound to its tier). Not a secret.
 	RetryAcceptUnsignedUntil string `split_words:"true" desc:"while turning RETRY_SECRET on: until this RFC 3339 time the retry tiers also accept unsigned events, deferred by replicas not yet rolled (set it to the rollout's end plus DEFER_HORIZON; none: never)"`
-	// CapacityAdvance: with a capacity of events on aligned windows, the
+	// CapacityAdvance: with a capacity on aligned windows, the
 	// retry tiers move waiting deferred events into the capacity's idle
 	// room (route.Retrier.AdvanceBacklog, #24).
-	CapacityAdvance bool `split_words:"true" default:"true" desc:"with a CAPACITY of events and aligned windows, the retry tiers move waiting deferred events into the current window when the capacity has room nobody is expected to take, so that a backlog drains at the capacity (false: they wait for their reserved slots, at about half of it). With it the first retry tier checks the events back in their slot, one Redis call per batch, as LATE_TAKES_SLOTS=check does. Set false on every replica while rolling from a release without it"`
+	CapacityAdvance bool `split_words:"true" default:"true" desc:"with a CAPACITY (of events, bytes or units) and aligned windows, the retry tiers move waiting deferred events into the current window when the capacity has room nobody is expected to take, each by its cost, so that a backlog drains at the capacity (false: they wait for their reserved slots, at about half of it). With it the first retry tier checks the events back in their slot, one Redis call per batch, as LATE_TAKES_SLOTS=check does. Set false on every replica while rolling from a release without it"`
 }
 
 // BoundsConfig is the Bounds group of Config: the bounds of batches, records and the limiter's memory.

@@ -292,10 +292,9 @@ const (
 // as its handler, or nil when this process does not run the retry role.
 // advancesBacklog says whether the retry tiers move waiting deferred events
 // into the capacity's idle room (#24): with CAPACITY_ADVANCE and a capacity
-// of events on aligned windows; otherwise nothing changes.
+// (of events, bytes or units) on aligned windows; otherwise nothing changes.
 func (c Config) advancesBacklog() bool {
-	return c.CapacityAdvance && len(c.CapacityRules()) > 0 && c.CapacityRules().Measure() == limit.Events &&
-		limit.WindowKind(c.Window) == limit.Aligned
+	return c.CapacityAdvance && len(c.CapacityRules()) > 0 && limit.WindowKind(c.Window) == limit.Aligned
 }
 
 // checksClaims says whether the first retry tier checks the events that

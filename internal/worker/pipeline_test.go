@@ -51,7 +51,8 @@ func errText(err error) string {
 }
 
 // The retry tiers move a waiting backlog into the capacity's idle room only
-// with CAPACITY_ADVANCE and a capacity of events on aligned windows.
+// with CAPACITY_ADVANCE and a capacity (of events, bytes or units) on
+// aligned windows.
 func TestAdvancesBacklog(t *testing.T) {
 	cfg := func(capacity, window string, advance bool) Config {
 		var c Config
@@ -66,7 +67,8 @@ func TestAdvancesBacklog(t *testing.T) {
 		{"events, aligned", cfg("100/1s", "aligned", true), true},
 		{"CAPACITY_ADVANCE=false", cfg("100/1s", "aligned", false), false},
 		{"no capacity", cfg("", "aligned", true), false},
-		{"bytes", cfg("10MiB/1s", "aligned", true), false},
+		{"bytes", cfg("10MiB/1s", "aligned", true), true},
+		{"units", cfg("2000u/1s", "aligned", true), true},
 		{"ttl windows", cfg("100/1s", "ttl", true), false},
 	} {
 		if got := tt.cfg.advancesBacklog(); got != tt.want {

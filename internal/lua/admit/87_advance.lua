@@ -8,13 +8,18 @@
 -- events are deferred events that wait in a retry tier before their due time,
 -- each holding a reserved slot (counted in the window of each of its
 -- tenant's rules that holds its due time, the capacity's included), given
--- per tenant in due order, from the head of its waiting events. For each
--- tenant, in order, and while the tenant qualifies, an event is moved:
+-- per tenant in due order, from the head of its waiting events, with their
+-- costs as any call's (50_costs.lua: a tenant with a rule or a capacity of
+-- bytes or units). An event costs each rule what admission counts: 1 for a
+-- rule of events, its bytes or units for one of bytes or units (its cost
+-- below). For each tenant, in order, and while the tenant qualifies, an
+-- event is moved:
 --   - its due time is after now, and the windows of its slot still hold it
---     (every own rule's window count at least 1, the capacity window's
---     count and the tenant's t:<tenant> there at least 1);
---   - every own rule's current window has room for it, and every capacity
---     rule's current window too: the tenant's room there (cap_room: its
+--     (every own rule's window count at least its cost, the capacity
+--     window's count and the tenant's t:<tenant> there at least its cost);
+--   - every own rule's current window has room for its cost (count + cost
+--     at most the limit), and every capacity rule's current window too, in
+--     the capacity's measure: the tenant's room there (cap_room: its
 --     entitlement, at the level and the ramp, less what it booked; at most
 --     what the capacity has left, less the floors not used), and, from the
 --     ramp's start (ramp_lo) on, the idle room: C - count less what the
@@ -23,11 +28,12 @@
 --     ones' entitlement at the level, beyond what they booked; with
 --     cap_rest's margin until ramp_mid). Before the ramp a tenant that
 --     starts sending in the window takes its entitlement first;
--- then its booking moves: counted in the current windows (the capacity's
--- through cap_add, as an admission), taken out of its slot's windows (the
--- own rules' counts, journaled; the capacity window's count, t:<tenant>,
--- fb under a floor and the tenant's predicted demand q:<tenant> with its
--- histogram entry, in the call's view). A window a rule's slot shares with
+-- then its booking moves by its cost: counted in the current windows (the
+-- capacity's through cap_add, as an admission), taken out of its slot's
+-- windows (the own rules' counts, journaled; the capacity window's count,
+-- t:<tenant>, fb under a floor and the tenant's predicted demand
+-- q:<tenant> with its histogram entry, in the call's view: cap_add's and
+-- cap_ask's bookings taken back). A window a rule's slot shares with
 -- the current one moves nothing. The tenant's first event that does not
 -- move ends its turn (G4: a tenant's events leave in order); so does the
 -- budget (ARGV[3]): each read of a slot's window that the call has not made
@@ -37,8 +43,8 @@
 -- (the current windows: each tenant's own, the capacity's with the call's
 -- tenants' fields) and its tenants' q: there, one HMGET: at most its
 -- budget and one read per tenant and own rule, plus a few.
--- A tenant qualifies when its rules are aligned (kinds "a" and "e") and
--- count events, and every capacity rule counts events.
+-- A tenant qualifies when its rules are aligned (kinds "a" and "e"), of
+-- any measure.
 --
 -- Reply and record. A moved event is admitted (counted now, in the windows
 -- it is forwarded in: the caller forwards it now with gk-due rewritten to
@@ -164,36 +170,51 @@ do
     return d.cl - c - rest
   end
 
-  -- unbook takes one event of r's tenant out of its capacity window
-  -- starting at s: the count, what the tenant booked there (under its
-  -- floor too) and what it is predicted to ask there.
-  local function unbook(r, s)
+  -- unbook takes an event of cost by of r's tenant out of its capacity
+  -- window starting at s: the count, what the tenant booked there (under
+  -- its floor too) and what it is predicted to ask there (cap_add and
+  -- cap_ask taken back).
+  local function unbook(r, s, by)
     local st = cap_win(r, s)
     local b = cap_booked(r, st) or 0
-    hc_add(st, "count", -1)
-    hc_put(st, r.tf, b - 1)
-    if r.f > 0 and b <= r.f then
-      hc_add(st, "fb", -1)
+    hc_add(st, "count", -by)
+    hc_put(st, r.tf, b - by)
+    if r.f > 0 then
+      local under = math.min(b, r.f) - math.min(b - by, r.f)
+      if under > 0 then
+        hc_add(st, "fb", -under)
+      end
     end
     cap_tenant(st, r.qf)
     local q0 = hc_num(st, r.qf)
-    if q0 >= 1 then
-      hc_put(st, r.qf, q0 - 1)
+    if q0 > 0 then
+      local q1 = math.max(0, q0 - by)
+      hc_put(st, r.qf, q1)
       if not st.hkey then
         st.hkey = dkey(r, s)
       end
-      if q0 == 1 and r.f == 0 then
+      if q1 == 0 and r.f == 0 then
         -- Out of the histogram (cap_demand would leave its weight there).
-        hentry(st.hkey, bucket(1 / r.w), -1, r.w, 1, not r.cap.bycost)
+        hentry(st.hkey, bucket(q0 / r.w), -1, r.w, q0, not r.cap.bycost)
       else
-        cap_demand(r, st.hkey, q0, q0 - 1)
+        cap_demand(r, st.hkey, q0, q1)
       end
     end
   end
 
-  -- movable reports whether the event of due time due may move (see
-  -- above), with the slot's window of each rule in slot.
-  local function movable(rules, due, slot)
+  -- cost_of returns what tenant's j-th event costs rule r: its cost in
+  -- r's list (bytes or units), 1 for a rule of events.
+  local function cost_of(r, j)
+    local c = r.costs
+    if c then
+      return c[j]
+    end
+    return 1
+  end
+
+  -- movable reports whether the j-th event, of due time due, may move
+  -- (see above), with the slot's window of each rule in slot.
+  local function movable(rules, j, due, slot)
     if not due or due <= now then
       return false
     end
@@ -207,15 +228,16 @@ do
         if not may_read(r, s) then
           return false
         end
+        local c = cost_of(r, j)
         if r.cap then
           local st = cap_win(r, s)
-          if (cap_booked(r, st) or 0) < 1 or hc_num(st, "count") < 1 then
+          if (cap_booked(r, st) or 0) < c or hc_num(st, "count") < c then
             return false
           end
-          if cap_room(r, r.cur_start) < 1 or idle(r) < 1 then
+          if cap_room(r, r.cur_start) < c or idle(r) < c then
             return false
           end
-        elseif count_of(wkey(r.key, s)) < 1 or count_of(wkey(r.key, r.cur_start)) >= r.limit then
+        elseif count_of(wkey(r.key, s)) < c or count_of(wkey(r.key, r.cur_start)) + c > r.limit then
           return false
         end
       end
@@ -224,34 +246,31 @@ do
   end
 
   -- advance_one moves tenant ti's events (due times dues, n of them) while
-  -- they may move, and returns how many moved.
+  -- they may move, each by its cost, and returns how many moved.
   local function advance_one(ti, n, dues)
-    for ci = 1, ncap do
-      if capd[ci].bycost then
-        return 0
-      end
-    end
-    local rules = rules_of(ti, nil)
+    local costs = cost_at[ti] and costs_of(ti)
+    local rules = rules_of(ti, costs)
     for _, r in ipairs(rules) do
-      if r.kind == "t" or r.costs then
+      if r.kind == "t" then
         return 0
       end
     end
     local slot, m = {}, 0
     for j = 1, n do
-      if not movable(rules, dues[j], slot) then
+      if not movable(rules, j, dues[j], slot) then
         break
       end
       for ri, r in ipairs(rules) do
         local s = slot[ri]
         if s ~= r.cur_start then
+          local c = cost_of(r, j)
           if r.cap then
-            cap_add(r, r.cur_start, r.cur_end, 1)
-            unbook(r, s)
+            cap_add(r, r.cur_start, r.cur_end, c)
+            unbook(r, s, c)
           else
-            add(r, r.cur_start, r.cur_end, 1)
+            add(r, r.cur_start, r.cur_end, c)
             local key = wkey(r.key, s)
-            counts[key] = incr(key, -1)
+            counts[key] = incr(key, -c)
           end
         end
       end
