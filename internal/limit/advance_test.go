@@ -268,6 +268,24 @@ func backlogOf(t *testing.T, advance bool, p drainPlan) drainRun {
 	return run
 }
 
+// logDrain logs the runs of a flood's backlog without and with Advance:
+// what was forwarded per second (in unit), when the last went, and the
+// script calls.
+func logDrain(t *testing.T, before, after drainRun, unit string) {
+	t.Helper()
+	for _, r := range []struct {
+		name string
+		run  drainRun
+	}{{"reserved slots alone", before}, {"with Advance", after}} {
+		var used []int64
+		for sec := 0; sec <= r.run.last; sec++ {
+			used = append(used, r.run.fwd[sec])
+		}
+		t.Logf("%s: %d events deferred; the last forwarded in second %d, %s per second %v; %d script calls of Advance (at most %d window reads each) moved %d events; %d script calls in all, the slowest %v",
+			r.name, r.run.deferred, r.run.last, unit, used, r.run.calls, r.run.reads, r.run.moves, r.run.evalshas, r.run.slowest)
+	}
+}
+
 // TestCapacityBacklogDrains: b floods 300 events a second for three seconds
 // under CAPACITY=100/1s (its own rule 150/1s): 100 a second are admitted
 // and 600 deferred, each reserving at most half b's share of a later
@@ -281,17 +299,7 @@ func backlogOf(t *testing.T, advance bool, p drainPlan) drainRun {
 func TestCapacityBacklogDrains(t *testing.T) {
 	before := backlog(t, false)
 	after := backlog(t, true)
-	for _, r := range []struct {
-		name string
-		run  drainRun
-	}{{"reserved slots alone", before}, {"with Advance", after}} {
-		var used []int64
-		for sec := 0; sec <= r.run.last; sec++ {
-			used = append(used, r.run.fwd[sec])
-		}
-		t.Logf("%s: %d events deferred; the last forwarded in second %d (%d s after the flood), per second %v; %d script calls of Advance (at most %d window reads each) moved %d events; %d script calls in all, the slowest %v",
-			r.name, r.run.deferred, r.run.last, r.run.last-2, used, r.run.calls, r.run.reads, r.run.moves, r.run.evalshas, r.run.slowest)
-	}
+	logDrain(t, before, after, "events")
 	if after.last > 9 {
 		t.Errorf("with Advance the backlog drained in second %d, want by second 9 (six seconds at the capacity after the flood); reserved slots alone: second %d",
 			after.last, before.last)
@@ -303,30 +311,27 @@ func TestCapacityBacklogDrains(t *testing.T) {
 	}
 }
 
-// TestCapacityBacklogLeavesNewcomer: while b's backlog (as in
-// TestCapacityBacklogDrains) moves into idle room, a light tenant a sends
-// 10 events a second throughout and c starts flooding 200 a second in
-// second 5. Moves take only what nobody is expected to take: a is
-// admitted as without Advance, and c books its share from the next second
-// on, at least what it books without Advance in every second (b's backlog
-// moved out of the later seconds leaves it more, not less).
-func TestCapacityBacklogLeavesNewcomer(t *testing.T) {
-	plan := func(sec, k int) []string {
-		var batch []string
-		if sec < 3 {
-			batch = append(batch, repeat("b", 15)...)
-		}
-		if k%2 == 0 {
-			batch = append(batch, "a")
-		}
-		if sec >= 5 {
-			batch = append(batch, repeat("c", 10)...)
-		}
-		return batch
+// newcomerPlan is the traffic of the newcomer tests: b floods 15 events a
+// call (300 a second) for three seconds, a sends one event every other call
+// (10 a second) throughout, c floods 10 a call (200 a second) from second 5.
+func newcomerPlan(sec, k int) []string {
+	var batch []string
+	if sec < 3 {
+		batch = append(batch, repeat("b", 15)...)
 	}
-	p := drainPlan{capacity: "100/1s", limits: "b=150/1s;*=1000/1s", until: 10, plan: plan}
-	before := backlogOf(t, false, p)
-	after := backlogOf(t, true, p)
+	if k%2 == 0 {
+		batch = append(batch, "a")
+	}
+	if sec >= 5 {
+		batch = append(batch, repeat("c", 10)...)
+	}
+	return batch
+}
+
+// logNewcomer logs what a, b and c were forwarded per second (in unit) in
+// the newcomer tests' runs without and with Advance.
+func logNewcomer(t *testing.T, before, after drainRun, unit string) {
+	t.Helper()
 	for _, r := range []struct {
 		name string
 		run  drainRun
@@ -335,9 +340,23 @@ func TestCapacityBacklogLeavesNewcomer(t *testing.T) {
 		for sec := 0; sec <= 12; sec++ {
 			a, b, c = append(a, r.run.by["a"][sec]), append(b, r.run.by["b"][sec]), append(c, r.run.by["c"][sec])
 		}
-		t.Logf("%s: a deferred %d, per second %v; b %v; c %v; last forward in second %d; %d moved",
-			r.name, r.run.deferBy["a"], a, b, c, r.run.last, r.run.moves)
+		t.Logf("%s: a deferred %d, %s per second %v; b %v; c %v; last forward in second %d; %d moved",
+			r.name, r.run.deferBy["a"], unit, a, b, c, r.run.last, r.run.moves)
 	}
+}
+
+// TestCapacityBacklogLeavesNewcomer: while b's backlog (as in
+// TestCapacityBacklogDrains) moves into idle room, a light tenant a sends
+// 10 events a second throughout and c starts flooding 200 a second in
+// second 5. Moves take only what nobody is expected to take: a is
+// admitted as without Advance, and c books its share from the next second
+// on, at least what it books without Advance in every second (b's backlog
+// moved out of the later seconds leaves it more, not less).
+func TestCapacityBacklogLeavesNewcomer(t *testing.T) {
+	p := drainPlan{capacity: "100/1s", limits: "b=150/1s;*=1000/1s", until: 10, plan: newcomerPlan}
+	before := backlogOf(t, false, p)
+	after := backlogOf(t, true, p)
+	logNewcomer(t, before, after, "events")
 	if after.deferBy["a"] > before.deferBy["a"] {
 		t.Errorf("a deferred %d with Advance, %d without", after.deferBy["a"], before.deferBy["a"])
 	}
@@ -360,40 +379,17 @@ func TestCapacityBacklogLeavesNewcomer(t *testing.T) {
 // window, where a and c then find no room (a deferred 34 events, 8
 // without the moves; an admission matter of idle floors, see the README).
 func TestCapacityBacklogLeavesNewcomerBytes(t *testing.T) {
-	plan := func(sec, k int) []string {
-		var batch []string
-		if sec < 3 {
-			batch = append(batch, repeat("b", 15)...)
-		}
-		if k%2 == 0 {
-			batch = append(batch, "a")
-		}
-		if sec >= 5 {
-			batch = append(batch, repeat("c", 10)...)
-		}
-		return batch
-	}
 	sizes := []int64{500, 1000, 1500}
 	for _, tc := range []struct {
 		limits string
 		fair   bool // the shares are checked
 	}{{"b=150KiB/1s;*=1000KiB/1s", true}, {"b=150KiB/1s,floor:20KiB/1s;*=1000KiB/1s", false}} {
 		t.Run(tc.limits, func(t *testing.T) {
-			p := drainPlan{capacity: "100KiB/1s", limits: tc.limits, until: 10, plan: plan,
+			p := drainPlan{capacity: "100KiB/1s", limits: tc.limits, until: 10, plan: newcomerPlan,
 				cost: func(i int) Cost { return Cost{Bytes: sizes[i%len(sizes)]} }}
 			before := backlogOf(t, false, p)
 			after := backlogOf(t, true, p)
-			for _, r := range []struct {
-				name string
-				run  drainRun
-			}{{"reserved slots alone", before}, {"with Advance", after}} {
-				var a, b, c []int64
-				for sec := 0; sec <= 12; sec++ {
-					a, b, c = append(a, r.run.by["a"][sec]), append(b, r.run.by["b"][sec]), append(c, r.run.by["c"][sec])
-				}
-				t.Logf("%s: a deferred %d, bytes per second %v; b %v; c %v; last forward in second %d; %d moved",
-					r.name, r.run.deferBy["a"], a, b, c, r.run.last, r.run.moves)
-			}
+			logNewcomer(t, before, after, "bytes")
 			if after.moves == 0 {
 				t.Errorf("with Advance nothing moved")
 			}
@@ -720,17 +716,7 @@ func TestCapacityBacklogDrainsCosts(t *testing.T) {
 			p := drainPlan{capacity: tc.capacity, limits: tc.own, until: 3, plan: flood("b", 15, 3), cost: cost}
 			before := backlogOf(t, false, p)
 			after := backlogOf(t, true, p)
-			for _, r := range []struct {
-				name string
-				run  drainRun
-			}{{"reserved slots alone", before}, {"with Advance", after}} {
-				var used []int64
-				for sec := 0; sec <= r.run.last; sec++ {
-					used = append(used, r.run.fwd[sec])
-				}
-				t.Logf("%s: %d events deferred; the last forwarded in second %d, per second %v (%s); %d script calls of Advance (at most %d window reads each) moved %d events; the slowest call %v",
-					r.name, r.run.deferred, r.run.last, used, c[0].Measure, r.run.calls, r.run.reads, r.run.moves, r.run.slowest)
-			}
+			logDrain(t, before, after, c[0].Measure.String())
 			if after.moves == 0 || after.last >= before.last {
 				t.Errorf("with Advance %d events moved and the backlog drained in second %d, reserved slots alone in second %d: want moves, and sooner",
 					after.moves, after.last, before.last)
