@@ -274,6 +274,14 @@ local function cap_one(ti, p, k, n, mark, o)
   end
   b, q0, c = b or 0, q0 or 0, c or 0
   local w, f = caps[ti + ti - 1], caps[ti + ti]
+  local qc, bn = 0, 0 -- with a floor: what it asks of the current window, booked in the next
+  if f > 0 then
+    qc, bn = cv[qf], nv[tf]
+    if qc == nil or bn == nil then
+      return nil -- not read (see tenant_fields)
+    end
+    qc, bn = qc or 0, bn or 0
+  end
   local cdirty, cdl = cw.dirty, cw.dl
   -- cap_mark: active in the window from its first call (journaled).
   if rv == false then
@@ -348,7 +356,14 @@ local function cap_one(ti, p, k, n, mark, o)
     room = left
   end
   if protect and cd.ffloor > 0 then
-    local others = cd.ffloor - (cv.fb or 0) - (f > b and f - b or 0)
+    -- The others' floors as far as they ask (cap_room).
+    local others = (cv.fu or 0) - (cv.fb or 0)
+    if f > b then
+      local kept = (qc < f and qc or f) - b
+      if kept > 0 then
+        others = others - kept
+      end
+    end
     if others > 0 then
       free = free - others
     end
@@ -443,6 +458,26 @@ local function cap_one(ti, p, k, n, mark, o)
       if not cdirty.fb then
         cdirty.fb = true
         cdl[#cdl + 1] = "fb"
+      end
+    end
+  end
+  if f > 0 then
+    -- fu, in the current window and the next (cap_add, cap_ask).
+    local by = floor_moved(f, b, qc, b + need, qc)
+    if by ~= 0 then
+      cv.fu = (cv.fu or 0) + by
+      if not cdirty.fu then
+        cdirty.fu = true
+        cdl[#cdl + 1] = "fu"
+      end
+    end
+    by = floor_moved(f, bn, q0, bn, q0 + need)
+    if by ~= 0 then
+      nv.fu = (nv.fu or 0) + by
+      local ndirty = nw.dirty
+      if not ndirty.fu then
+        ndirty.fu = true
+        nw.dl[#nw.dl + 1] = "fu"
       end
     end
   end
