@@ -451,35 +451,23 @@ local function cap_one(ti, p, k, n, mark, o)
       end
     end
   end
-  if f > 0 and b < f then
-    local under = (b + need < f and b + need or f) - b
-    if under > 0 then
-      cv.fb = (cv.fb or 0) + under
-      if not cdirty.fb then
-        cdirty.fb = true
-        cdl[#cdl + 1] = "fb"
-      end
-    end
-  end
   if f > 0 then
-    -- fu, in the current window and the next (cap_add, cap_ask).
+    -- cap_add's fb and fu, and cap_ask's fu in the next window (settled:
+    -- not journaled, as cap_demand below).
+    settled = true
+    local under = (b + need < f and b + need or f) - (b < f and b or f)
+    if under > 0 then
+      hc_add(cw, "fb", under)
+    end
     local by = floor_moved(f, b, qc, b + need, qc)
     if by ~= 0 then
-      cv.fu = (cv.fu or 0) + by
-      if not cdirty.fu then
-        cdirty.fu = true
-        cdl[#cdl + 1] = "fu"
-      end
+      hc_add(cw, "fu", by)
     end
     by = floor_moved(f, bn, q0, bn, q0 + need)
     if by ~= 0 then
-      nv.fu = (nv.fu or 0) + by
-      local ndirty = nw.dirty
-      if not ndirty.fu then
-        ndirty.fu = true
-        nw.dl[#nw.dl + 1] = "fu"
-      end
+      hc_add(nw, "fu", by)
     end
+    settled = false
   end
   -- cap_ask: what it asks of the next window, and its demand there.
   local q1 = q0 + need
