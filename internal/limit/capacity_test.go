@@ -243,6 +243,7 @@ func exactAcross(t *testing.T, rdb redis.UniversalClient, prefix, capacity, limi
 		if count > c[0].Limit {
 			t.Errorf("window %v: count %d over the capacity %s", s, count, c[0])
 		}
+		checkFloorUse(t, ls[0], c[0], s)
 		if count > 0 {
 			checked++
 		}

@@ -16,6 +16,8 @@
 --     a       the active weight: the summed weight of the tenants that booked
 --             there or sent events while it was the current window
 --     fb      what was booked under named tenants' floors
+--     fu      what named tenants use of their floors: booked or predicted
+--             to ask, each at most its floor (see Floors)
 --     x       what was booked above the level, in the ramp (see Entitlement)
 --     ht      65 bytes of no meaning: the hash is a hash table (see HT)
 --     cl      the capacity in force in the window, fixed at its first call
@@ -94,7 +96,8 @@
 --   writes it back at its end (cap_flush, from 90_run.lua's finish): each
 --   window is read once, one HMGET of its shared fields and of the fields
 --   of every tenant of the call that the call uses there (the current
---   window: t and r; the next: q; another window: the fields of the tenant
+--   window: t and r; the next: q; and the other of t and q of a tenant
+--   with a floor, see Floors; another window: the fields of the tenant
 --   that books there), and written once, one HSET of what changed (and a
 --   PEXPIRE, with its histogram's, when the call gave it its end); a
 --   histogram's buckets moved by the call's tenants are summed and written
@@ -165,10 +168,34 @@
 -- window (no history, or a demand grown past the prediction: the level
 -- is then no share), at most half its share at the equal share of the
 -- window's active weight, the call's tenants counted (cap_active).
--- Bookings above a tenant's floor leave room for the named tenants'
--- floors not yet used in the window (field fb: booked under floors),
--- except from ramp_hi on. Every booking counts in the window's
+-- Bookings above a tenant's floor leave room for the other named
+-- tenants' floors as far as they ask for them (see Floors), except from
+-- ramp_hi on. Every booking counts in the window's
 -- count, which never passes C: the fairness only ever narrows the room.
+--
+-- Floors: a named tenant's floor f is kept apart from the others in a
+--   window only for what the tenant may still ask of it there: min(f, q)
+--   less what it booked (b), when positive, q its predicted demand there
+--   (field q:<tenant>, see Demand). Field fu sums, over the named
+--   tenants, min(f, max(b, q)), and fb sums min(f, b): fu - fb is what
+--   is kept for them all, exactly (a tenant that booked past its
+--   prediction keeps nothing). Every change of a floored tenant's t: or q:
+--   in a window moves fu there (cap_add, cap_ask, cap_one, 87_advance.lua's
+--   unbook), from fields the call reads anyway or with them (the current
+--   window's read takes the q: of the call's tenants with a floor, the
+--   next window's their t:, see tenant_fields). So a floor its tenant is not
+--   predicted to use goes to the others (work-conserving, as the level,
+--   which counts min(f, q), already was), and a tenant that asks gets its
+--   floor against floods. The trade-off: a tenant with a floor that starts
+--   sending in a window where nothing was predicted for it finds there
+--   what the others left (its entitlement bounds it as ever), and its
+--   floor from the next window on, where what it sent and what it
+--   reserved (up to its floor, as in any future window) are predicted.
+--   (Kept whatever the demand, until ramp_hi, an idle floor left that
+--   much of the capacity unbooked in every window where its tenant asked
+--   nothing: TestCapacityFloorAsked, TestCapacityBacklogLeavesNewcomer.)
+--   A window written before fu was kept (an older release) holds none: a
+--   floor is kept there only as far as its tenant's changes since.
 --
 -- Paced: under a paced capacity (limit.Limiter.PaceReservations) the call
 --   passes resv, the most that all tenants together may reserve in a window
@@ -271,7 +298,7 @@ local capold = {}
 -- writes none of the view; a later tenant's failure takes back its own
 -- writes, whose capold holds the values these left.)
 local settled = false
-local SHARED = {"count", "expire", "a", "fb", "lv", "sf", "wc", "x", "cl", "bg"}
+local SHARED = {"count", "expire", "a", "fb", "fu", "lv", "sf", "wc", "x", "cl", "bg"}
 local CHUNK = 1000 -- fields per HMGET or HSET (Lua's unpack has a limit)
 -- HT, the value of a window's field ht, written with its first fields, is
 -- longer than hash-max-listpack-value (64 by default): Redis then keeps the
@@ -379,20 +406,41 @@ local function hc_add(e, f, by)
   hc_put(e, f, (x or 0) + by)
 end
 
--- The capacity's per-tenant fields of the call's tenants, made once.
-local function tenant_fields(a, b)
-  local l, n = {}, 0
-  for i = 1, #a do
-    l[n + 1], l[n + 2] = a[i], b[i]
-    n = n + 2
+-- tenant_fields returns the capacity's per-tenant fields of the call's
+-- tenants that it reads in the current window (cur true: t and r, and q
+-- of a tenant with a floor) or in the next (q, and t of a tenant with a
+-- floor: see Floors), made once a call.
+local tenant_fields
+do
+  local lists = false
+  tenant_fields = function(cur)
+    if not lists then
+      local c, x = {}, {}
+      for i = 1, #capt do
+        c[#c + 1], c[#c + 2] = capt[i], capr[i]
+        x[#x + 1] = capq[i]
+        local base = (i - 1) * (1 + ncap)
+        for ci = 1, ncap do
+          if caps[base + 1 + ci] > 0 then
+            c[#c + 1], x[#x + 1] = capq[i], capt[i]
+            break
+          end
+        end
+      end
+      lists = {c, x}
+    end
+    if cur then
+      return lists[1]
+    end
+    return lists[2]
   end
-  return l
 end
 
 -- cap_state returns the call's entry of the capacity window key of rule d
 -- starting at s, read once per call: its shared fields, and with them the
 -- fields of every tenant of the call that the call will use there (the
--- current window: t and r; the next: q), one HMGET for all.
+-- current window: t and r; the next: q; see tenant_fields), one HMGET for
+-- all.
 local function cap_state(key, s, d)
   local e = hc[key]
   if e == nil then
@@ -400,9 +448,9 @@ local function cap_state(key, s, d)
     hc_load(e, SHARED)
     e.ends = type(e.v.expire) == "number" -- read: no write takes it back
     if d and s == d.cs then
-      hc_fresh(e, tenant_fields(capt, capr))
+      hc_fresh(e, tenant_fields(true))
     elseif d and s == d.ce then
-      hc_fresh(e, capq)
+      hc_fresh(e, tenant_fields(false))
     end
     hc[key] = e -- only once read: a failed read is tried again
     hkeys[#hkeys + 1] = key
@@ -459,6 +507,20 @@ local function cap_booked(r, e)
   return b
 end
 
+-- floor_moved returns by how much what a tenant with floor f uses of it in
+-- a window, min(f, max(booked, asked)), moves as the tenant goes from
+-- booked b0 and asking q0 there to b1 and q1: what field fu moves by (see
+-- Floors).
+local function floor_moved(f, b0, q0, b1, q1)
+  if q0 > b0 then
+    b0 = q0
+  end
+  if q1 > b1 then
+    b1 = q1
+  end
+  return math.min(f, b1) - math.min(f, b0)
+end
+
 -- cap_touch gives a window e that has no end yet its end we; the call's end
 -- gives it its physical expiry (cap_flush).
 local function cap_touch(r, e, we)
@@ -511,18 +573,21 @@ end
 -- hentry adds sign times a tenant's entry (weight w, demand d) to bucket k
 -- of the demand histogram key: packed in one field, or for a capacity of
 -- bytes or units (packed false) in two (see Demand).
-local wfields = {} -- bucket k's field of weights, "w<k>", made once a call
-local function hentry(key, k, sign, w, d, packed)
-  if packed then
-    hmove(key, numbers[k] or num(k), sign * (w * HP + d))
-  else
-    hmove(key, numbers[k] or num(k), sign * d)
-    local wf = wfields[k]
-    if not wf then
-      wf = "w" .. num(k)
-      wfields[k] = wf
+local hentry
+do
+  local wfields = {} -- bucket k's field of weights, "w<k>", made once a call
+  hentry = function(key, k, sign, w, d, packed)
+    if packed then
+      hmove(key, numbers[k] or num(k), sign * (w * HP + d))
+    else
+      hmove(key, numbers[k] or num(k), sign * d)
+      local wf = wfields[k]
+      if not wf then
+        wf = "w" .. num(k)
+        wfields[k] = wf
+      end
+      hmove(key, wf, sign * w)
     end
-    hmove(key, wf, sign * w)
   end
 end
 
@@ -775,6 +840,13 @@ local function cap_ask(r, s, e, by)
   cap_tenant(st, f)
   local q0 = hc_num(st, f)
   hc_put(st, f, q0 + by)
+  if r.f > 0 then
+    local b = cap_booked(r, st) or 0
+    local moved = floor_moved(r.f, b, q0, b, q0 + by)
+    if moved ~= 0 then
+      hc_add(st, "fu", moved)
+    end
+  end
   if not st.hkey then
     st.hkey = dkey(r, s)
   end
@@ -973,7 +1045,16 @@ local function cap_room(r, s, pos)
     end
   end
   if protect and d.ffloor > 0 then
-    local others = d.ffloor - hc_num(st, "fb") - math.max(0, r.f - b)
+    -- The others' floors as far as they ask (see Floors): fu - fb less
+    -- what is kept for the tenant itself, min(f, q) - b when positive.
+    local others = hc_num(st, "fu") - hc_num(st, "fb")
+    if r.f > b then
+      cap_tenant(st, r.qf)
+      local kept = math.min(r.f, hc_num(st, r.qf)) - b
+      if kept > 0 then
+        others = others - kept
+      end
+    end
     if others > 0 then
       free = free - others
     end
@@ -1002,6 +1083,18 @@ local function cap_add(r, s, e, by)
   local b = cap_booked(r, st) or 0
   hc_add(st, "count", by)
   hc_put(st, r.tf, b + by)
+  if r.f > 0 then
+    local under = math.min(b + by, r.f) - math.min(b, r.f)
+    if under > 0 then
+      hc_add(st, "fb", under)
+    end
+    cap_tenant(st, r.qf)
+    local q = hc_num(st, r.qf) -- before cap_ask moves it
+    local moved = floor_moved(r.f, b, q, b + by, q)
+    if moved ~= 0 then
+      hc_add(st, "fu", moved)
+    end
+  end
   if s ~= r.cur_start then
     cap_ask(r, s, e, by)
   elseif r.cap.lv > 0 then
@@ -1010,12 +1103,6 @@ local function cap_add(r, s, e, by)
     local over = math.max(0, b + by - base) - math.max(0, b - base)
     if over > 0 then
       hc_add(st, "x", over)
-    end
-  end
-  if r.f > 0 then
-    local under = math.min(b + by, r.f) - math.min(b, r.f)
-    if under > 0 then
-      hc_add(st, "fb", under)
     end
   end
 end
@@ -1035,30 +1122,33 @@ end
 -- room for all n events in its current window, else false: then run
 -- (90_run.lua) decides the tenant in the fast path, and cap_book books the
 -- events in the capacity, without the tables of a decision (rules_of).
-local quick = {} -- per capacity rule, cap_quick's state, made once per call
-local function cap_quick(ti, n)
-  local base = (ti - 1) * (1 + ncap)
-  local qs = quick
-  for ci = 1, ncap do
-    local d = capd[ci]
-    local r = qs[ci]
-    if not r then
-      r = {
-        key = d.key, cap = d, cur_start = d.cs, cur_end = d.ce, step = d.step,
-        retention = d.retention, limit = d.limit,
-      }
-      qs[ci] = r
+local cap_quick
+do
+  local quick = {} -- per capacity rule, cap_quick's state, made once per call
+  cap_quick = function(ti, n)
+    local base = (ti - 1) * (1 + ncap)
+    local qs = quick
+    for ci = 1, ncap do
+      local d = capd[ci]
+      local r = qs[ci]
+      if not r then
+        r = {
+          key = d.key, cap = d, cur_start = d.cs, cur_end = d.ce, step = d.step,
+          retention = d.retention, limit = d.limit,
+        }
+        qs[ci] = r
+      end
+      r.field, r.tf, r.rf, r.qf = capn[ti], capt[ti], capr[ti], capq[ti]
+      r.w, r.f = caps[base + 1], caps[base + 1 + ci]
+      cap_mark(r)
+      local room = cap_room(r, d.cs)
+      r.need = cap_cost(ti, ci, n, room) -- what the n events cost it
+      if room < r.need then
+        return false
+      end
     end
-    r.field, r.tf, r.rf, r.qf = capn[ti], capt[ti], capr[ti], capq[ti]
-    r.w, r.f = caps[base + 1], caps[base + 1 + ci]
-    cap_mark(r)
-    local room = cap_room(r, d.cs)
-    r.need = cap_cost(ti, ci, n, room) -- what the n events cost it
-    if room < r.need then
-      return false
-    end
+    return qs
   end
-  return qs
 end
 
 -- cap_book books the events admitted in the fast path in the capacity

@@ -32,8 +32,8 @@
 -- capacity's through cap_add, as an admission), taken out of its slot's
 -- windows (the own rules' counts, journaled; the capacity window's count,
 -- t:<tenant>, fb under a floor and the tenant's predicted demand
--- q:<tenant> with its histogram entry, in the call's view: cap_add's and
--- cap_ask's bookings taken back). A window a rule's slot shares with
+-- q:<tenant> with its histogram entry, and fu (35_capacity.lua's Floors),
+-- in the call's view: cap_add's and cap_ask's bookings taken back). A window a rule's slot shares with
 -- the current one moves nothing. The tenant's first event that does not
 -- move ends its turn (G4: a tenant's events leave in order); so does the
 -- budget (ARGV[3]): each read of a slot's window that the call has not made
@@ -172,8 +172,8 @@ do
 
   -- unbook takes an event of cost by of r's tenant out of its capacity
   -- window starting at s: the count, what the tenant booked there (under
-  -- its floor too) and what it is predicted to ask there (cap_add and
-  -- cap_ask taken back).
+  -- its floor too, and what it uses of its floor) and what it is predicted
+  -- to ask there (cap_add and cap_ask taken back).
   local function unbook(r, s, by)
     local st = cap_win(r, s)
     local b = cap_booked(r, st) or 0
@@ -187,6 +187,12 @@ do
     end
     cap_tenant(st, r.qf)
     local q0 = hc_num(st, r.qf)
+    if r.f > 0 then
+      local moved = floor_moved(r.f, b, q0, b - by, math.max(0, q0 - by))
+      if moved ~= 0 then
+        hc_add(st, "fu", moved)
+      end
+    end
     if q0 > 0 then
       local q1 = math.max(0, q0 - by)
       hc_put(st, r.qf, q1)

@@ -274,6 +274,14 @@ local function cap_one(ti, p, k, n, mark, o)
   end
   b, q0, c = b or 0, q0 or 0, c or 0
   local w, f = caps[ti + ti - 1], caps[ti + ti]
+  local qc, bn = 0, 0 -- with a floor: what it asks of the current window, booked in the next
+  if f > 0 then
+    qc, bn = cv[qf], nv[tf]
+    if qc == nil or bn == nil then
+      return nil -- not read (see tenant_fields)
+    end
+    qc, bn = qc or 0, bn or 0
+  end
   local cdirty, cdl = cw.dirty, cw.dl
   -- cap_mark: active in the window from its first call (journaled).
   if rv == false then
@@ -348,7 +356,14 @@ local function cap_one(ti, p, k, n, mark, o)
     room = left
   end
   if protect and cd.ffloor > 0 then
-    local others = cd.ffloor - (cv.fb or 0) - (f > b and f - b or 0)
+    -- The others' floors as far as they ask (cap_room).
+    local others = (cv.fu or 0) - (cv.fb or 0)
+    if f > b then
+      local kept = (qc < f and qc or f) - b
+      if kept > 0 then
+        others = others - kept
+      end
+    end
     if others > 0 then
       free = free - others
     end
@@ -436,15 +451,23 @@ local function cap_one(ti, p, k, n, mark, o)
       end
     end
   end
-  if f > 0 and b < f then
-    local under = (b + need < f and b + need or f) - b
+  if f > 0 then
+    -- cap_add's fb and fu, and cap_ask's fu in the next window (settled:
+    -- not journaled, as cap_demand below).
+    settled = true
+    local under = (b + need < f and b + need or f) - (b < f and b or f)
     if under > 0 then
-      cv.fb = (cv.fb or 0) + under
-      if not cdirty.fb then
-        cdirty.fb = true
-        cdl[#cdl + 1] = "fb"
-      end
+      hc_add(cw, "fb", under)
     end
+    local by = floor_moved(f, b, qc, b + need, qc)
+    if by ~= 0 then
+      hc_add(cw, "fu", by)
+    end
+    by = floor_moved(f, bn, q0, bn, q0 + need)
+    if by ~= 0 then
+      hc_add(nw, "fu", by)
+    end
+    settled = false
   end
   -- cap_ask: what it asks of the next window, and its demand there.
   local q1 = q0 + need
