@@ -4,6 +4,7 @@ package fault
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -157,6 +158,63 @@ func TestRecoveries(t *testing.T) {
 				if g.fault != w.fault || g.ok != w.ok || (w.ok && g.took != w.took) || (!w.ok && !strings.Contains(g.note, w.note)) {
 					t.Errorf("recovery %d: got %+v, want %+v", i, g, w)
 				}
+			}
+		})
+	}
+}
+
+// TestStrayCopies checks which downstream copies strayCopies calls stray on
+// made-up records: a crash's redelivery explains a copy of an event first
+// appended before the fault, and one copy per extra record of a trip in the
+// first retry tier, forwarded in its slot or deferred again after it.
+func TestStrayCopies(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	direct := func(id int, s float64) outEvent {
+		return outEvent{topic: "out", id: id, tenant: "t", at: at(s)}
+	}
+	deferred := func(topic string, id int, s, due float64, attempt string) outEvent {
+		return outEvent{topic: topic, id: id, tenant: "t", at: at(s), due: at(due), reserved: at(due + 5), attempt: attempt}
+	}
+	since := at(10)
+	for _, tc := range []struct {
+		name       string
+		out, retry []outEvent
+		wantStray  []int // ids of the stray copies
+		wantAgain  int   // copies explained as an extra record deferred again
+	}{
+		{"one copy each", []outEvent{direct(1, 11), deferred("out", 2, 20, 20, "1")},
+			[]outEvent{deferred("retry", 2, 12, 20, "1")}, nil, 0},
+		{"copy of an event first out before the fault", []outEvent{direct(1, 9), direct(1, 12)}, nil, nil, 0},
+		{"copy of an event first out after the fault", []outEvent{direct(1, 11), direct(1, 12)}, nil, []int{1}, 0},
+		{"an extra record forwarded in its slot",
+			[]outEvent{deferred("out", 2, 20, 20, "1"), deferred("out", 2, 21, 20, "1")},
+			[]outEvent{deferred("retry", 2, 12, 20, "1"), deferred("retry", 2, 16, 20, "1")}, nil, 0},
+		{"an extra record read after its slot and deferred again",
+			[]outEvent{deferred("out", 2, 20, 20, "1"), deferred("out", 2, 30, 30, "2")},
+			[]outEvent{deferred("retry", 2, 12, 20, "1"), deferred("retry", 2, 26, 20, "1"), deferred("retry", 2, 26, 30, "2")}, nil, 1},
+		{"deferred again with no extra record", // a handover that forgot the forward
+			[]outEvent{deferred("out", 2, 20, 20, "1"), deferred("out", 2, 30, 30, "2")},
+			[]outEvent{deferred("retry", 2, 12, 20, "1"), deferred("retry", 2, 26, 30, "2")}, []int{2}, 0},
+		{"one extra record explains one copy, not two",
+			[]outEvent{deferred("out", 2, 20, 20, "1"), deferred("out", 2, 21, 20, "1"), deferred("out", 2, 30, 30, "2")},
+			[]outEvent{deferred("retry", 2, 12, 20, "1"), deferred("retry", 2, 16, 20, "1"), deferred("retry", 2, 26, 30, "2")}, []int{2}, 0},
+		{"an extra record of a later trip explains no earlier copy",
+			[]outEvent{deferred("out", 2, 20, 20, "1"), deferred("out", 2, 25, 25, "2")},
+			[]outEvent{deferred("retry", 2, 12, 20, "1"), deferred("retry", 2, 21, 25, "2"),
+				deferred("retry", 2, 26, 30, "3"), deferred("retry", 2, 27, 30, "3")}, []int{2}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stray, again, _, _ := strayCopies(tc.out, tc.retry, "out", 5*time.Second, since)
+			var got []int
+			for _, e := range stray {
+				got = append(got, e.id)
+			}
+			if !slices.Equal(got, tc.wantStray) {
+				t.Errorf("stray ids %v, want %v", got, tc.wantStray)
+			}
+			if again != tc.wantAgain {
+				t.Errorf("deferred again %d, want %d", again, tc.wantAgain)
 			}
 		})
 	}

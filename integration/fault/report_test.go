@@ -322,13 +322,15 @@ func check(t *testing.T, o outcome) {
 			t.Errorf("duplicated: got %d, want at most %d (dupBound)", f.Duplicated, o.bound)
 		}
 		if o.sc.noStrayCopies && len(o.marks) > 0 {
-			stray, most, at := strayCopies(o.out, o.retry, o.flow.Downstream, window, o.marks[0].at.Add(inFlightAtCut))
-			t.Logf("figures: stray copies %d (downstream copies no crash explains: a zombie's late writes, a handover that forgot what was finished); max_window without a crash's redelivery %d/%d (%s)",
-				len(stray), most, limitPerWindow, at)
+			stray, again, most, at := strayCopies(o.out, o.retry, o.flow.Downstream, window, o.marks[0].at.Add(inFlightAtCut))
+			t.Logf("figures: stray copies %d (downstream copies no crash explains: a zombie's late writes, a handover that forgot what was finished); "+
+				"copies of a redelivered deferral's extra record read after its slot and deferred again %d; max_window without a crash's redelivery %d/%d (%s)",
+				len(stray), again, most, limitPerWindow, at)
 			if len(stray) > 0 {
 				var ex []string
 				for _, e := range stray[:min(len(stray), 5)] {
-					ex = append(ex, fmt.Sprintf("id %d: %s", e.id, strings.Join(copiesOf(o.out, e.id), " | ")))
+					ex = append(ex, fmt.Sprintf("id %d: %s; its records in the first retry tier: %s", e.id,
+						strings.Join(copiesOf(o.out, e.id), " | "), strings.Join(copiesOf(o.retry, e.id), " | ")))
 				}
 				t.Errorf("stray copies: got %d, want 0 (a zombie's writes are fenced, a handover forgets nothing finished): %s",
 					len(stray), strings.Join(ex, "; "))

@@ -238,24 +238,42 @@ func tally(res loadResult, source, out []outEvent, downstream string, win time.D
 }
 
 // strayCopies returns the downstream copies of events that a crash cannot
-// explain (G8), and the most downstream events of one tenant in one window
-// without them. A crash may redeliver what was acknowledged before it and
+// explain (G8), how many copies it explained as an extra record deferred
+// again (below), and the most downstream events of one tenant in one window
+// without the stray ones. A crash may redeliver what was acknowledged before it and
 // not yet committed: copies of events whose first copy was appended
 // downstream before since (just after the start of the first fault), and, for an event
 // that went through the retry path, as many extra copies as the first retry
 // tier (retry) holds extra records of that trip (a source batch acknowledged
 // before the fault and decided again by its partition's next owner: the
-// replay gives the same deferral, and each record is forwarded in its slot).
+// replay gives the same deferral, and each record is forwarded in its slot,
+// or, when the next owner wrote it or it was read after its slot, checked
+// again as new and deferred again: a copy of a later due and attempt, which
+// an extra record of an earlier trip of the event explains).
 // Any other copy is stray: a zombie's write landing late, or a handover that
 // forgets what the last owner finished.
-func strayCopies(out, retry []outEvent, downstream string, win time.Duration, since time.Time) (stray []outEvent, most int, where string) {
+func strayCopies(out, retry []outEvent, downstream string, win time.Duration, since time.Time) (stray []outEvent, again, most int, where string) {
 	type trip struct {
 		id  int
 		due int64
 	}
-	records := map[trip]int{}
+	records, trips := map[trip]int{}, map[int][]trip{}
 	for _, e := range retry {
-		records[trip{e.id, e.due.UnixMilli()}]++
+		k := trip{e.id, e.due.UnixMilli()}
+		if records[k]++; records[k] == 1 {
+			trips[e.id] = append(trips[e.id], k)
+		}
+	}
+	// earlierExtra returns a trip of e's event due before e whose extra
+	// records are not all used yet.
+	extraUsed := map[trip]int{}
+	earlierExtra := func(e outEvent) (trip, bool) {
+		for _, k := range trips[e.id] {
+			if k.due < e.due.UnixMilli() && extraUsed[k] < records[k]-1 {
+				return k, true
+			}
+		}
+		return trip{}, false
 	}
 	firstAt := map[int]time.Time{}
 	for _, e := range out {
@@ -266,7 +284,7 @@ func strayCopies(out, retry []outEvent, downstream string, win time.Duration, si
 			firstAt[e.id] = e.at
 		}
 	}
-	perWindow, firstTaken, extraUsed := map[string]int{}, map[int]bool{}, map[trip]int{}
+	perWindow, firstTaken := map[string]int{}, map[int]bool{}
 	for _, e := range out {
 		if e.topic != downstream {
 			continue
@@ -278,6 +296,10 @@ func strayCopies(out, retry []outEvent, downstream string, win time.Duration, si
 		} else if k := (trip{e.id, e.due.UnixMilli()}); !e.due.IsZero() && extraUsed[k] < records[k]-1 {
 			extraUsed[k]++
 			continue // the forward of a redelivered deferral's record
+		} else if k, ok := earlierExtra(e); ok && e.attempt != "" && e.attempt != "1" {
+			extraUsed[k]++
+			again++
+			continue // a redelivered deferral's record handled after its slot, deferred again
 		} else {
 			stray = append(stray, e)
 		}
@@ -289,7 +311,7 @@ func strayCopies(out, retry []outEvent, downstream string, win time.Duration, si
 			where = fmt.Sprintf("%s in the window from %s", e.tenant, time.UnixMilli(w*win.Milliseconds()).UTC().Format("15:04:05"))
 		}
 	}
-	return stray, most, where
+	return stray, again, most, where
 }
 
 // lateness returns the p99 and the maximum of ls, and how many are over
