@@ -18,6 +18,10 @@ type Waiting struct {
 	Offset int64
 	Due    time.Time
 	Cost   Cost
+	// Windows is the Decision.Windows it was deferred with (its
+	// gk-windows): it moves only if that names the windows of its tenant's
+	// rules in force, the ones whose slot windows counted it.
+	Windows string
 }
 
 // advanceCall is what a call of Advance adds to a batch (admit.lua's
@@ -53,7 +57,9 @@ type advanceCall struct {
 // what nobody is expected to take is known), and only tenants whose rules
 // are aligned; otherwise Advance returns without a Redis call and nothing
 // moves. An event whose cost no rule may count (see AdmitFrom) does not
-// move, nor do the later events of its tenant. A non-nil error means Redis
+// move, nor does one whose Windows are not those of its tenant's rules in
+// force (deferred before they changed, or by a release that did not name
+// them), nor do the later events of its tenant. A non-nil error means Redis
 // trouble and nothing moved.
 func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) (moved []bool, at time.Time, err error) {
 	moved = make([]bool, len(events))
@@ -106,6 +112,13 @@ func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) (mo
 	}
 	ds := make([]Decision, len(events))
 	takeCosts(groups, costs, ds, l.CapacityInForce())
+	for _, g := range groups {
+		for _, j := range g.idx {
+			if events[order[j]].Windows != g.windows {
+				ds[j] = Decision{Kind: Reject, Reason: otherWindows}
+			}
+		}
+	}
 	inOrder(groups, s.tenants, ds)
 	var calls []*group
 	l.mu.Lock()
@@ -136,10 +149,16 @@ func (l *Limiter) Advance(ctx context.Context, src Source, events []Waiting) (mo
 	return moved, now, nil
 }
 
+// otherWindows is why Advance keeps an event deferred under rules that
+// count in other windows than its tenant's rules in force (or by a release
+// that did not name them): its slot's windows under these rules never
+// counted it, so its booking cannot leave them. It keeps its slot.
+const otherWindows = "deferred under rules counting in other windows"
+
 // inOrder cuts each group of an Advance call over tenants before its
-// tenant's first event that takeCosts took out (ds holds its Reject): the
-// later events of the tenant must not move before it (a tenant's events
-// leave in order).
+// tenant's first event that takeCosts took out or that was deferred under
+// other windows (ds holds its Reject): the later events of the tenant must
+// not move before it (a tenant's events leave in order).
 func inOrder(groups []*group, tenants []string, ds []Decision) {
 	first := map[string]int{}
 	for i := len(ds) - 1; i >= 0; i-- {
@@ -159,7 +178,10 @@ func inOrder(groups []*group, tenants []string, ds []Decision) {
 		for n < len(g.idx) && g.idx[n] < at {
 			n++
 		}
-		g.idx, g.costs = g.idx[:n], g.costs[:n]
+		g.idx = g.idx[:n]
+		if g.costs != nil { // nil: the group's rules and the capacity count events
+			g.costs = g.costs[:n]
+		}
 	}
 }
 

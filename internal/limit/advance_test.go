@@ -37,6 +37,7 @@ type waitingEvent struct {
 	off        int64
 	due, until time.Time
 	cost       Cost
+	windows    string // the Decision's
 }
 
 // drainPlan is a run of backlogOf: the capacity, the tenants' rules, the
@@ -144,7 +145,7 @@ func backlogOf(t *testing.T, advance bool, p drainPlan) drainRun {
 				case Admit:
 					forward(batch[i], sec, costs[i])
 				case Defer:
-					waiting = append(waiting, waitingEvent{tenant: batch[i], off: next, due: d.Due, until: d.Until, cost: costs[i]})
+					waiting = append(waiting, waitingEvent{tenant: batch[i], off: next, due: d.Due, until: d.Until, cost: costs[i], windows: d.Windows})
 					run.deferred++
 					run.deferBy[batch[i]]++
 					next++
@@ -176,7 +177,7 @@ func backlogOf(t *testing.T, advance bool, p drainPlan) drainRun {
 		head := waiting[:min(100, len(waiting))]
 		ws := make([]Waiting, len(head))
 		for i, w := range head {
-			ws[i] = Waiting{Tenant: w.tenant, Offset: w.off, Due: w.due, Cost: w.cost}
+			ws[i] = Waiting{Tenant: w.tenant, Offset: w.off, Due: w.due, Cost: w.cost, Windows: w.windows}
 		}
 		calls0, reads0 := m.calls("evalsha")+m.calls("eval"), m.calls("hmget")
 		moved, at, err := l.Advance(ctx, retry, ws)
@@ -512,7 +513,7 @@ func advanceBounded(t *testing.T, capacity, limits string, cost Cost) {
 		}
 		for i, d := range ds {
 			if d.Kind == Defer && d.Due.After(start.Add(3*time.Second)) {
-				waiting[batch[i]] = append(waiting[batch[i]], Waiting{Tenant: batch[i], Offset: off, Due: d.Due, Cost: cost})
+				waiting[batch[i]] = append(waiting[batch[i]], Waiting{Tenant: batch[i], Offset: off, Due: d.Due, Cost: cost, Windows: d.Windows})
 				off++
 			}
 		}
@@ -559,7 +560,7 @@ func TestAdvanceOneCallPerInterval(t *testing.T) {
 	ctx := context.Background()
 	offer := func(part int) {
 		t.Helper()
-		ws := []Waiting{{Tenant: "b", Offset: int64(part), Due: clk.Now().Add(5 * time.Second)}}
+		ws := []Waiting{{Tenant: "b", Offset: int64(part), Due: clk.Now().Add(5 * time.Second), Windows: l.windowsID(l.Rules().For("b"))}}
 		if _, _, err := l.Advance(ctx, Source{Topic: "retry", Partition: part}, ws); err != nil {
 			t.Fatal(err)
 		}
@@ -641,7 +642,7 @@ func advancedClaimedAgain(t *testing.T, capacity string, cost Cost) {
 	var waiting []Waiting
 	for _, d := range ds {
 		if d.Kind == Defer {
-			waiting = append(waiting, Waiting{Tenant: "b", Offset: int64(len(waiting)), Due: d.Due, Cost: cost})
+			waiting = append(waiting, Waiting{Tenant: "b", Offset: int64(len(waiting)), Due: d.Due, Cost: cost, Windows: d.Windows})
 		}
 	}
 	if len(waiting) == 0 {

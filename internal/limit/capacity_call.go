@@ -2,6 +2,7 @@ package limit
 
 import (
 	"errors"
+	"hash/fnv"
 	"strconv"
 	"time"
 )
@@ -53,6 +54,31 @@ func (l *Limiter) setID(rules []Rule) string {
 		id += "+cap:" + l.opts.Capacity.String()
 	}
 	return id
+}
+
+// windowsID names the windows a tenant's events are counted in under rules
+// and the capacity: the window kind and time zone, the rules' and the
+// capacity's counters, without their limits (a changed limit counts in the
+// same windows, see keys.go), hashed
+// short (a deferred event carries it in a header, route.HeaderWindows).
+// Advance moves a reservation only when it names the windows of the rules
+// in force (Waiting.Windows): after a tenant's rules count in other windows
+// (a live override, a reload, a redeploy with another capacity), its slot's
+// windows under the new rules never counted it, and taking it out of them
+// would let them admit more than their limits.
+func (l *Limiter) windowsID(rules []Rule) string {
+	h := fnv.New64a()
+	h.Write([]byte(l.opts.WindowKind))
+	h.Write([]byte(l.opts.Location.String())) // where days, weeks and months start (New sets it)
+	for _, r := range rules {
+		h.Write([]byte{0})
+		h.Write([]byte(r.Counter()))
+	}
+	for _, r := range l.opts.Capacity {
+		h.Write([]byte{1})
+		h.Write([]byte(r.Counter()))
+	}
+	return strconv.FormatUint(h.Sum64(), 36)
 }
 
 // capacityKeys appends the capacity rules' keys.

@@ -63,4 +63,10 @@ type Decision struct {
 	// Override is the version of the live override whose rules decided the
 	// event (see Rules.WithOverlays), 0 when its tenant had none.
 	Override int64
+	// Windows is, for Defer under a capacity, the name of the windows the
+	// reservation was counted in (its tenant's rules' and the capacity's
+	// counters, without their limits; see Limiter.windowsID). The event
+	// must come back with it (Waiting.Windows): Advance moves a reservation
+	// only out of the windows that counted it.
+	Windows string
 }

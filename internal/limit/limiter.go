@@ -291,6 +291,9 @@ type group struct {
 	// override is the version of the live override whose rules these are
 	// (0: none); every decision of the group carries it.
 	override int64
+	// windows names the windows the rules count in, under a capacity (see
+	// windowsID; "" without one); every deferral of the group carries it.
+	windows string
 	// from is the Rules value the batch is decided on (one per batch: its
 	// rules, shares and floors all come from it).
 	from *Rules
@@ -388,7 +391,7 @@ func (l *Limiter) admitFrom(ctx context.Context, s *scratch, src positions, tena
 	l.sent.mark(src, calls)
 	l.mu.Unlock()
 	if len(calls) == 0 {
-		markOverrides(order, out)
+		markGroups(order, out)
 		return out, nil
 	}
 	// The horizon's end: reservations start before it.
@@ -416,7 +419,7 @@ func (l *Limiter) admitFrom(ctx context.Context, s *scratch, src positions, tena
 	if l.cluster {
 		l.sweepReplays(ctx, src.Source, calls, replies)
 	}
-	markOverrides(order, out)
+	markGroups(order, out)
 	return out, nil
 }
 
@@ -451,7 +454,8 @@ func (l *Limiter) groups(s *scratch, tenants []string, noCosts bool) ([]*group, 
 	// Most tenants share a few rule lists (the "*" rules, one slice; live
 	// overrides with the same rules share one slice too): name each once
 	// per batch rather than once per tenant.
-	sets := map[*Rule]string{}
+	type names struct{ set, windows string }
+	sets := map[*Rule]names{}
 	at := 0
 	for i, t := range tenants {
 		n := gid[i]
@@ -464,12 +468,15 @@ func (l *Limiter) groups(s *scratch, tenants []string, noCosts bool) ([]*group, 
 			*g = group{tenant: t, rules: r, override: over, from: rules, idx: idx[at : at : at+int(sizes[n])]}
 			at += int(sizes[n])
 			if len(r) > 0 {
-				set, ok := sets[&r[0]]
+				nm, ok := sets[&r[0]]
 				if !ok {
-					set = l.setID(r)
-					sets[&r[0]] = set
+					nm.set = l.setID(r)
+					if len(l.opts.Capacity) > 0 {
+						nm.windows = l.windowsID(r)
+					}
+					sets[&r[0]] = nm
 				}
-				g.set = set
+				g.set, g.windows = nm.set, nm.windows
 			}
 			// A capacity of bytes or units counts every tenant's costs.
 			g.byCost = CountsCosts(g.rules) || l.opts.Capacity.Measure() != Events

@@ -264,15 +264,19 @@ func (l *Limiter) AdmitBefore(ctx context.Context, src Source, events []Event, b
 	return l.admitFrom(ctx, s, at, tenants, costs, true, before)
 }
 
-// markOverrides gives every decision of a tenant under an override the
-// override's version.
-func markOverrides(order []*group, out []Decision) {
+// markGroups gives every decision of a tenant under an override the
+// override's version, and every deferral under a capacity the name of the
+// windows it was counted in (group.windows).
+func markGroups(order []*group, out []Decision) {
 	for _, g := range order {
-		if g.override == 0 {
+		if g.override == 0 && g.windows == "" {
 			continue
 		}
 		for _, i := range g.idx {
 			out[i].Override = g.override
+			if out[i].Kind == Defer {
+				out[i].Windows = g.windows
+			}
 		}
 	}
 }

@@ -121,7 +121,7 @@ func (r *Retrier) Advance(ctx context.Context, b consume.Batch) []bool {
 				noCost[d.Tenant] = d.Due
 			}
 		}
-		offers = append(offers, offer{i, limit.Waiting{Tenant: d.Tenant, Offset: m.Offset, Due: d.Due, Cost: cost}})
+		offers = append(offers, offer{i, limit.Waiting{Tenant: d.Tenant, Offset: m.Offset, Due: d.Due, Cost: cost, Windows: d.Windows}})
 	}
 	// An event whose cost cannot be read is not offered, nor are its
 	// tenant's events due at or after it (they must not move before it).

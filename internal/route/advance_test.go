@@ -46,7 +46,9 @@ func (a *advancingAdmitter) Advance(_ context.Context, src limit.Source, events 
 // may be in the next window) and counted as advanced, and still fails on the others as early. Without
 // AdvanceBacklog nothing is offered.
 func TestRetrierAdvance(t *testing.T) {
-	moved := retryMsg("down.retry", 1, deferral("b", 1, t0.Add(5*time.Second), t0.Add(6*time.Second)))
+	named := deferral("b", 1, t0.Add(5*time.Second), t0.Add(6*time.Second))
+	named.Windows = "w1" // gk-windows: offered with the event
+	moved := retryMsg("down.retry", 1, named)
 	kept := retryMsg("down.retry", 2, deferral("b", 1, t0.Add(6*time.Second), t0.Add(7*time.Second)))
 	unreserved := retryMsg("down.retry", 3, deferral("b", 1, t0.Add(7*time.Second), t0.Add(7*time.Second)))
 	due := retryMsg("down.retry", 4, deferral("b", 1, t0.Add(-time.Second), t0.Add(time.Second)))
@@ -69,7 +71,7 @@ func TestRetrierAdvance(t *testing.T) {
 	}
 	// Each with the cost the Gate counted: key "k1", value "v" and header
 	// trace=x are 9 bytes; its gk- headers do not count.
-	want := []limit.Waiting{{Tenant: "b", Offset: 1, Due: t0.Add(5 * time.Second), Cost: limit.Cost{Bytes: 9}},
+	want := []limit.Waiting{{Tenant: "b", Offset: 1, Due: t0.Add(5 * time.Second), Cost: limit.Cost{Bytes: 9}, Windows: "w1"},
 		{Tenant: "b", Offset: 2, Due: t0.Add(6 * time.Second), Cost: limit.Cost{Bytes: 9}}}
 	if len(adv.got) != 1 || !slices.Equal(adv.got[0], want) || adv.src[0].Topic != "down.retry" {
 		t.Fatalf("offered %v from %v, want one call of %v from down.retry", adv.got, adv.src, want)

@@ -125,7 +125,7 @@ func (r *Retrier) checkEarly(ctx context.Context, b *retryBatch, msgs []kafka.Me
 		case ok[j] && d.Kind == limit.Defer && d.Due.Before(e.d.Due):
 			b.counts[DecisionMoved]++
 			next := e.d
-			next.Due, next.Reserved = d.Due, d.Until
+			next.Due, next.Reserved, next.Windows = d.Due, d.Until, d.Windows
 			m := withHeaders(WithDeferral(msgs[e.i], next), func(k string) bool { return k == HeaderChecked },
 				kafka.Header{Key: HeaderChecked, Value: checked})
 			b.items[e.i] = Item{Msg: m, Outcome: Requeue, Deferral: Deferral{Due: next.Due}}

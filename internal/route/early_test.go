@@ -100,7 +100,7 @@ func (a *beforeAdmitter) AdmitBefore(ctx context.Context, src limit.Source, even
 	out, _ := a.AdmitNow(ctx, src, events)
 	for i, e := range events {
 		if s, ok := a.slot[e.Tenant]; ok && out[i].Kind != limit.Admit {
-			out[i] = limit.Decision{Kind: limit.Defer, Due: s, Until: s.Add(time.Minute)}
+			out[i] = limit.Decision{Kind: limit.Defer, Due: s, Until: s.Add(time.Minute), Windows: "w3"}
 		}
 	}
 	return out, nil
@@ -139,7 +139,7 @@ func TestRetrierEarlyMovesForward(t *testing.T) {
 		t.Fatalf("got %v, want up downstream, the others back to a tier", view(got))
 	}
 	mv, err := ParseDeferral(got[1])
-	if err != nil || !mv.Due.Equal(sooner) || !mv.Reserved.Equal(sooner.Add(time.Minute)) || mv.Attempt != 2 || mv.Tenant != "mv" {
+	if err != nil || !mv.Due.Equal(sooner) || !mv.Reserved.Equal(sooner.Add(time.Minute)) || mv.Attempt != 2 || mv.Tenant != "mv" || mv.Windows != "w3" {
 		t.Errorf("mv: deferral %+v %v, want moved to %v, attempt 2 kept", mv, err, sooner)
 	}
 	if v, ok := LastHeader(got[1], HeaderChecked); !ok || v != strconv.FormatInt(t0.UnixMilli(), 10) {

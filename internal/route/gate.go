@@ -187,6 +187,7 @@ func (g *Gate) notAdmitted(m kafka.Message, tenant string, d limit.Decision, now
 			OriginTopic:     m.Topic,
 			OriginPartition: m.Partition,
 			OriginOffset:    m.Offset,
+			Windows:         d.Windows,
 		}}
 	case limit.Reject, limit.Fail:
 		if debug {

@@ -98,7 +98,7 @@ func newGate(t *testing.T, decide func(int, []string) ([]limit.Decision, error))
 var gateDecisions = map[string]limit.Decision{
 	"ok":    {Kind: limit.Admit},
 	"later": {Kind: limit.Defer, Due: t0.Add(30 * time.Second), Until: t0.Add(time.Minute)},
-	"much":  {Kind: limit.Defer, Due: t0.Add(3 * time.Hour), Until: t0.Add(4 * time.Hour)},
+	"much":  {Kind: limit.Defer, Due: t0.Add(3 * time.Hour), Until: t0.Add(4 * time.Hour), Windows: "w1"}, // under a capacity
 	"full":  {Kind: limit.Reject, Reason: "no room within 24h"},
 	"bare":  {Kind: limit.Reject},
 }
@@ -116,9 +116,13 @@ func mixedBatch() []kafka.Message {
 }
 
 func deferHeaders(attempt int, d limit.Decision, tenant string, firstSeen time.Time, off int64) []string {
-	return append([]string{
+	hs := append([]string{
 		"gk-attempt=" + strconv.Itoa(attempt), "gk-due=" + ms(d.Due), "gk-reserved=" + ms(d.Until), "gk-tenant=" + tenant,
 	}, append(origin(off), "gk-first-seen="+ms(firstSeen))...)
+	if d.Windows != "" {
+		hs = append(hs, "gk-windows="+d.Windows)
+	}
+	return hs
 }
 
 // admitted is what an admitted event carries: its tenant and its origin,

@@ -43,7 +43,16 @@ const (
 	// reservation of its tenant (limit.Decision.Took): back inside that
 	// slot it keeps it, and is never taken for the reservation's own event.
 	HeaderTook = "gk-took"
+	// HeaderWindows names the windows a deferred event's reservation was
+	// counted in (limit.Decision.Windows; under a capacity only): the
+	// Retrier's backlog offer (Advance) moves a reservation only out of the
+	// windows that counted it.
+	HeaderWindows = "gk-windows"
 )
+
+// maxWindowsHeader is the longest gk-windows read: a longer one names no
+// windows (limit.Limiter's names are at most 13 bytes).
+const maxWindowsHeader = 32
 
 // Deferral is what the gk- headers of a deferred event say. It is a value type.
 type Deferral struct {
@@ -61,6 +70,9 @@ type Deferral struct {
 	OriginOffset    int64
 	// Took: the slot was taken from a later reservation (gk-took).
 	Took bool
+	// Windows names the windows the reservation was counted in (gk-windows;
+	// "": not named).
+	Windows string
 }
 
 // WithDeferral returns a copy of m that carries d in its gk- headers. Every
@@ -111,6 +123,9 @@ func WithDeferral(m kafka.Message, d Deferral) kafka.Message {
 	}
 	if d.Took {
 		hs = append(hs, kafka.Header{Key: HeaderTook, Value: []byte("1")})
+	}
+	if d.Windows != "" {
+		hs = append(hs, kafka.Header{Key: HeaderWindows, Value: []byte(d.Windows)})
 	}
 	return withHeaders(m, isGK, hs...)
 }
@@ -282,6 +297,9 @@ func parseDeferral(m kafka.Message, due *time.Time) (Deferral, error) {
 	d.OriginPartition = int(integer(HeaderOriginPartition, 32))
 	d.OriginOffset = integer(HeaderOriginOffset, 64)
 	_, d.Took = lastHeader(m.Headers, HeaderTook)
+	if w, ok := lastHeader(m.Headers, HeaderWindows); ok && len(w) <= maxWindowsHeader {
+		d.Windows = w // optional: absent (an older release, no capacity), no windows named
+	}
 	if err != nil {
 		return Deferral{}, err
 	}

@@ -85,6 +85,38 @@ func TestWithDeferral(t *testing.T) {
 	}
 }
 
+// TestWithDeferralWindows: gk-windows (Deferral.Windows) is written after
+// the other deferral headers when set, read back, replaced by a re-deferral
+// under other windows and dropped by one that names none; absent or too
+// long, it names no windows.
+func TestWithDeferralWindows(t *testing.T) {
+	d := testDeferral()
+	d.Windows = "2w9pb1zq3x0k"
+	got := WithDeferral(kafka.Message{Value: []byte("v")}, d)
+	hs := view([]kafka.Message{got})[0].Headers
+	if last := hs[len(hs)-1]; last != "gk-windows=2w9pb1zq3x0k" {
+		t.Errorf("last header %q, want gk-windows=2w9pb1zq3x0k", last)
+	}
+	back, err := ParseDeferral(got)
+	if err != nil || back.Windows != d.Windows {
+		t.Errorf("read back windows %q (%v), want %q", back.Windows, err, d.Windows)
+	}
+	d.Windows = "other"
+	if back, _ := ParseDeferral(WithDeferral(got, d)); back.Windows != "other" {
+		t.Errorf("re-deferred under other windows: read %q, want other", back.Windows)
+	}
+	d.Windows = ""
+	again := WithDeferral(got, d)
+	if back, _ := ParseDeferral(again); back.Windows != "" || len(again.Headers) != len(got.Headers)-1 {
+		t.Errorf("re-deferred naming none: read %q with %d headers, want none with %d", back.Windows, len(again.Headers), len(got.Headers)-1)
+	}
+	long := got
+	long.Headers = append(append([]kafka.Header(nil), got.Headers...), kafka.Header{Key: HeaderWindows, Value: []byte(strings.Repeat("x", maxWindowsHeader+1))})
+	if back, err := ParseDeferral(long); err != nil || back.Windows != "" {
+		t.Errorf("a gk-windows of %d bytes: read %q (%v), want none", maxWindowsHeader+1, back.Windows, err)
+	}
+}
+
 func TestWithDeferralNoAliasing(t *testing.T) {
 	hs := make([]kafka.Header, 1, 10) // spare capacity that an append could write into
 	hs[0] = kafka.Header{Key: "a", Value: []byte("1")}

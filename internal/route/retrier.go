@@ -443,7 +443,7 @@ func (r *Retrier) decide(b *retryBatch, msgs []kafka.Message, ds []limit.Decisio
 			default:
 				b.counts[d.Kind.String()]++
 			}
-			next.Due, next.Reserved, next.Took = d.Due, d.Until, d.Took
+			next.Due, next.Reserved, next.Took, next.Windows = d.Due, d.Until, d.Took, d.Windows
 			b.items[p.i] = Item{Msg: m, Outcome: Defer, Deferral: next}
 			r.logger().Debug("event deferred again", "tenant", next.Tenant, "topic", m.Topic, "partition", m.Partition,
 				"offset", m.Offset, "attempt", next.Attempt, "due", next.Due)

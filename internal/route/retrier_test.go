@@ -59,7 +59,7 @@ func TestRetrierHandle(t *testing.T) {
 	past := t0.Add(-10 * time.Second)
 	decisions := map[string]limit.Decision{
 		"ok":     {Kind: limit.Admit},
-		"again":  {Kind: limit.Defer, Due: t0.Add(20 * time.Minute), Until: t0.Add(21 * time.Minute)},
+		"again":  {Kind: limit.Defer, Due: t0.Add(20 * time.Minute), Until: t0.Add(21 * time.Minute), Windows: "w2"},
 		"full":   {Kind: limit.Reject, Reason: "no room within 24h"},
 		"broken": {Kind: limit.Fail, Reason: brokenReason},
 	}
@@ -89,6 +89,7 @@ func TestRetrierHandle(t *testing.T) {
 		t.Errorf("Admit calls mismatch (-want +got):\n%s", diff)
 	}
 	next := deferral("again", 3, decisions["again"].Due, decisions["again"].Until)
+	next.Windows = "w2" // the windows of the new reservation
 	want := []out{
 		outOf(requeue1h, "down.retry"),
 		outOf(requeueLong, "down.retry.1h"),
