@@ -174,7 +174,7 @@ type RetryConfig struct {
 	RetryLookahead int `split_words:"true" default:"10000" desc:"most deferred events held in memory per retry-tier partition while they wait for their release time (memory: about this many times the partitions of the retry tiers times the event size, with headers)"`
 	// RetryLookaheadBytes bounds the bytes of the deferred events the retry
 	// role holds per retry-tier partition.
-	RetryLookaheadBytes int `split_words:"true" default:"1048576" desc:"most bytes of deferred events held in memory per retry-tier partition (keys, values, headers and their overhead on the heap, and 16 bytes per passed-over event); when they are all not due, the ones released last are passed over and read again before they are due"`
+	RetryLookaheadBytes int `split_words:"true" default:"524288" desc:"most bytes of deferred events held in memory per retry-tier partition (keys, values, headers and their overhead on the heap, and 16 bytes per passed-over event); when they are all not due, the ones released last are passed over and read again before they are due"`
 	// RetrySecret, when set, is the HMAC-SHA256 key that signs the gk-
 	// headers of deferred events (gk-sig); events in the retry tiers whose
 	// signature is missing or does not match are dead-lettered. At least

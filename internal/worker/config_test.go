@@ -126,7 +126,7 @@ func TestConfigDefaults(t *testing.T) {
 			LateTakesSlots:      "off",
 			CapacityAdvance:     true,
 			RetryLookahead:      10000,
-			RetryLookaheadBytes: 1 << 20,
+			RetryLookaheadBytes: 512 << 10,
 		},
 		HTTPConfig: HTTPConfig{
 			HTTPAddr:      ":8080",
