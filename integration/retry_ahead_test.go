@@ -26,7 +26,7 @@ func aheadBytes(m kafka.Message) int {
 // what sat before them in their retry partition and was still waiting at
 // their due time: the events at lower offsets of the same partition with a
 // later gk-due, by count and by look-ahead bytes. A retry partition pauses
-// its fetching at RETRY_LOOKAHEAD_BYTES (1 MiB) of waiting events, so an
+// its fetching at RETRY_LOOKAHEAD_BYTES (512 KiB by default) of waiting events, so an
 // event behind more than that is read only as those are released.
 func logRetryAhead(t *testing.T, f flow, o outputs, pick func(kafka.Message) bool, late float64) {
 	t.Helper()
