@@ -15,7 +15,8 @@ import (
 // half admitted and half deferred (five an hour) to the .1h and .long tiers,
 // where they wait. What one process may hold, by the budgets:
 //
-//   - per source partition: a batch (BATCH_BYTES plus one event) and one
+//   - per source partition: two batches (BATCH_BYTES plus one event each:
+//     one being written while the next is decided, DECIDE_AHEAD) and one
 //     fetch response (BATCH_BYTES, or one record batch: one event here);
 //   - per retry-tier partition holding events: the look-ahead
 //     (RETRY_LOOKAHEAD_BYTES plus one event) and one fetch response
@@ -69,7 +70,7 @@ func TestMemoryLargeEventsWithinBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	sourceParts, tierParts, outputParts := 2, 6, 3+6 // partitions of .1h and .long holding events; downstream, .1h and .long written
-	budget := sourceParts*(batchBytes+event+max(batchBytes, event)) +
+	budget := sourceParts*(2*(batchBytes+event)+max(batchBytes, event)) +
 		tierParts*(lookahead+event+max(lookahead, event)) +
 		outputParts*maxMessage
 	limit := 2*int64(budget) + allowance

@@ -48,6 +48,11 @@ type Config struct {
 	// for more messages to fill it. Delayed does not wait: it hands over
 	// whatever is due.
 	BatchWait time.Duration
+	// DecideAhead lets a partition stage its next batch while the one
+	// before it is being written, when the Handler is a Stager (see
+	// Stager): one more batch per partition in memory, its limiter call
+	// made before the batch before it is acknowledged.
+	DecideAhead bool
 	// DrainTimeout bounds the in-flight Handle call once shutdown has begun
 	// or the generation has ended; it must be below RebalanceTimeout so that a
 	// draining member still rejoins in time.

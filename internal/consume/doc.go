@@ -9,7 +9,10 @@
 //
 //   - [Group] reads source topics. A batch is bounded by Config.BatchSize and
 //     Config.BatchWait; the offset after its last message is committed only
-//     once the Handler has returned nil for the whole batch.
+//     once the Handler has returned nil for the whole batch. With
+//     Config.DecideAhead and a [Stager], a partition stages its next batch
+//     (a Gate's limiter call) while the batch before it is finished (its
+//     writes), and finishes and commits batches in order.
 //   - [Delayed] reads the retry tier topics. It keeps a bounded look-ahead of
 //     messages per partition ordered by release time, hands a message to the
 //     Handler never before its release time, and commits only the contiguous

@@ -62,8 +62,12 @@ func (g *Group) Ready() bool { return g.m.ready.Load() }
 func (p *partition) runBatches(stop, hctx context.Context) {
 	p.recommit = p.retryCommit
 	defer func() { p.finishCommit(p.inflight) }()
+	if st, ok := p.handler.(Stager); ok && p.cfg.DecideAhead {
+		p.runStaged(stop, hctx, st)
+		return
+	}
 	for attempt := 0; ; {
-		batch, err := p.fetchBatch(stop)
+		batch, err := p.fetchBatch(stop, stop)
 		if stop.Err() != nil {
 			// A batch fetched but not yet handed over is redelivered later.
 			return
@@ -79,20 +83,156 @@ func (p *partition) runBatches(stop, hctx context.Context) {
 		if !p.handle(stop, hctx, batch, nil) {
 			return
 		}
-		last := batch[len(batch)-1]
-		clear(batch) // keep no message alive until the next batch
-		p.hwm = last.HighWaterMark
-		p.acked = last.Offset + 1
-		p.finishCommit(p.inflight)
-		p.inflight = p.startCommit(offsetCommit{next: p.acked})
+		p.done(batch)
 	}
 }
 
-// fetchBatch waits for one message, then gathers more until the batch holds
-// BatchSize messages or BatchBytes bytes, or BatchWait has passed since the
-// first one. Messages come in offset order.
-func (p *partition) fetchBatch(stop context.Context) ([]kafka.Message, error) {
-	first, err := p.fetcher.FetchMessage(stop)
+// done takes batch as handled: its commit starts once the one before it is
+// finished.
+func (p *partition) done(batch []kafka.Message) {
+	last := batch[len(batch)-1]
+	clear(batch) // keep no message alive until the next batch
+	p.hwm = last.HighWaterMark
+	p.acked = last.Offset + 1
+	p.finishCommit(p.inflight)
+	p.inflight = p.startCommit(offsetCommit{next: p.acked})
+}
+
+// writing is a staged batch whose Finish runs in a goroutine of its own.
+type writing struct {
+	msgs []kafka.Message
+	err  error         // Finish's result, once done is closed
+	done chan struct{} // closed when Finish has returned
+}
+
+// runStaged is runBatches with a Stager and Config.DecideAhead: a batch is
+// staged (its limiter call) while the batch before it is finished (written
+// and acknowledged) in a goroutine; it is finished only once that one is
+// done and its commit started, so that writes keep the partition's order
+// and a commit still follows its acknowledgements. A batch that cannot be
+// staged (Stage failed, or the write fence has ended) is handled with
+// Handle, as runBatches does, once the batch before it is done. While the
+// partition waits for its next message, the batch being finished is
+// committed as soon as it is done.
+func (p *partition) runStaged(stop, hctx context.Context, st Stager) {
+	var w *writing
+	defer func() {
+		if w != nil {
+			p.finishWriting(stop, hctx, w)
+		}
+	}()
+	for attempt := 0; ; {
+		// The wait for the next batch's first message ends when the batch
+		// being finished is done, so that its commit is not held back by
+		// an idle partition.
+		first, cancel := stop, context.CancelFunc(func() {})
+		if w != nil {
+			first, cancel = context.WithCancel(stop)
+			go func(done <-chan struct{}) {
+				select {
+				case <-done:
+					cancel()
+				case <-first.Done():
+				}
+			}(w.done)
+		}
+		batch, err := p.fetchBatch(stop, first)
+		waited := first.Err() != nil
+		cancel()
+		if stop.Err() != nil {
+			// A batch fetched but not yet handed over is redelivered later;
+			// the one being finished is finished by the deferred call.
+			return
+		}
+		if err != nil {
+			if w != nil {
+				ok := p.finishWriting(stop, hctx, w)
+				w = nil
+				if !ok {
+					return
+				}
+				if waited {
+					continue
+				}
+			}
+			if !p.fetchFailed(stop, attempt, err) {
+				return
+			}
+			attempt++
+			continue
+		}
+		attempt = 0
+		var staged Staged
+		if fence, _ := FenceOf(hctx); fence == nil || fence.Err() == nil {
+			s, serr := st.Stage(hctx, p.batch(batch, nil))
+			if serr == nil {
+				staged = s
+			} else {
+				p.log.Debug("batch not staged; it is handled once the one before it is done",
+					"offset", batch[0].Offset, "count", len(batch), "err", serr)
+			}
+		}
+		if w != nil {
+			ok := p.finishWriting(stop, hctx, w)
+			w = nil
+			if !ok || stop.Err() != nil {
+				// Stopped: a batch staged but not written is redelivered
+				// later, its decisions found again in the replay record.
+				if staged != nil {
+					staged.Drop()
+				}
+				return
+			}
+		}
+		if staged == nil {
+			if !p.handle(stop, hctx, batch, nil) {
+				return
+			}
+			p.done(batch)
+			continue
+		}
+		w = &writing{msgs: batch, done: make(chan struct{})}
+		go func(w *writing, s Staged) {
+			defer close(w.done)
+			w.err = s.Finish(hctx)
+		}(w, staged)
+		// The next batch is fetched into the other slice.
+		p.buf, p.spare = p.spare, batch
+	}
+}
+
+// finishWriting waits for w's Finish. When it failed, the batch is handled
+// again with Handle, as handle retries a failing batch (after a backoff;
+// not once stop is done). It reports whether the batch is done; then its
+// commit has started.
+func (p *partition) finishWriting(stop, hctx context.Context, w *writing) bool {
+	<-w.done
+	if w.err != nil {
+		if stop.Err() != nil {
+			p.log.Warn("batch not handled before stop; it will be redelivered",
+				"offset", w.msgs[0].Offset, "count", len(w.msgs), "err", w.err)
+			return false
+		}
+		if p.recommit != nil {
+			p.recommit()
+		}
+		d := p.cfg.backoff(0)
+		p.log.Warn("handle batch failed; retrying",
+			"offset", w.msgs[0].Offset, "count", len(w.msgs), "attempt", 1, "retry_in", d, "err", w.err)
+		if !sleep(stop, d) || !p.handle(stop, hctx, w.msgs, nil) {
+			return false
+		}
+	}
+	p.done(w.msgs)
+	return true
+}
+
+// fetchBatch waits for one message (until first is done), then gathers more
+// until the batch holds BatchSize messages or BatchBytes bytes, or BatchWait
+// has passed since the first one (or stop is done). Messages come in offset
+// order.
+func (p *partition) fetchBatch(stop, firstCtx context.Context) ([]kafka.Message, error) {
+	first, err := p.fetcher.FetchMessage(firstCtx)
 	if err != nil {
 		return nil, err
 	}

@@ -46,7 +46,7 @@ func TestFetchBatchBounds(t *testing.T) {
 			var got []int
 			var next int64
 			for range tt.want {
-				batch, err := p.fetchBatch(context.Background())
+				batch, err := p.fetchBatch(context.Background(), context.Background())
 				if err != nil {
 					t.Fatalf("fetchBatch: %v", err)
 				}
@@ -74,7 +74,7 @@ func TestFetchBatchWaitStartsAtFirstMessage(t *testing.T) {
 		f.ch <- kafka.Message{Offset: 0}
 		f.ch <- kafka.Message{Offset: 1}
 	}()
-	batch, err := p.fetchBatch(context.Background())
+	batch, err := p.fetchBatch(context.Background(), context.Background())
 	if err != nil {
 		t.Fatalf("fetchBatch: %v", err)
 	}
@@ -88,7 +88,7 @@ func TestFetchBatchStop(t *testing.T) {
 	p := testPartition(f, nil, &commits{}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := p.fetchBatch(ctx); !errors.Is(err, context.Canceled) {
+	if _, err := p.fetchBatch(ctx, ctx); !errors.Is(err, context.Canceled) {
 		t.Errorf("fetchBatch after stop: err = %v, want context.Canceled", err)
 	}
 }

@@ -63,3 +63,34 @@ type HandlerFunc func(ctx context.Context, b Batch) error
 func (f HandlerFunc) Handle(ctx context.Context, b Batch) error {
 	return f(ctx, b)
 }
+
+// A Stager is a Handler that can handle a batch in two parts: Stage does
+// what must come before the batch's writes (a Gate's decisions) and the
+// Staged it returns does the rest. Group then stages a partition's next
+// batch while the batch before it is being written (Config.DecideAhead),
+// so that the limiter's round trip and the writes' acknowledgements of
+// one partition overlap instead of adding up.
+//
+// Handle(ctx, b) must do what Stage(ctx, b) followed by Finish does. A
+// batch staged and then dropped is handed over again later (to Handle or
+// Stage), by this member or the partition's next owner: whatever Stage
+// recorded must then be found again (a limiter's replay record), never
+// done twice. Stage should try once and fail fast (Group then handles the
+// batch with Handle, once the batch before it is done): it must not wait
+// out an outage while the batch before it waits for its commit.
+type Stager interface {
+	Handler
+	Stage(ctx context.Context, b Batch) (Staged, error)
+}
+
+// Staged is a batch that a Stager has staged. Exactly one of Finish and
+// Drop is called, once.
+type Staged interface {
+	// Finish does the rest of the batch's handling, as Handle would: it
+	// returns nil only when every message is durably handled. On error
+	// the batch is handed over again with Handle.
+	Finish(ctx context.Context) error
+	// Drop releases the batch unfinished: nothing of it may be taken as
+	// done.
+	Drop()
+}

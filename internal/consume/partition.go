@@ -29,6 +29,7 @@ type partition struct {
 	committedMeta string          // the metadata that went with it
 	hwm           int64           // high watermark as of the last fetched message, -1 for none
 	buf           []kafka.Message // the batch slice, reused by fetchBatch
+	spare         []kafka.Message // runStaged: the other slice, the batch being finished's
 	inherited     []offsetRange   // done by the previous owner beyond committed (Delayed)
 	acked         int64           // Group: the offset after the last batch handled, 0 before one
 	inflight      *pendingCommit  // Group: the commit in flight, nil when none
@@ -49,7 +50,7 @@ type partition struct {
 // after that owner's commit, where nothing recognises it as a replay (it
 // would be counted twice).
 func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message, notes []any) bool {
-	b := Batch{Topic: p.topic, TopicID: p.topicID, Partition: p.id, Committed: max(p.committed, 0), Messages: msgs, Notes: notes}
+	b := p.batch(msgs, notes)
 	fence, _ := FenceOf(hctx)
 	for attempt := 0; ; attempt++ {
 		if fence != nil && fence.Err() != nil {
@@ -76,6 +77,11 @@ func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message, not
 			return false
 		}
 	}
+}
+
+// batch is the Batch of msgs (and notes) as handed to the Handler.
+func (p *partition) batch(msgs []kafka.Message, notes []any) Batch {
+	return Batch{Topic: p.topic, TopicID: p.topicID, Partition: p.id, Committed: max(p.committed, 0), Messages: msgs, Notes: notes}
 }
 
 // retryCommit is a Group's recommit: it commits again, while a batch

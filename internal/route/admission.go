@@ -103,6 +103,22 @@ func (a *Admission) admit(ctx context.Context, src limit.Source, events []limit.
 	return a.admitWith(ctx, src, events, first, a.Admitter.AdmitFrom)
 }
 
+// admitOnce is admit's first attempt alone: its error, whatever it is, is
+// returned at once (Gate.Stage).
+func (a *Admission) admitOnce(ctx context.Context, src limit.Source, events []limit.Event) ([]limit.Decision, error) {
+	if len(events) == 0 {
+		return nil, nil
+	}
+	ds, err := a.Admitter.AdmitFrom(ctx, src, events)
+	if err != nil {
+		return nil, fmt.Errorf("admit: %w", err)
+	}
+	if len(ds) != len(events) {
+		return nil, fmt.Errorf("admit: %d decisions for %d events", len(ds), len(events))
+	}
+	return ds, nil
+}
+
 // admitWith is admit with call in place of the Admitter's AdmitFrom.
 func (a *Admission) admitWith(ctx context.Context, src limit.Source, events []limit.Event, first kafka.Message,
 	call func(context.Context, limit.Source, []limit.Event) ([]limit.Decision, error)) (ds []limit.Decision, unchecked bool, err error) {

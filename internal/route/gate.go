@@ -40,6 +40,8 @@ type Gate struct {
 	Shadow bool
 }
 
+var _ consume.Stager = (*Gate)(nil)
+
 // NewGate returns a Gate with g's parts once Validate accepts them.
 func NewGate(g Gate) (*Gate, error) {
 	if err := g.Validate(); err != nil {
@@ -65,64 +67,129 @@ func (g *Gate) Validate() error {
 // dead-letter topic if rejected or invalid. On error nothing may be taken
 // as done, and the caller retries the batch.
 func (g *Gate) Handle(ctx context.Context, b consume.Batch) error {
-	msgs := b.Messages
-	if len(msgs) == 0 {
+	if len(b.Messages) == 0 {
 		return nil
 	}
+	s, err := g.stage(ctx, b, false)
+	if err != nil {
+		return err
+	}
+	return s.Finish(ctx)
+}
+
+// Stage decides one batch, as Handle does, and returns what writes it: the
+// Gate is a consume.Stager, so that a partition decides its next batch
+// while this one is written. Unlike Handle it makes the limiter call once:
+// when that fails (Redis trouble, a full replay record), it returns the
+// error at once and the consumer handles the batch with Handle, which
+// pauses or forwards as ON_REDIS_ERROR says.
+func (g *Gate) Stage(ctx context.Context, b consume.Batch) (consume.Staged, error) {
+	if len(b.Messages) == 0 {
+		return &gateBatch{}, nil
+	}
+	return g.stage(ctx, b, true)
+}
+
+// gateBatch is a batch decided by the Gate and not yet written: its items,
+// and what Finish reports once they are acknowledged.
+type gateBatch struct {
+	g         *Gate
+	msgs      []kafka.Message
+	items     []Item
+	events    []limit.Event
+	valid     []int
+	ds        []limit.Decision
+	orig      *origins
+	counts    map[string]int
+	unchecked bool
+}
+
+// stage extracts and decides b's events (once, without the Admission's
+// pause, when once) and builds their items.
+func (g *Gate) stage(ctx context.Context, b consume.Batch, once bool) (*gateBatch, error) {
+	msgs := b.Messages
 	log := g.logger()
 	// Debug lines per event cost their arguments even when discarded.
 	debug := log.Enabled(ctx, slog.LevelDebug)
 	now := g.now()
 
-	items := itemPool.get(len(msgs))
-	defer itemPool.put(items)
-	counts := map[string]int{}
-	orig := newOrigins(msgs)
-	events, valid := g.extract(msgs, items, orig, counts, log)
-	defer eventPool.put(events)
-	defer validPool.put(valid)
+	gb := &gateBatch{g: g, msgs: msgs, items: itemPool.get(len(msgs)), counts: map[string]int{}, orig: newOrigins(msgs)}
+	gb.events, gb.valid = g.extract(msgs, gb.items, gb.orig, gb.counts, log)
 
-	ds, unchecked, err := g.admit(ctx, source(b), events, msgs[0])
+	var err error
+	if once {
+		gb.ds, err = g.admitOnce(ctx, source(b), gb.events)
+	} else {
+		gb.ds, gb.unchecked, err = g.admit(ctx, source(b), gb.events, msgs[0])
+	}
 	if err != nil {
-		return fmt.Errorf("gate: %w", err)
+		gb.Drop()
+		return nil, fmt.Errorf("gate: %w", err)
 	}
 
 	// Decisions are counted by kind here and named once per batch below.
 	var kinds [limit.Fail + 1]int
-	for j, i := range valid {
-		if unchecked {
-			items[i] = Item{Msg: orig.with(msgs[i], ""), Outcome: Forward}
+	for j, i := range gb.valid {
+		if gb.unchecked {
+			gb.items[i] = Item{Msg: gb.orig.with(msgs[i], ""), Outcome: Forward}
 			continue
 		}
-		d := &ds[j]
+		d := &gb.ds[j]
 		if d.Kind != limit.Admit && d.Kind != limit.Defer && d.Kind != limit.Reject && d.Kind != limit.Fail {
-			return fmt.Errorf("gate: decision %d for tenant %q is not valid", d.Kind, events[j].Tenant)
+			err := fmt.Errorf("gate: decision %d for tenant %q is not valid", d.Kind, gb.events[j].Tenant)
+			gb.Drop()
+			return nil, err
 		}
 		kinds[d.Kind]++
-		g.decided(&items[i], &msgs[i], events[j].Tenant, d, now, orig, log, debug)
+		g.decided(&gb.items[i], &msgs[i], gb.events[j].Tenant, d, now, gb.orig, log, debug)
 	}
 	for k, n := range kinds {
 		if n > 0 {
-			counts[limit.Kind(k).String()] += n
+			gb.counts[limit.Kind(k).String()] += n
 		}
 	}
+	return gb, nil
+}
 
-	if err := g.Router.Route(ctx, items); err != nil {
+// Finish writes the batch's events and returns nil once every one is
+// acknowledged; then its decisions are counted in the metrics. Either way
+// the batch is released: on error the consumer hands it over again.
+func (gb *gateBatch) Finish(ctx context.Context) error {
+	if gb.g == nil {
+		return nil
+	}
+	g := gb.g
+	if err := g.Router.Route(ctx, gb.items); err != nil {
+		gb.orig = nil // kept from the pool after a failed write, as ever
+		gb.Drop()
 		return fmt.Errorf("gate: %w", err)
 	}
-	orig.release() // every message acknowledged: the writer holds none
+	defer gb.Drop()
 	if !g.Shadow {
-		warnFailed(log, msgs[0], ds, counts)
+		warnFailed(g.logger(), gb.msgs[0], gb.ds, gb.counts)
 	}
-
-	g.Metrics.batchIn(msgs)
-	for label, n := range counts {
+	g.Metrics.batchIn(gb.msgs)
+	for label, n := range gb.counts {
 		g.Metrics.decision(label, n)
 	}
-	if unchecked {
-		g.Metrics.unchecked(len(valid))
+	if gb.unchecked {
+		g.Metrics.unchecked(len(gb.valid))
 	}
 	return nil
+}
+
+// Drop releases the batch's pooled slices; Finish does it too.
+func (gb *gateBatch) Drop() {
+	if gb.g == nil {
+		return
+	}
+	itemPool.put(gb.items)
+	eventPool.put(gb.events)
+	validPool.put(gb.valid)
+	if gb.orig != nil {
+		gb.orig.release() // every message acknowledged, or none written: the writer holds none
+	}
+	*gb = gateBatch{}
 }
 
 // extract works out the tenant and the cost of each of msgs. It returns the

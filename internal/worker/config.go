@@ -202,6 +202,9 @@ type BoundsConfig struct {
 	BatchBytes int `split_words:"true" default:"4194304" desc:"most bytes (keys, values, headers and their overhead on the heap) of one partition's source events decided in one batch; a batch holds at least one event"`
 	// BatchWait bounds how long a batch waits to fill.
 	BatchWait time.Duration `split_words:"true" default:"50ms" desc:"longest a batch waits to fill"`
+	// DecideAhead lets a source partition decide its next batch while the
+	// one before it is written (consume.Config.DecideAhead).
+	DecideAhead bool `split_words:"true" default:"true" desc:"a source partition decides its next batch (its one Redis call) while the batch before it is written to Kafka, so that the two waits overlap; a partition then holds up to two batches (2 x BATCH_BYTES). false: one batch at a time"`
 	// MaxMessageBytes is the largest record Gatekeeper writes downstream and
 	// to the dead-letter topic (and to a retry tier whose max.message.bytes
 	// it cannot read at start-up).

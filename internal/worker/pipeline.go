@@ -253,6 +253,7 @@ func (p Pipeline) gateGroup(m *pipelineMetrics, router *route.Router) (consumerG
 func (p Pipeline) sourceConfig(m *pipelineMetrics) consume.Config {
 	gc := p.groupConfig(m)
 	gc.Topics = p.Config.SourceTopics
+	gc.DecideAhead = p.Config.DecideAhead
 	// A fetch response is held whole until handed out: at most one per
 	// partition, of at most BATCH_BYTES and at most 1 MiB (or one record
 	// batch when a single batch is larger), so fetching adds at most one
