@@ -103,6 +103,10 @@ type writing struct {
 	msgs []kafka.Message
 	err  error         // Finish's result, once done is closed
 	done chan struct{} // closed when Finish has returned
+	// fetch is the context of the wait for the next batch's first message:
+	// stop's, ended too once Finish has returned (endFetch).
+	fetch    context.Context
+	endFetch context.CancelFunc
 }
 
 // runStaged is runBatches with a Stager and Config.DecideAhead: a batch is
@@ -125,20 +129,12 @@ func (p *partition) runStaged(stop, hctx context.Context, st Stager) {
 		// The wait for the next batch's first message ends when the batch
 		// being finished is done, so that its commit is not held back by
 		// an idle partition.
-		first, cancel := stop, context.CancelFunc(func() {})
+		first := stop
 		if w != nil {
-			first, cancel = context.WithCancel(stop)
-			go func(done <-chan struct{}) {
-				select {
-				case <-done:
-					cancel()
-				case <-first.Done():
-				}
-			}(w.done)
+			first = w.fetch
 		}
 		batch, err := p.fetchBatch(stop, first)
 		waited := first.Err() != nil
-		cancel()
 		if stop.Err() != nil {
 			// A batch fetched but not yet handed over is redelivered later;
 			// the one being finished is finished by the deferred call.
@@ -192,7 +188,9 @@ func (p *partition) runStaged(stop, hctx context.Context, st Stager) {
 			continue
 		}
 		w = &writing{msgs: batch, done: make(chan struct{})}
+		w.fetch, w.endFetch = context.WithCancel(stop)
 		go func(w *writing, s Staged) {
+			defer w.endFetch()
 			defer close(w.done)
 			w.err = s.Finish(hctx)
 		}(w, staged)

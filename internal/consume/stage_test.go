@@ -126,19 +126,13 @@ func runStagedPartition(t *testing.T, h *stagingHandler, n, want int) []int64 {
 	}
 	c := &commits{}
 	p := testPartition(f, h, c, func(cfg *Config) { cfg.BatchSize, cfg.DecideAhead = 4, true })
-	stop, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		p.runBatches(stop, context.Background())
-	}()
+	stop := runInBackground(t, loop(p))
 	eventually(t, 5*time.Second, fmt.Sprintf("%d messages handled", want), func() bool { return h.handled() == want })
 	eventually(t, 5*time.Second, "the last batch committed", func() bool {
 		cs := c.get()
 		return len(cs) > 0 && cs[len(cs)-1] == int64(want)
 	})
-	cancel()
-	<-done
+	_ = stop()
 	return c.get()
 }
 
@@ -151,6 +145,14 @@ func checkTenHandled(t *testing.T, h *stagingHandler, commits []int64) {
 	}
 	if diff := cmp.Diff([]int64{4, 8, 10}, commits); diff != "" {
 		t.Errorf("commits (-want +got):\n%s", diff)
+	}
+}
+
+// loop is p's loop as runInBackground runs it.
+func loop(p *partition) func(context.Context) error {
+	return func(stop context.Context) error {
+		p.runBatches(stop, context.Background())
+		return nil
 	}
 }
 
@@ -240,15 +242,9 @@ func TestRunBatchesWithoutDecideAhead(t *testing.T) {
 	}
 	h := &stagingHandler{}
 	p := testPartition(f, h, &commits{}, func(cfg *Config) { cfg.BatchSize = 4 })
-	stop, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		p.runBatches(stop, context.Background())
-	}()
+	stop := runInBackground(t, loop(p))
 	eventually(t, 5*time.Second, "6 messages handled", func() bool { return h.handled() == 6 })
-	cancel()
-	<-done
+	_ = stop()
 	if diff := cmp.Diff([]string{"handle 0", "handle 4"}, h.logged()); diff != "" {
 		t.Errorf("steps (-want +got):\n%s", diff)
 	}

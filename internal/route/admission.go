@@ -113,10 +113,15 @@ func (a *Admission) admitOnce(ctx context.Context, src limit.Source, events []li
 	if err != nil {
 		return nil, fmt.Errorf("admit: %w", err)
 	}
+	return ds, decisionsFor(ds, events)
+}
+
+// decisionsFor reports a reply that does not decide each of events once.
+func decisionsFor(ds []limit.Decision, events []limit.Event) error {
 	if len(ds) != len(events) {
-		return nil, fmt.Errorf("admit: %d decisions for %d events", len(ds), len(events))
+		return fmt.Errorf("admit: %d decisions for %d events", len(ds), len(events))
 	}
-	return ds, nil
+	return nil
 }
 
 // admitWith is admit with call in place of the Admitter's AdmitFrom.
@@ -130,8 +135,8 @@ func (a *Admission) admitWith(ctx context.Context, src limit.Source, events []li
 	for attempt := 0; ; attempt++ {
 		ds, err := call(ctx, src, events)
 		if err == nil {
-			if len(ds) != len(events) {
-				return nil, false, fmt.Errorf("admit: %d decisions for %d events", len(ds), len(events))
+			if err := decisionsFor(ds, events); err != nil {
+				return nil, false, err
 			}
 			if failing {
 				log.Info("admit works again, resuming",
