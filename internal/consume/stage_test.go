@@ -171,7 +171,9 @@ func TestRunStagedOverlaps(t *testing.T) {
 // A Finish that fails hands its batch over again with Handle; the batch
 // staged meanwhile is finished after it, so the order holds.
 func TestRunStagedFinishFails(t *testing.T) {
-	h := &stagingHandler{finishFailures: 1}
+	// overlap: batch 0's Finish fails only once batch 4 is staged, so that
+	// the steps come in one order.
+	h := &stagingHandler{finishFailures: 1, overlap: true, last: 10}
 	commits := runStagedPartition(t, h, 10, 10)
 	want := []string{"stage 0", "stage 4", "finish 0!", "handle 0", "finish 4", "stage 8", "finish 8"}
 	got := h.logged()
