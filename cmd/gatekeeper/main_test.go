@@ -202,7 +202,8 @@ func TestREADMEConfigTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !found {
-		t.Skipf("README.md has no %s ... %s section", tableBegin, tableEnd)
+		// An edit that loses a marker must not turn the check off.
+		t.Fatalf("README.md has no %s ... %s section around its configuration table", tableBegin, tableEnd)
 	}
 	if diff != "" {
 		t.Errorf("README.md configuration table is out of date; paste `go run ./cmd/gatekeeper config-table` between the markers (-generated +README):\n%s", diff)
