@@ -117,7 +117,10 @@ type writing struct {
 // staged (Stage failed, or the write fence has ended) is handled with
 // Handle, as runBatches does, once the batch before it is done. While the
 // partition waits for its next message, the batch being finished is
-// committed as soon as it is done.
+// committed as soon as it is done. At a stop, a batch already staged is
+// finished and committed too, once the one before it is done (as an
+// in-flight Handle call is finished); it is dropped only when that one
+// failed.
 func (p *partition) runStaged(stop, hctx context.Context, st Stager) {
 	var w *writing
 	defer func() {
@@ -171,11 +174,28 @@ func (p *partition) runStaged(stop, hctx context.Context, st Stager) {
 		if w != nil {
 			ok := p.finishWriting(stop, hctx, w)
 			w = nil
-			if !ok || stop.Err() != nil {
-				// Stopped: a batch staged but not written is redelivered
-				// later, its decisions found again in the replay record.
+			if !ok {
+				// The batch before it is not done: a batch staged but not
+				// written is redelivered later.
 				if staged != nil {
 					staged.Drop()
+				}
+				return
+			}
+			if stop.Err() != nil {
+				// Stopped (shutdown, rebalance) after the batch before it
+				// was done: a staged batch is decided, so it is finished
+				// and committed like an in-flight Handle call, not dropped.
+				// Its next owner, in another process, may know a tenant full
+				// and reject its events locally, without the replay record
+				// that holds their first decisions (G9).
+				if staged != nil {
+					if err := staged.Finish(hctx); err != nil {
+						p.log.Warn("batch not handled before stop; it will be redelivered",
+							"offset", batch[0].Offset, "count", len(batch), "err", err)
+						return
+					}
+					p.done(batch)
 				}
 				return
 			}
