@@ -174,31 +174,20 @@ func (p *partition) runStaged(stop, hctx context.Context, st Stager) {
 		if w != nil {
 			ok := p.finishWriting(stop, hctx, w)
 			w = nil
-			if !ok {
-				// The batch before it is not done: a batch staged but not
-				// written is redelivered later.
+			if !ok || (staged == nil && stop.Err() != nil) {
+				// The batch before it is not done, or stopped with nothing
+				// decided: the batch is redelivered later.
 				if staged != nil {
 					staged.Drop()
 				}
 				return
 			}
-			if stop.Err() != nil {
-				// Stopped (shutdown, rebalance) after the batch before it
-				// was done: a staged batch is decided, so it is finished
-				// and committed like an in-flight Handle call, not dropped.
-				// Its next owner, in another process, may know a tenant full
-				// and reject its events locally, without the replay record
-				// that holds their first decisions (G9).
-				if staged != nil {
-					if err := staged.Finish(hctx); err != nil {
-						p.log.Warn("batch not handled before stop; it will be redelivered",
-							"offset", batch[0].Offset, "count", len(batch), "err", err)
-						return
-					}
-					p.done(batch)
-				}
-				return
-			}
+			// Stopped after the batch before it was done: a staged batch
+			// goes on below like any other, and the deferred finishWriting
+			// finishes and commits it (as an in-flight Handle call is),
+			// since its next owner, in another process, may know a tenant
+			// full and reject its events locally, without the replay
+			// record that holds their first decisions (G9).
 		}
 		if staged == nil {
 			if !p.handle(stop, hctx, batch, nil) {
