@@ -53,7 +53,7 @@ func (r *delayedRun) advance(hctx context.Context, now time.Time) {
 	for len(head) < n {
 		head = append(head, heap.Pop(&r.h.items).(waiting))
 	}
-	b := Batch{Topic: r.p.topic, TopicID: r.p.topicID, Partition: r.p.id, Committed: max(r.p.committed, 0)}
+	b := Batch{Topic: r.p.topic, TopicID: r.p.topicID, Partition: r.p.id, Committed: max(r.p.committed, 0), Assignment: r.p.assignment}
 	b.Messages, b.Notes = make([]kafka.Message, 0, n), make([]any, 0, n)
 	for _, w := range head {
 		b.Messages = append(b.Messages, w.msg)

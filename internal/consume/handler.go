@@ -29,6 +29,14 @@ type Batch struct {
 	// commit, and commits never go back. A Handler may forget what it did
 	// for earlier offsets.
 	Committed int64
+	// Assignment names this process's ownership of the partition: a number
+	// that changes each time the partition starts being consumed here (0
+	// without a consumer). Under a new one, another owner may have handled
+	// any offset at or above Committed since this process last saw the
+	// partition: a Handler that remembers what it did per partition (the
+	// limiter, see limit.Source.Assignment) must not trust it across
+	// assignments.
+	Assignment uint64
 	// Messages holds the batch's messages, offsets ascending.
 	Messages []kafka.Message
 	// Notes, from a Delayed consumer, holds its release clock's Note of

@@ -14,6 +14,10 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
+// nextAssignment numbers the partitions' assignments in this process
+// (Batch.Assignment), from 1.
+var nextAssignment atomic.Uint64
+
 // partitionLoop consumes one assigned partition until stop is done. hctx is
 // the context for Handle calls: it outlives stop by Config.DrainTimeout.
 type partitionLoop func(p *partition, stop, hctx context.Context)
@@ -341,6 +345,7 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 		handler:       m.handler,
 		cfg:           &m.cfg,
 		log:           log,
+		assignment:    nextAssignment.Add(1),
 		committed:     pa.Offset,
 		committedMeta: meta,
 		hwm:           -1,

@@ -25,6 +25,7 @@ type partition struct {
 	cfg     *Config
 	log     *slog.Logger
 
+	assignment    uint64          // Batch.Assignment: this ownership's number (nextAssignment)
 	committed     int64           // last offset committed (the assigned one at first)
 	committedMeta string          // the metadata that went with it
 	hwm           int64           // high watermark as of the last fetched message, -1 for none
@@ -81,7 +82,7 @@ func (p *partition) handle(stop, hctx context.Context, msgs []kafka.Message, not
 
 // batch is the Batch of msgs (and notes) as handed to the Handler.
 func (p *partition) batch(msgs []kafka.Message, notes []any) Batch {
-	return Batch{Topic: p.topic, TopicID: p.topicID, Partition: p.id, Committed: max(p.committed, 0), Messages: msgs, Notes: notes}
+	return Batch{Topic: p.topic, TopicID: p.topicID, Partition: p.id, Committed: max(p.committed, 0), Assignment: p.assignment, Messages: msgs, Notes: notes}
 }
 
 // retryCommit is a Group's recommit: it commits again, while a batch

@@ -408,6 +408,9 @@ func (l *Limiter) admitFrom(ctx context.Context, s *scratch, src positions, tena
 	if err != nil {
 		return nil, err
 	}
+	l.mu.Lock()
+	l.sent.heard(src.Source, replies)
+	l.mu.Unlock()
 	for j, g := range calls {
 		if err := l.apply(g, replies[j], now, out, short); err != nil {
 			return nil, err

@@ -37,6 +37,14 @@ type Source struct {
 	// replay reaches below it (the next owner starts at the last commit),
 	// so the record forgets the decisions of lower offsets.
 	Low int64
+	// Assignment names the caller's ownership of the partition
+	// (consume.Batch.Assignment): it changes each time the partition starts
+	// being consumed in this process. Under a new one, another owner may
+	// have decided any offset since, so the Limiter asks Redis about every
+	// event of the partition until a reply tells how far the replay record
+	// goes (even a tenant's it knows full, whose events it would otherwise
+	// reject without a call).
+	Assignment uint64
 }
 
 // positions is a Source with the offsets of a call's events (Event.Offset),
@@ -256,13 +264,27 @@ func (l *Limiter) applyReplayed(g *group, rs []replayed, out []Decision) []int {
 	return fresh
 }
 
-// sentOffsets remembers, per source partition, the highest offset a
-// Limiter has sent to Redis: an event at or below it may be in the replay
-// record, so it goes to Redis even when its tenant is known to be full (a
-// local decision would not give back the recorded one). It is guarded by
-// Limiter.mu; the zero value is ready.
+// sentOffsets remembers, per source partition, up to which offset an event
+// may have been decided by Redis before: by this Limiter (the offsets it
+// sent) or, since this process took the partition over, by any owner (the
+// highest offset of the replay record, which each reply carries). An event
+// at or below it may be in the replay record, so it goes to Redis even when
+// its tenant is known to be full (a local decision would not give back the
+// recorded one). A partition this Limiter has not heard back from Redis
+// about under the batch's assignment (Source.Assignment: a new owner, or
+// this process owning it again) is unknown: all its events go to Redis,
+// since another owner may have decided any of them, until a reply says how
+// far the record goes. It is guarded by Limiter.mu; the zero value is
+// ready.
 type sentOffsets struct {
-	hi map[sourceKey]int64
+	hi map[sourceKey]sentState
+}
+
+// sentState is what sentOffsets knows of one partition.
+type sentState struct {
+	assignment uint64 // the Source.Assignment it is about
+	hi         int64  // highest offset that may have been decided, -1: none
+	known      bool   // a reply under assignment gave the record's highest offset
 }
 
 // sourceKey names a source partition.
@@ -274,17 +296,18 @@ type sourceKey struct {
 func keyOf(src Source) sourceKey { return sourceKey{src.Topic, src.TopicID, src.Partition} }
 
 // mayReplay reports whether one of the events idx of src may have been
-// decided by Redis before.
+// decided by Redis before: all of them, while the partition is unknown
+// under src's assignment.
 func (s *sentOffsets) mayReplay(src positions, idx []int) bool {
 	if src.Topic == "" {
 		return false
 	}
-	hi, ok := s.hi[keyOf(src.Source)]
-	if !ok {
-		return false
+	st, ok := s.hi[keyOf(src.Source)]
+	if !ok || st.assignment != src.Assignment || !st.known {
+		return true
 	}
 	for _, i := range idx {
-		if src.offsets[i] <= hi {
+		if src.offsets[i] <= st.hi {
 			return true
 		}
 	}
@@ -295,27 +318,52 @@ func (s *sentOffsets) mayReplay(src positions, idx []int) bool {
 // than one process consumes.
 const maxSentPartitions = 100000
 
+// state returns src's partition's state under src's assignment (a new one
+// when the assignment changed), for mark and heard to update. Past
+// maxSentPartitions partitions it forgets them all: each is then unknown.
+func (s *sentOffsets) state(src Source) (sourceKey, sentState) {
+	if s.hi == nil || len(s.hi) >= maxSentPartitions {
+		s.hi = map[sourceKey]sentState{}
+	}
+	k := keyOf(src)
+	st, ok := s.hi[k]
+	if !ok || st.assignment != src.Assignment {
+		st = sentState{assignment: src.Assignment, hi: -1}
+	}
+	return k, st
+}
+
 // mark notes the offsets of the events of calls, about to be sent to Redis
-// (a call may run there even when its reply is lost). Past
-// maxSentPartitions partitions it forgets them all.
+// (a call may run there even when its reply is lost).
 func (s *sentOffsets) mark(src positions, calls []*group) {
 	if src.Topic == "" || len(calls) == 0 {
 		return
 	}
-	if s.hi == nil || len(s.hi) >= maxSentPartitions {
-		s.hi = map[sourceKey]int64{}
-	}
-	k := keyOf(src.Source)
-	hi, ok := s.hi[k]
-	if !ok {
-		hi = -1
-	}
+	k, st := s.state(src.Source)
 	for _, g := range calls {
 		for _, i := range g.idx {
-			hi = max(hi, src.offsets[i])
+			st.hi = max(st.hi, src.offsets[i])
 		}
 	}
-	s.hi[k] = hi
+	s.hi[k] = st
+}
+
+// heard notes the replies of a call of src: the highest offset of the
+// replay records they read. On one Redis the partition has one record, so
+// from then on an event above it was decided by nobody; on Redis Cluster
+// each tenant has a record of its own, and the highest of the call's
+// tenants' records stands for the partition's (see "Counting once" in the
+// README).
+func (s *sentOffsets) heard(src Source, replies []reply) {
+	if src.Topic == "" || len(replies) == 0 {
+		return
+	}
+	k, st := s.state(src)
+	for _, r := range replies {
+		st.hi = max(st.hi, r.recordHi)
+	}
+	st.known = true
+	s.hi[k] = st
 }
 
 // replaySweep remembers, on Redis Cluster, the replay records that calls

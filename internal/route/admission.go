@@ -179,14 +179,14 @@ func (a *Admission) admitWith(ctx context.Context, src limit.Source, events []li
 
 // source returns where b's events were consumed from, for replay-safe
 // counting: b's partition and, as the low bound, b's committed offset (each
-// event's limit.Event.Offset is its position there). A batch that names no
+// event's limit.Event.Offset is its position there), under b's assignment. A batch that names no
 // topic (one not handed over by a consumer of package consume) names no
 // source: nothing bounds what a record would have to remember.
 func source(b consume.Batch) limit.Source {
 	if b.Topic == "" {
 		return limit.Source{}
 	}
-	return limit.Source{Topic: b.Topic, TopicID: b.TopicID, Partition: b.Partition, Low: b.Committed}
+	return limit.Source{Topic: b.Topic, TopicID: b.TopicID, Partition: b.Partition, Low: b.Committed, Assignment: b.Assignment}
 }
 
 func (a *Admission) ready(ok bool) {
