@@ -168,9 +168,6 @@ func startRun(t *testing.T, sc scenario) *run {
 	if sc.capacity != "" {
 		r.fleet.env["GATEKEEPER_CAPACITY"] = sc.capacity
 	}
-	if sc.lateTakesSlots {
-		r.fleet.env["GATEKEEPER_LATE_TAKES_SLOTS"] = "on" // the whole fleet checks claims from the start
-	}
 	if sc.lastEnv != nil {
 		r.fleet.startReady(t, sc.replicas-1)
 		r.fleet.startWith(t, sc.lastEnv()).WaitReady(t, 90*time.Second)

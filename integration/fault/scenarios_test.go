@@ -115,7 +115,7 @@ func TestBrokerRestart(t *testing.T) {
 // figures give the retry lateness: how long after gk-due deferred events
 // were appended downstream.
 func TestFaultMix(t *testing.T) {
-	runScenario(t, scenario{name: "mix", replicas: 3, lateTakesSlots: true, load: mixLoad, scale: mixScale, countTolerance: mixCountTolerance,
+	runScenario(t, scenario{name: "mix", replicas: 3, load: mixLoad, scale: mixScale, countTolerance: mixCountTolerance,
 		fault: func(r *run) dupParams {
 			p := sigkill(r, 6*time.Second)
 			redisFreeze(r, 17*time.Second)
@@ -442,7 +442,4 @@ type scenario struct {
 	// capacity, when set, is GATEKEEPER_CAPACITY of the fleet, and every
 	// window of it is checked to hold at most its limit (G12).
 	capacity string
-	// lateTakesSlots runs the fleet with GATEKEEPER_LATE_TAKES_SLOTS=on
-	// (late events keep their place, #22); the others run the default.
-	lateTakesSlots bool
 }

@@ -181,3 +181,65 @@ func BenchmarkAdmitWithin(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchBatch), "ns/event")
 }
+
+// BenchmarkAdmitLateClaims is the price of checking claims
+// (LATE_TAKES_SLOTS=check or on, the default): the first retry tier's batch
+// of 500 events back inside their slot (Event.InSlot, none of whose slots
+// was taken) makes one AdmitLate call, where with off it makes none, and
+// with on, when no take is due as late as their slots, one TakesUntil read
+// instead (route.Retrier.Takes). Each is compared, in the same run, with an
+// AdmitFrom call of a source batch of the same tenants: "ratio" is the
+// claims call's events/s over the source batch's, "bound-ratio" the read's.
+func BenchmarkAdmitLateClaims(b *testing.B) {
+	rdb := testRedis(b)
+	ctx := context.Background()
+	batches := skewedBatches(64, benchBatch, benchTenants)
+	l := newTestLimiter(b, rdb, "*=1000/1m", Options{})
+	due := time.Now().Truncate(time.Minute)
+	var rates [3]float64
+	b.Run("source-batch", func(b *testing.B) {
+		start := time.Now()
+		for i := 0; i < b.N; i++ {
+			s := src(max(0, int64(i-1)*benchBatch), int64(i)*benchBatch)
+			if _, err := l.AdmitFrom(ctx, s.Source, s.events(batches[i%len(batches)], nil)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		rates[0] = float64(benchBatch*b.N) / time.Since(start).Seconds()
+		b.ReportMetric(rates[0], "events/s")
+	})
+	b.Run("claims", func(b *testing.B) {
+		start := time.Now()
+		for i := 0; i < b.N; i++ {
+			s := src(max(0, int64(i-1)*benchBatch), int64(i)*benchBatch)
+			s.Topic = "in.retry"
+			evs := s.events(batches[i%len(batches)], nil)
+			for j := range evs {
+				evs[j].InSlot, evs[j].Due = true, due
+			}
+			ds, err := l.AdmitLate(ctx, s.Source, evs, true)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if ds[0].Kind != Keep {
+				b.Fatalf("claim decided %v, want Keep", ds[0].Kind)
+			}
+		}
+		rates[1] = float64(benchBatch*b.N) / time.Since(start).Seconds()
+		b.ReportMetric(rates[1], "events/s")
+	})
+	b.Run("bound", func(b *testing.B) {
+		start := time.Now()
+		for i := 0; i < b.N; i++ {
+			if _, err := l.TakesUntil(ctx, time.Time{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		rates[2] = float64(benchBatch*b.N) / time.Since(start).Seconds()
+		b.ReportMetric(rates[2], "events/s")
+	})
+	if rates[0] > 0 && rates[1] > 0 && rates[2] > 0 {
+		b.Run("ratio", func(b *testing.B) { b.ReportMetric(rates[1]/rates[0], "x") })
+		b.Run("bound-ratio", func(b *testing.B) { b.ReportMetric(rates[2]/rates[0], "x") })
+	}
+}

@@ -125,6 +125,12 @@ func (k keys) taken(tenant string) string {
 	return k.tenant(tenant) + TakenSuffix
 }
 
+// takesUntil returns the key of the fleet's bound on the due times of the
+// slots late events took (Limiter.TakesUntil): <prefix>:takes-until.
+func (k keys) takesUntil() string {
+	return k.prefix + ":takes-until"
+}
+
 // frontier returns the key of the tenant's search frontier for a rule set.
 // set is the rule set's ruleSetID(k.kind, rules).
 func (k keys) frontier(tenant, set string) string {

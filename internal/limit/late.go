@@ -2,6 +2,7 @@ package limit
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"time"
 )
@@ -146,4 +147,34 @@ func (p positions) hasClaims(g *group) bool {
 		}
 	}
 	return false
+}
+
+// TakesUntil returns a time at or after the due time of every slot a late
+// event has taken under the Limiter's key prefix (AdmitLate with take), and
+// first raises it to at (zero: only read it). A claim due after it cannot
+// have lost its slot, so it may be forwarded without AdmitLate: the
+// first retry tier's batches of events back inside their slot then make one
+// small call instead of an admit call (route.Retrier.Takes). It holds while
+// every replica that takes slots raises it before and after each call that
+// may take (to now plus ReplayRecordTTL before: a batch whose takes were
+// recorded but whose caller stopped before raising it again is replayed by
+// the partition's next owner well within that; to the latest due time taken
+// after). When the bound is absent (never set, or lost with Redis's data),
+// it starts at now plus the deferral horizon: takes made without it (an
+// older release) or before it was lost may be due that late. One Redis
+// call, within Options.Timeout; an error means nothing is known.
+func (l *Limiter) TakesUntil(ctx context.Context, at time.Time) (time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
+	defer cancel()
+	raise := int64(0)
+	if !at.IsZero() {
+		raise = at.UnixMilli()
+	}
+	start := l.opts.Clock().Add(l.opts.Horizon).UnixMilli()
+	v, err := l.takesUntil.Run(ctx, l.rdb, []string{l.keys.takesUntil()}, raise, start).Int64()
+	if err != nil {
+		l.metrics.redisErrors.Inc()
+		return time.Time{}, fmt.Errorf("takes until: %w", err)
+	}
+	return time.UnixMilli(v), nil
 }

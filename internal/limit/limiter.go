@@ -130,6 +130,7 @@ type Limiter struct {
 	// them (replaySweep).
 	replayBound int
 	drop        *redis.Script
+	takesUntil  *redis.Script // lua.TakesUntil (late.go)
 	sweep       replaySweep
 
 	// capGeneral (tests only) decides every tenant through the capacity's
@@ -202,12 +203,13 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		get:          redis.NewScript(lua.AlignedGet),
 		release:      redis.NewScript(lua.Release),
 		drop:         redis.NewScript(lua.ReplayDrop),
+		takesUntil:   redis.NewScript(lua.TakesUntil),
 
 		replayBound: ReplayRecordBytes,
 	}
 	l.fullReason = fmt.Sprintf("no room within the deferral horizon (%v)", opts.Horizon)
 	l.rules.Store(rules)
-	for _, s := range []*redis.Script{l.admit, l.get, l.release, l.drop} {
+	for _, s := range []*redis.Script{l.admit, l.get, l.release, l.drop, l.takesUntil} {
 		cctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 		err := s.Load(cctx, rdb).Err()
 		cancel()

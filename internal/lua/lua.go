@@ -74,6 +74,12 @@ func join(fsys embed.FS, dir string, names []string) string {
 	return b.String()
 }
 
+// TakesUntil reads and raises the bound on the due times of the slots late
+// events took (see its header).
+//
+//go:embed takes_until.lua
+var TakesUntil string
+
 // ReplayDrop deletes a replay record once every decision it holds is below
 // a committed offset (Redis Cluster: see replay_drop.lua).
 //

@@ -72,6 +72,15 @@ type Retrier struct {
 	// Turn it on only once every replica checks claims: one that does not
 	// forwards an event whose slot was taken, one over the window's limit.
 	TakeSlots bool
+	// Takes, if set, bounds the due times of the slots late events took
+	// (limit.Limiter.TakesUntil): a claim due after the bound is forwarded
+	// uncounted without a claims call, since no take can be in its slot,
+	// and a batch with late events raises it before and after the call
+	// that may take. Every replica that takes slots must raise it: set it
+	// only with TakeSlots, on a fleet that runs it everywhere, and only
+	// when claims are checked for takes alone (a capacity's backlog moves
+	// need every claim checked).
+	Takes TakesBound
 
 	// AdvanceBacklog: Advance (advance.go) moves the bookings of waiting
 	// deferred events into idle capacity when the Admitter is a
@@ -97,6 +106,13 @@ type LateAdmitter interface {
 	AdmitLate(ctx context.Context, src limit.Source, events []limit.Event, take bool) ([]limit.Decision, error)
 }
 
+// TakesBound reads and raises the bound on the due times of the slots late
+// events took; *limit.Limiter implements it (TakesUntil). It must be safe
+// for concurrent use.
+type TakesBound interface {
+	TakesUntil(ctx context.Context, at time.Time) (time.Time, error)
+}
+
 // NewRetrier returns a Retrier with r's parts once Validate accepts them.
 func NewRetrier(r Retrier) (*Retrier, error) {
 	if err := r.Validate(); err != nil {
@@ -119,6 +135,9 @@ func (r *Retrier) Validate() error {
 	}
 	if r.TakeSlots && !r.CheckClaims {
 		return errors.New("retrier: TakeSlots without CheckClaims: this replica would forward the slots it takes")
+	}
+	if r.Takes != nil && !r.TakeSlots {
+		return errors.New("retrier: Takes without TakeSlots: this replica would trust a bound it does not keep")
 	}
 	return nil
 }
@@ -210,7 +229,7 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 	b := retryBatch{items: make([]Item, len(msgs)), counts: map[string]int{}, sigFailures: map[string]int{}}
 	now := r.now()
 	for i, m := range msgs {
-		if err := r.classify(&b, i, m, r.checkedOf(batch, i), now); err != nil {
+		if err := r.classify(ctx, &b, i, m, r.checkedOf(batch, i), now); err != nil {
 			return fmt.Errorf("retrier: %w", err)
 		}
 	}
@@ -219,13 +238,25 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 	// trip: deferred again and late again, it is a new decision.
 	call := r.Admitter.AdmitFrom
 	if r.late != nil {
+		// Without the bound raised first, nothing is taken: no claim could
+		// tell (the call meets the same Redis and handles its failure).
+		take := r.TakeSlots
+		if err := r.raiseTakes(ctx, &b, now, nil); err != nil {
+			r.logger().Warn("raising the bound of slots taken failed; this batch's late events take none", "err", err)
+			take = false
+		}
 		call = func(ctx context.Context, src limit.Source, evs []limit.Event) ([]limit.Decision, error) {
-			return r.late.AdmitLate(ctx, src, evs, r.TakeSlots)
+			return r.late.AdmitLate(ctx, src, evs, take)
 		}
 	}
 	ds, unchecked, err := r.admitWith(ctx, source(batch), b.events, msgs[0], call)
 	if err != nil {
 		return fmt.Errorf("retrier: %w", err)
+	}
+	if !unchecked {
+		if err := r.raiseTakes(ctx, &b, now, ds); err != nil {
+			return fmt.Errorf("retrier: %w", err)
+		}
 	}
 	if err := r.decide(&b, msgs, ds, unchecked); err != nil {
 		return fmt.Errorf("retrier: %w", err)
@@ -266,6 +297,8 @@ type retryBatch struct {
 	missed      []limit.MissedSlot // the slots they missed, one per trip
 	trips       map[trip]int       // the index in events of each trip
 	claims      int                // how many of events are claims (back inside their slot)
+	takesUntil  time.Time          // Retrier.Takes's bound, read for the batch's first claim
+	takesRead   bool               // takesUntil was read (zero when the read failed: every claim is checked)
 	counts      map[string]int     // gatekeeper_decisions_total by label
 	sigFailures map[string]int     // gatekeeper_retry_sig_failures_total by reason
 	early       []earlyCheck       // events released early after a raise
@@ -298,7 +331,7 @@ type trip struct {
 // checked of m. With a Signer, m is dead-lettered if its gk-sig does not
 // verify, before anything else is read. The error is the batch's: a message
 // released early, or from a topic that is not a retry tier.
-func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, now time.Time) error {
+func (r *Retrier) classify(ctx context.Context, b *retryBatch, i int, m kafka.Message, c *checked, now time.Time) error {
 	tier, ok := c.tier, c.inTier
 	if !ok {
 		return fmt.Errorf("topic %q (partition %d offset %d) is not a retry tier of %q",
@@ -358,9 +391,10 @@ func (r *Retrier) classify(b *retryBatch, i int, m kafka.Message, c *checked, no
 			m.Topic, m.Partition, m.Offset, ErrEarly, now.Format(time.RFC3339Nano), d.Due.Format(time.RFC3339Nano))
 	}
 	claim := now.Before(d.Reserved)
-	if claim && (r.late == nil || d.Took) {
+	if claim && (r.late == nil || d.Took || r.untaken(ctx, b, d.Due)) {
 		// Inside its slot, and the slot is its own: it took it, or claims
-		// are not checked (no replica takes slots, or the Admitter cannot).
+		// are not checked (no replica takes slots, or the Admitter cannot),
+		// or no take is due as late as its slot.
 		b.counts[DecisionReserved]++
 		b.items[i] = Item{Msg: m, Outcome: Forward}
 		return nil
@@ -463,4 +497,53 @@ func (r *Retrier) deadLetter(m kafka.Message, reason string) Item {
 	r.logger().Debug("retried event dead-lettered", "tenant", tenant, "topic", m.Topic, "partition", m.Partition,
 		"offset", m.Offset, "reason", reason)
 	return Item{Msg: m, Outcome: DeadLetter, Reason: reason}
+}
+
+// untaken reports whether no late event can have taken the slot due at due:
+// it is after Takes's bound, read once per batch. Without Takes, or when
+// the read fails (the claims call that follows meets the same Redis and
+// handles its failure), it reports false: the claim is checked.
+func (r *Retrier) untaken(ctx context.Context, b *retryBatch, due time.Time) bool {
+	if r.Takes == nil || due.IsZero() {
+		return false
+	}
+	if !b.takesRead {
+		b.takesRead = true
+		until, err := r.Takes.TakesUntil(ctx, time.Time{})
+		if err != nil {
+			r.logger().Warn("reading the bound of slots taken failed; checking every claim of the batch", "err", err)
+			return false
+		}
+		b.takesUntil = until
+	}
+	return !b.takesUntil.IsZero() && due.After(b.takesUntil)
+}
+
+// raiseTakes raises Takes's bound before a call of events that may take
+// slots (the batch has late events and TakeSlots is set), to now plus
+// limit.ReplayRecordTTL: a take recorded by the call is covered even when
+// this replica stops before raising the bound to what it took, until the
+// partition's next owner replays the batch and raises it. After the call
+// (ds given), it raises the bound to the latest due time taken. Nothing to
+// do without Takes, without late events, or when nothing was taken.
+func (r *Retrier) raiseTakes(ctx context.Context, b *retryBatch, now time.Time, ds []limit.Decision) error {
+	if r.Takes == nil || !r.TakeSlots || len(b.events) == b.claims {
+		return nil
+	}
+	at := now.Add(limit.ReplayRecordTTL)
+	if ds != nil {
+		at = time.Time{}
+		for _, d := range ds {
+			if d.Kind == limit.Defer && d.Took && d.Due.After(at) {
+				at = d.Due
+			}
+		}
+		if at.IsZero() {
+			return nil
+		}
+	}
+	if _, err := r.Takes.TakesUntil(ctx, at); err != nil {
+		return fmt.Errorf("raise the bound of slots taken: %w", err)
+	}
+	return nil
 }

@@ -123,7 +123,7 @@ func TestConfigDefaults(t *testing.T) {
 		},
 		RetryConfig: RetryConfig{
 			MaxAttempts:         5,
-			LateTakesSlots:      "off",
+			LateTakesSlots:      "on",
 			CapacityAdvance:     true,
 			RetryLookahead:      10000,
 			RetryLookaheadBytes: 512 << 10,

@@ -311,6 +311,17 @@ func (c Config) checksClaims() bool {
 	return c.LateTakesSlots != lateOff || c.advancesBacklog()
 }
 
+// boundsTakes says whether the first retry tier keeps and trusts the
+// fleet's bound on the slots late events took (route.Retrier.Takes): with
+// LATE_TAKES_SLOTS=on, which every replica of the fleet runs (or check,
+// which takes nothing and trusts nothing), unless the backlog's moves are
+// on, which need every claim checked. Then a batch of events back inside
+// their slot makes one small call (lua.TakesUntil) instead of an admit
+// call whenever no take is due as late as their slots.
+func (c Config) boundsTakes() bool {
+	return c.LateTakesSlots == lateOn && !c.advancesBacklog()
+}
+
 func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumerGroup, error) {
 	cfg := p.Config
 	if !cfg.HasRole(route.RoleRetry) {
@@ -326,6 +337,9 @@ func (p Pipeline) retryGroup(m *pipelineMetrics, router *route.Router) (consumer
 		spec.Expedited = p.Live.Expediter.Expedited
 	}
 	spec.AdvanceBacklog = cfg.advancesBacklog()
+	if cfg.boundsTakes() && p.Limiter != nil {
+		spec.Takes = p.Limiter
+	}
 	retrier, err := route.NewRetrier(spec)
 	if err != nil {
 		return nil, err // NewRetrier's errors already start with "retrier: "

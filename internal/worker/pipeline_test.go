@@ -84,5 +84,15 @@ func TestAdvancesBacklog(t *testing.T) {
 		if !tt.cfg.checksClaims() {
 			t.Errorf("%s, LATE_TAKES_SLOTS=check: claims not checked", tt.name)
 		}
+		// The bound on the slots taken is kept and trusted only by
+		// replicas that take slots, and not with the moves on (they need
+		// every claim checked).
+		if tt.cfg.boundsTakes() {
+			t.Errorf("%s, LATE_TAKES_SLOTS=check: bound trusted", tt.name)
+		}
+		tt.cfg.LateTakesSlots = lateOn
+		if got := tt.cfg.boundsTakes(); got == tt.want {
+			t.Errorf("%s, LATE_TAKES_SLOTS=on: bound trusted %v, want %v", tt.name, got, !tt.want)
+		}
 	}
 }

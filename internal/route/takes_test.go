@@ -1,0 +1,144 @@
+package route
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/gatekeeper-dev/gatekeeper/internal/limit"
+)
+
+// takesBound is a TakesBound in memory: it records the raises, and fails
+// the first one when fail is set.
+type takesBound struct {
+	until  time.Time
+	reads  int
+	raises []time.Time
+	fail   bool
+}
+
+func (b *takesBound) TakesUntil(_ context.Context, at time.Time) (time.Time, error) {
+	if at.IsZero() {
+		b.reads++
+		return b.until, nil
+	}
+	if b.fail {
+		b.fail = false
+		return time.Time{}, errors.New("redis down")
+	}
+	b.raises = append(b.raises, at)
+	if at.After(b.until) {
+		b.until = at
+	}
+	return b.until, nil
+}
+
+// With Retrier.Takes, a claim due after the fleet's bound on the slots
+// taken goes downstream uncounted without a claims call; one due at or
+// before it is checked as before. A batch with late events raises the bound
+// before its call (to now plus the replay record's lifetime) and after it
+// (to the latest slot taken); when the first raise fails, its late events
+// take no slot.
+func TestRetrierTakesBound(t *testing.T) {
+	past := t0.Add(-10 * time.Second)
+	claim := func(off int64) kafka.Message {
+		return retryMsg("down.retry", off, deferral("acme", int(off), past, t0.Add(time.Minute)))
+	}
+	late := retryMsg("down.retry", 9, deferral("acme", 1, past.Add(-time.Minute), past))
+	took := limit.Decision{Kind: limit.Defer, Due: t0.Add(time.Minute), Until: t0.Add(2 * time.Minute), Took: true}
+	cases := []struct {
+		name      string
+		bound     time.Time
+		fail      bool
+		msgs      []kafka.Message
+		calls     int         // AdmitLate calls
+		checked   int         // claims in them
+		take      bool        // the call's take
+		raises    []time.Time // the bound's raises
+		forwarded float64     // claims forwarded uncounted without a call
+	}{
+		{name: "claims due after the bound", bound: past.Add(-time.Second), msgs: []kafka.Message{claim(1), claim(2)},
+			forwarded: 2},
+		{name: "claims due at the bound", bound: past, msgs: []kafka.Message{claim(1), claim(2)},
+			calls: 1, checked: 2, take: true},
+		{name: "late event and a claim", bound: past.Add(-time.Second), msgs: []kafka.Message{claim(1), late},
+			calls: 1, take: true, raises: []time.Time{t0.Add(limit.ReplayRecordTTL), took.Due}, forwarded: 1},
+		{name: "raise fails", bound: past.Add(-time.Second), fail: true, msgs: []kafka.Message{claim(1), late},
+			calls: 1, forwarded: 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w, m := &fakeWriter{}, newTestMetrics(t)
+			la := &lateAdmitter{fakeAdmitter: &fakeAdmitter{}}
+			la.answer = func(evs []limit.Event) []limit.Decision {
+				ds := make([]limit.Decision, len(evs))
+				for i, e := range evs {
+					switch {
+					case e.InSlot:
+						ds[i] = limit.Decision{Kind: limit.Keep}
+					case la.takes[len(la.takes)-1]:
+						ds[i] = took
+					default:
+						ds[i] = limit.Decision{Kind: limit.Defer, Due: took.Due, Until: took.Until}
+					}
+				}
+				return ds
+			}
+			adm := testAdmission(w, la.fakeAdmitter, m, &readyLog{})
+			adm.Admitter = la
+			bound := &takesBound{until: tc.bound, fail: tc.fail}
+			r := mustRetrier(t, Retrier{Admission: adm, MaxAttempts: 3, CheckClaims: true, TakeSlots: true, Takes: bound})
+			if err := r.Handle(context.Background(), batchOf(tc.msgs)); err != nil {
+				t.Fatal(err)
+			}
+			if len(la.events) != tc.calls {
+				t.Fatalf("AdmitLate calls %d, want %d", len(la.events), tc.calls)
+			}
+			checked := 0
+			for i, evs := range la.events {
+				for _, e := range evs {
+					if e.InSlot {
+						checked++
+					}
+				}
+				if la.takes[i] != tc.take {
+					t.Errorf("call %d: take %v, want %v", i, la.takes[i], tc.take)
+				}
+			}
+			if checked != tc.checked {
+				t.Errorf("claims checked %d, want %d", checked, tc.checked)
+			}
+			if bound.reads != 1 {
+				t.Errorf("bound read %d times, want once per batch", bound.reads)
+			}
+			if len(bound.raises) != len(tc.raises) {
+				t.Fatalf("raises %v, want %v", bound.raises, tc.raises)
+			}
+			for i := range tc.raises {
+				if !bound.raises[i].Equal(tc.raises[i]) {
+					t.Errorf("raise %d: %s, want %s", i, bound.raises[i], tc.raises[i])
+				}
+			}
+			reserved := counterValue(t, m.Decisions.WithLabelValues(DecisionReserved))
+			if want := tc.forwarded + float64(tc.checked); reserved != want {
+				t.Errorf("reserved %v, want %v", reserved, want)
+			}
+			if got := len(w.last(t)); got != len(tc.msgs) {
+				t.Errorf("written %d, want %d", got, len(tc.msgs))
+			}
+		})
+	}
+}
+
+// Takes without TakeSlots is refused: the replica would trust a bound its
+// own takes do not raise.
+func TestRetrierTakesNeedsTakeSlots(t *testing.T) {
+	w, m := &fakeWriter{}, newTestMetrics(t)
+	adm := testAdmission(w, &fakeAdmitter{}, m, &readyLog{})
+	if _, err := NewRetrier(Retrier{Admission: adm, CheckClaims: true, Takes: &takesBound{}}); err == nil {
+		t.Fatal("NewRetrier with Takes and no TakeSlots: no error")
+	}
+}
