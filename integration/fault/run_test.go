@@ -4,6 +4,7 @@ package fault
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/gatekeeper-dev/gatekeeper/internal/testenv"
@@ -168,6 +170,9 @@ func startRun(t *testing.T, sc scenario) *run {
 	if sc.capacity != "" {
 		r.fleet.env["GATEKEEPER_CAPACITY"] = sc.capacity
 	}
+	if sc.boundSettled {
+		settleTakesBound(t, r.flow.Prefix)
+	}
 	if sc.lastEnv != nil {
 		r.fleet.startReady(t, sc.replicas-1)
 		r.fleet.startWith(t, sc.lastEnv()).WaitReady(t, 90*time.Second)
@@ -250,6 +255,7 @@ func (r *run) finish(params dupParams) outcome {
 	if fig.RedisCounted, fig.RedisByTenant, fig.RedisMost, fig.RedisMostKey, err = redisCounted(ctx, f.Prefix, r.counts.stop()); err != nil {
 		t.Errorf("read the window counts: %v", err)
 	}
+	logTakesBound(t, f.Prefix)
 	r.mu.Lock()
 	marks, backs := r.marks, r.backs
 	r.mu.Unlock()
@@ -381,4 +387,46 @@ func (m *monitor) stop() []readySample {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.samples
+}
+
+// settleTakesBound sets the fleet's bound on the slots late events took
+// (limit.Limiter.TakesUntil) to 0 under prefix before the fleet starts: no
+// take is due after the epoch, as in a deployment whose bound was set more
+// than DEFER_HORIZON ago and that took no slot since.
+func settleTakesBound(t *testing.T, prefix string) {
+	t.Helper()
+	if err := onRedis(func(ctx context.Context, rdb *redis.Client) error {
+		return rdb.Set(ctx, prefix+":takes-until", 0, 0).Err()
+	}); err != nil {
+		t.Fatalf("settle the bound on slots taken: %v", err)
+	}
+}
+
+// logTakesBound logs the fleet's bound on the slots taken as the run left
+// it: 0 after settleTakesBound means no late event took a slot, and every
+// event back in its slot passed on one read of it.
+func logTakesBound(t *testing.T, prefix string) {
+	t.Helper()
+	var v int64
+	err := onRedis(func(ctx context.Context, rdb *redis.Client) (err error) {
+		v, err = rdb.Get(ctx, prefix+":takes-until").Int64()
+		return err
+	})
+	switch {
+	case errors.Is(err, redis.Nil):
+		t.Logf("figures: bound on slots taken: none (no replica read it)")
+	case err != nil:
+		t.Errorf("read the bound on slots taken: %v", err)
+	default:
+		t.Logf("figures: bound on slots taken: %s (unix ms %d)", time.UnixMilli(v).UTC().Format(time.RFC3339Nano), v)
+	}
+}
+
+// onRedis runs f with a client of the suite's Redis, within 10 s.
+func onRedis(f func(ctx context.Context, rdb *redis.Client) error) error {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return f(ctx, rdb)
 }

@@ -257,6 +257,9 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 		if err := r.raiseTakes(ctx, &b, now, ds); err != nil {
 			return fmt.Errorf("retrier: %w", err)
 		}
+		if err := r.slotsEnded(&b, ds); err != nil {
+			return fmt.Errorf("retrier: %w", err)
+		}
 	}
 	if err := r.decide(&b, msgs, ds, unchecked); err != nil {
 		return fmt.Errorf("retrier: %w", err)
@@ -497,6 +500,26 @@ func (r *Retrier) deadLetter(m kafka.Message, reason string) Item {
 	r.logger().Debug("retried event dead-lettered", "tenant", tenant, "topic", m.Topic, "partition", m.Partition,
 		"offset", m.Offset, "reason", reason)
 	return Item{Msg: m, Outcome: DeadLetter, Reason: reason}
+}
+
+// errSlotEnded means a claim's check came back after its slot had ended
+// (the call waited through a Redis outage): forwarded now, it would land in
+// the next window on top of that window's own events.
+var errSlotEnded = errors.New("a slot ended while its claim was checked; handling the batch again")
+
+// slotsEnded returns errSlotEnded when a claim that ds keeps (limit.Keep)
+// has seen its slot end since the batch was classified: handled again, it
+// is late, checked as new, and gives its slot back. A claim is not
+// recorded (the replay record keeps the batch's other decisions), so the
+// batch's second pass decides it afresh.
+func (r *Retrier) slotsEnded(b *retryBatch, ds []limit.Decision) error {
+	now := r.now()
+	for _, p := range b.readmit {
+		if p.claim && ds[p.j].Kind == limit.Keep && !now.Before(p.d.Reserved) {
+			return fmt.Errorf("%w (offset %d, slot ended %s)", errSlotEnded, p.d.OriginOffset, p.d.Reserved.Format(time.RFC3339Nano))
+		}
+	}
+	return nil
 }
 
 // untaken reports whether no late event can have taken the slot due at due:

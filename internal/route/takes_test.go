@@ -142,3 +142,49 @@ func TestRetrierTakesNeedsTakeSlots(t *testing.T) {
 		t.Fatal("NewRetrier with Takes and no TakeSlots: no error")
 	}
 }
+
+// A claim whose check comes back after its slot ended (the call waited
+// through a Redis outage) is not forwarded as in its slot, where it would
+// land in the next window on top of that window's own events: the batch
+// fails, and handled again the claim is late, checked as new.
+func TestRetrierClaimSlotEndsDuringCheck(t *testing.T) {
+	past := t0.Add(-10 * time.Second)
+	end := t0.Add(time.Second)
+	msg := retryMsg("down.retry", 1, deferral("acme", 1, past, end))
+	w, m := &fakeWriter{}, newTestMetrics(t)
+	clock := t0
+	la := &lateAdmitter{fakeAdmitter: &fakeAdmitter{}}
+	la.answer = func(evs []limit.Event) []limit.Decision {
+		clock = end // the call returns as the slot ends
+		ds := make([]limit.Decision, len(evs))
+		for i, e := range evs {
+			if e.InSlot {
+				ds[i] = limit.Decision{Kind: limit.Keep}
+			} else {
+				ds[i] = limit.Decision{Kind: limit.Admit}
+			}
+		}
+		return ds
+	}
+	adm := testAdmission(w, la.fakeAdmitter, m, &readyLog{})
+	adm.Admitter = la
+	adm.Clock = func() time.Time { return clock }
+	adm.Router.Clock = adm.Clock
+	r := mustRetrier(t, Retrier{Admission: adm, MaxAttempts: 3, CheckClaims: true, TakeSlots: true})
+	err := r.Handle(context.Background(), batchOf([]kafka.Message{msg}))
+	if !errors.Is(err, errSlotEnded) {
+		t.Fatalf("Handle: %v, want errSlotEnded", err)
+	}
+	if len(w.calls) != 0 {
+		t.Fatalf("written %d batches after the slot ended, want none", len(w.calls))
+	}
+	if err := r.Handle(context.Background(), batchOf([]kafka.Message{msg})); err != nil {
+		t.Fatal(err)
+	}
+	if len(la.events) != 2 || len(la.events[1]) != 1 || la.events[1][0].InSlot {
+		t.Fatalf("second call's events %+v, want the event as late (not in its slot)", la.events[len(la.events)-1])
+	}
+	if got := w.last(t); len(got) != 1 || got[0].Topic != "down" {
+		t.Fatalf("second pass wrote %+v, want the event admitted downstream", got)
+	}
+}
