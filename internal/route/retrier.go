@@ -72,11 +72,11 @@ type Retrier struct {
 	// Turn it on only once every replica checks claims: one that does not
 	// forwards an event whose slot was taken, one over the window's limit.
 	TakeSlots bool
-	// Takes, if set, bounds the due times of the slots late events took
+	// Takes, if set, bounds the windows in which late events took slots
 	// (limit.Limiter.TakesUntil): a claim due after the bound is forwarded
 	// uncounted without a claims call, since no take can be in its slot,
-	// and a batch with late events raises it before and after the call
-	// that may take. Every replica that takes slots must raise it: set it
+	// and a batch with late events raises it before each attempt of the
+	// call that may take and after it. Every replica that takes slots must raise it: set it
 	// only with TakeSlots, on a fleet that runs it everywhere, and only
 	// when claims are checked for takes alone (a capacity's backlog moves
 	// need every claim checked).
@@ -236,30 +236,15 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 
 	// A re-check's identity is its position in the retry tier, unique per
 	// trip: deferred again and late again, it is a new decision.
-	call := r.Admitter.AdmitFrom
-	if r.late != nil {
-		// Without the bound raised first, nothing is taken: no claim could
-		// tell (the call meets the same Redis and handles its failure).
-		take := r.TakeSlots
-		if err := r.raiseTakes(ctx, &b, now, nil); err != nil {
-			r.logger().Warn("raising the bound of slots taken failed; this batch's late events take none", "err", err)
-			take = false
-		}
-		call = func(ctx context.Context, src limit.Source, evs []limit.Event) ([]limit.Decision, error) {
-			return r.late.AdmitLate(ctx, src, evs, take)
+	src := source(batch)
+	ds, unchecked, err := r.admitWith(ctx, src, b.events, msgs[0], r.callFor(len(b.events) > b.claims))
+	if err == nil && !unchecked {
+		if err = r.raiseTakes(ctx, ds); err == nil {
+			ds, unchecked, err = r.redoEnded(ctx, &b, msgs, src, ds)
 		}
 	}
-	ds, unchecked, err := r.admitWith(ctx, source(batch), b.events, msgs[0], call)
 	if err != nil {
 		return fmt.Errorf("retrier: %w", err)
-	}
-	if !unchecked {
-		if err := r.raiseTakes(ctx, &b, now, ds); err != nil {
-			return fmt.Errorf("retrier: %w", err)
-		}
-		if err := r.slotsEnded(&b, ds); err != nil {
-			return fmt.Errorf("retrier: %w", err)
-		}
 	}
 	if err := r.decide(&b, msgs, ds, unchecked); err != nil {
 		return fmt.Errorf("retrier: %w", err)
@@ -288,7 +273,7 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 	if unchecked {
 		r.Metrics.unchecked(len(b.readmit))
 	}
-	r.Metrics.late(len(b.events) - b.claims)
+	r.Metrics.late(len(b.events) - b.claims + b.late)
 	return nil
 }
 
@@ -300,6 +285,8 @@ type retryBatch struct {
 	missed      []limit.MissedSlot // the slots they missed, one per trip
 	trips       map[trip]int       // the index in events of each trip
 	claims      int                // how many of events are claims (back inside their slot)
+	inSlot      []pendingRetry     // events forwarded inside their slot without a call (j: -1)
+	late        int                // events decided again as late because their slot ended (redoEnded)
 	takesUntil  time.Time          // Retrier.Takes's bound, read for the batch's first claim
 	takesRead   bool               // takesUntil was read (zero when the read failed: every claim is checked)
 	counts      map[string]int     // gatekeeper_decisions_total by label
@@ -400,6 +387,7 @@ func (r *Retrier) classify(ctx context.Context, b *retryBatch, i int, m kafka.Me
 		// or no take is due as late as its slot.
 		b.counts[DecisionReserved]++
 		b.items[i] = Item{Msg: m, Outcome: Forward}
+		b.inSlot = append(b.inSlot, pendingRetry{i: i, j: -1, d: d, claim: true})
 		return nil
 	}
 	// The cost is read again from the event as the source had it (its
@@ -502,26 +490,6 @@ func (r *Retrier) deadLetter(m kafka.Message, reason string) Item {
 	return Item{Msg: m, Outcome: DeadLetter, Reason: reason}
 }
 
-// errSlotEnded means a claim's check came back after its slot had ended
-// (the call waited through a Redis outage): forwarded now, it would land in
-// the next window on top of that window's own events.
-var errSlotEnded = errors.New("a slot ended while its claim was checked; handling the batch again")
-
-// slotsEnded returns errSlotEnded when a claim that ds keeps (limit.Keep)
-// has seen its slot end since the batch was classified: handled again, it
-// is late, checked as new, and gives its slot back. A claim is not
-// recorded (the replay record keeps the batch's other decisions), so the
-// batch's second pass decides it afresh.
-func (r *Retrier) slotsEnded(b *retryBatch, ds []limit.Decision) error {
-	now := r.now()
-	for _, p := range b.readmit {
-		if p.claim && ds[p.j].Kind == limit.Keep && !now.Before(p.d.Reserved) {
-			return fmt.Errorf("%w (offset %d, slot ended %s)", errSlotEnded, p.d.OriginOffset, p.d.Reserved.Format(time.RFC3339Nano))
-		}
-	}
-	return nil
-}
-
 // untaken reports whether no late event can have taken the slot due at due:
 // it is after Takes's bound, read once per batch. Without Takes, or when
 // the read fails (the claims call that follows meets the same Redis and
@@ -542,31 +510,116 @@ func (r *Retrier) untaken(ctx context.Context, b *retryBatch, due time.Time) boo
 	return !b.takesUntil.IsZero() && due.After(b.takesUntil)
 }
 
-// raiseTakes raises Takes's bound before a call of events that may take
-// slots (the batch has late events and TakeSlots is set), to now plus
-// limit.ReplayRecordTTL: a take recorded by the call is covered even when
-// this replica stops before raising the bound to what it took, until the
-// partition's next owner replays the batch and raises it. After the call
-// (ds given), it raises the bound to the latest due time taken. Nothing to
-// do without Takes, without late events, or when nothing was taken.
-func (r *Retrier) raiseTakes(ctx context.Context, b *retryBatch, now time.Time, ds []limit.Decision) error {
-	if r.Takes == nil || !r.TakeSlots || len(b.events) == b.claims {
-		return nil
+// callFor returns the admit call of a batch: AdmitLate when claims are
+// checked, else AdmitFrom. When late events may take slots (late: the
+// batch has some; TakeSlots and Takes set), each attempt of the call first
+// raises Takes's bound to now plus limit.ReplayRecordTTL, so that a take
+// the call records is covered even when this replica stops before
+// raiseTakes, until the partition's next owner replays the batch and
+// raises it; when that raise fails, the attempt takes no slot (no claim
+// could tell), and the call meets the same Redis and handles its failure.
+func (r *Retrier) callFor(late bool) func(context.Context, limit.Source, []limit.Event) ([]limit.Decision, error) {
+	if r.late == nil {
+		return r.Admitter.AdmitFrom
 	}
-	at := now.Add(limit.ReplayRecordTTL)
-	if ds != nil {
-		at = time.Time{}
-		for _, d := range ds {
-			if d.Kind == limit.Defer && d.Took && d.Due.After(at) {
-				at = d.Due
+	return func(ctx context.Context, src limit.Source, evs []limit.Event) ([]limit.Decision, error) {
+		take := r.TakeSlots
+		if take && late && r.Takes != nil {
+			if _, err := r.Takes.TakesUntil(ctx, r.now().Add(limit.ReplayRecordTTL)); err != nil {
+				r.logger().Warn("raising the bound of slots taken failed; this call's late events take none", "err", err)
+				take = false
 			}
 		}
-		if at.IsZero() {
-			return nil
+		return r.late.AdmitLate(ctx, src, evs, take)
+	}
+}
+
+// raiseTakes raises Takes's bound after a call to the end of the latest
+// window a late event took a slot in (a claim finds a take under its own
+// due time or under the start of its tenant's finest window that holds
+// now, anywhere in the taken window). Nothing to do without Takes or when
+// nothing was taken.
+func (r *Retrier) raiseTakes(ctx context.Context, ds []limit.Decision) error {
+	if r.Takes == nil {
+		return nil
+	}
+	var at time.Time
+	for _, d := range ds {
+		if d.Kind == limit.Defer && d.Took && d.Until.After(at) {
+			at = d.Until
 		}
+	}
+	if at.IsZero() {
+		return nil
 	}
 	if _, err := r.Takes.TakesUntil(ctx, at); err != nil {
 		return fmt.Errorf("raise the bound of slots taken: %w", err)
 	}
 	return nil
+}
+
+// redoEnded decides again, as late, the events that were to go downstream
+// inside their slot but whose slot has ended since the batch was classified
+// (the batch's call waited through a Redis outage): claims the call kept
+// (limit.Keep) and events forwarded without a call (b.inSlot). Forwarded
+// now, they would land in the next window on top of that window's own
+// events. They are checked as new in a second call, like any late event,
+// give their slot back, and count as a new attempt. It returns ds with the
+// second call's decisions appended (b.readmit points at them).
+func (r *Retrier) redoEnded(ctx context.Context, b *retryBatch, msgs []kafka.Message, src limit.Source, ds []limit.Decision) ([]limit.Decision, bool, error) {
+	now := r.now()
+	var evs []limit.Event
+	redo := map[int]int{} // a kept claim's j in ds -> its new one
+	late := func(p *pendingRetry) bool {
+		m := msgs[p.i]
+		cost, err := r.CostFrom.Cost(m)
+		if err != nil {
+			return false // only event rules give up slots: it keeps its slot, as a claim whose cost is unreadable
+		}
+		evs = append(evs, limit.Event{Tenant: p.d.Tenant, Cost: cost, Offset: m.Offset})
+		if p.d.Reserved.After(p.d.Due) {
+			b.missed = append(b.missed, missedSlot(p.d, cost))
+		}
+		return true
+	}
+	for k := range b.readmit {
+		p := &b.readmit[k]
+		if !p.claim || ds[p.j].Kind != limit.Keep || now.Before(p.d.Reserved) {
+			continue
+		}
+		j, ok := redo[p.j]
+		if !ok {
+			if !late(p) {
+				continue
+			}
+			j = len(ds) + len(evs) - 1
+			redo[p.j] = j
+		}
+		p.j, p.claim = j, false
+	}
+	for _, p := range b.inSlot {
+		if now.Before(p.d.Reserved) || !late(&p) {
+			continue
+		}
+		p.j, p.claim = len(ds)+len(evs)-1, false
+		b.readmit = append(b.readmit, p)
+		b.counts[DecisionReserved]--
+	}
+	if len(evs) == 0 {
+		return ds, false, nil
+	}
+	r.logger().Warn("events whose slot ended while the batch waited are decided again as late",
+		"topic", msgs[0].Topic, "partition", msgs[0].Partition, "offset", msgs[0].Offset, "events", len(evs))
+	more, unchecked, err := r.admitWith(ctx, src, evs, msgs[0], r.callFor(true))
+	if err != nil {
+		return ds, false, err
+	}
+	if unchecked { // the batch's other events were decided: handled again, they get their decisions back
+		return ds, false, errors.New("redis failed while events whose slot ended were decided again; handling the batch again")
+	}
+	if err := r.raiseTakes(ctx, more); err != nil {
+		return ds, false, err
+	}
+	b.late += len(evs)
+	return append(ds, more...), false, nil
 }

@@ -3,6 +3,10 @@ package route
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,8 +44,8 @@ func (b *takesBound) TakesUntil(_ context.Context, at time.Time) (time.Time, err
 // taken goes downstream uncounted without a claims call; one due at or
 // before it is checked as before. A batch with late events raises the bound
 // before its call (to now plus the replay record's lifetime) and after it
-// (to the latest slot taken); when the first raise fails, its late events
-// take no slot.
+// (to the end of the latest window a slot was taken in); when the first
+// raise fails, its late events take no slot.
 func TestRetrierTakesBound(t *testing.T) {
 	past := t0.Add(-10 * time.Second)
 	claim := func(off int64) kafka.Message {
@@ -65,7 +69,7 @@ func TestRetrierTakesBound(t *testing.T) {
 		{name: "claims due at the bound", bound: past, msgs: []kafka.Message{claim(1), claim(2)},
 			calls: 1, checked: 2, take: true},
 		{name: "late event and a claim", bound: past.Add(-time.Second), msgs: []kafka.Message{claim(1), late},
-			calls: 1, take: true, raises: []time.Time{t0.Add(limit.ReplayRecordTTL), took.Due}, forwarded: 1},
+			calls: 1, take: true, raises: []time.Time{t0.Add(limit.ReplayRecordTTL), took.Until}, forwarded: 1},
 		{name: "raise fails", bound: past.Add(-time.Second), fail: true, msgs: []kafka.Message{claim(1), late},
 			calls: 1, forwarded: 1},
 	}
@@ -143,48 +147,111 @@ func TestRetrierTakesNeedsTakeSlots(t *testing.T) {
 	}
 }
 
-// A claim whose check comes back after its slot ended (the call waited
-// through a Redis outage) is not forwarded as in its slot, where it would
-// land in the next window on top of that window's own events: the batch
-// fails, and handled again the claim is late, checked as new.
-func TestRetrierClaimSlotEndsDuringCheck(t *testing.T) {
+// An event that was to go downstream inside its slot, but whose slot
+// ended while the batch's call waited (through a Redis outage), is not
+// forwarded as if in its slot, where it would land in the next window on
+// top of that window's own events: it is decided again as late, in a
+// second call of the same batch, and gives its slot back. That holds for a
+// claim the call kept and for one forwarded without a call (its slot past
+// the bound on slots taken); a claim whose slot was taken was placed again
+// by the first call and keeps that decision, and gives nothing back (its
+// slot is the late event's that took it).
+func TestRetrierSlotEndsDuringCall(t *testing.T) {
 	past := t0.Add(-10 * time.Second)
 	end := t0.Add(time.Second)
-	msg := retryMsg("down.retry", 1, deferral("acme", 1, past, end))
-	w, m := &fakeWriter{}, newTestMetrics(t)
-	clock := t0
-	la := &lateAdmitter{fakeAdmitter: &fakeAdmitter{}}
-	la.answer = func(evs []limit.Event) []limit.Decision {
-		clock = end // the call returns as the slot ends
-		ds := make([]limit.Decision, len(evs))
-		for i, e := range evs {
-			if e.InSlot {
-				ds[i] = limit.Decision{Kind: limit.Keep}
-			} else {
-				ds[i] = limit.Decision{Kind: limit.Admit}
+	claimAt := func(off int64, attempt int) kafka.Message {
+		d := deferral("acme", attempt, past, end)
+		d.OriginOffset = off
+		return retryMsg("down.retry", off, d)
+	}
+	late := func(off int64) kafka.Message {
+		d := deferral("acme", 1, past.Add(-time.Minute), past)
+		d.OriginOffset = off
+		return retryMsg("down.retry", off, d)
+	}
+	placed := limit.Decision{Kind: limit.Defer, Due: t0.Add(time.Minute), Until: t0.Add(2 * time.Minute)}
+	cases := []struct {
+		name      string
+		bound     time.Time // Retrier.Takes's bound; zero: no Takes
+		msgs      []kafka.Message
+		displaced int64            // the offset of a claim whose slot was taken (0: none)
+		calls     int              // AdmitLate calls
+		redone    []int64          // offsets of the second call's events, none in their slot
+		released  []int64          // origin offsets whose slots were given back
+		topics    map[int64]string // where each offset went
+	}{
+		{name: "a kept claim", msgs: []kafka.Message{claimAt(1, 1)},
+			calls: 2, redone: []int64{1}, released: []int64{1}, topics: map[int64]string{1: "down"}},
+		{name: "a claim past the bound, beside a late event", bound: past.Add(-time.Second), msgs: []kafka.Message{claimAt(1, 1), late(2)},
+			calls: 2, redone: []int64{1}, released: []int64{2, 1}, topics: map[int64]string{1: "down", 2: "down"}},
+		{name: "a displaced claim beside a kept one", msgs: []kafka.Message{claimAt(1, 1), claimAt(2, 2)}, displaced: 2,
+			calls: 2, redone: []int64{1}, released: []int64{1}, topics: map[int64]string{1: "down", 2: "down.retry"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w, m := &fakeWriter{}, newTestMetrics(t)
+			clock := t0
+			la := &lateAdmitter{fakeAdmitter: &fakeAdmitter{}}
+			la.answer = func(evs []limit.Event) []limit.Decision {
+				clock = end // the first call returns as the slots end
+				ds := make([]limit.Decision, len(evs))
+				for i, e := range evs {
+					switch {
+					case e.InSlot && e.Offset == tc.displaced:
+						ds[i] = placed
+					case e.InSlot:
+						ds[i] = limit.Decision{Kind: limit.Keep}
+					default:
+						ds[i] = limit.Decision{Kind: limit.Admit}
+					}
+				}
+				return ds
 			}
-		}
-		return ds
-	}
-	adm := testAdmission(w, la.fakeAdmitter, m, &readyLog{})
-	adm.Admitter = la
-	adm.Clock = func() time.Time { return clock }
-	adm.Router.Clock = adm.Clock
-	r := mustRetrier(t, Retrier{Admission: adm, MaxAttempts: 3, CheckClaims: true, TakeSlots: true})
-	err := r.Handle(context.Background(), batchOf([]kafka.Message{msg}))
-	if !errors.Is(err, errSlotEnded) {
-		t.Fatalf("Handle: %v, want errSlotEnded", err)
-	}
-	if len(w.calls) != 0 {
-		t.Fatalf("written %d batches after the slot ended, want none", len(w.calls))
-	}
-	if err := r.Handle(context.Background(), batchOf([]kafka.Message{msg})); err != nil {
-		t.Fatal(err)
-	}
-	if len(la.events) != 2 || len(la.events[1]) != 1 || la.events[1][0].InSlot {
-		t.Fatalf("second call's events %+v, want the event as late (not in its slot)", la.events[len(la.events)-1])
-	}
-	if got := w.last(t); len(got) != 1 || got[0].Topic != "down" {
-		t.Fatalf("second pass wrote %+v, want the event admitted downstream", got)
+			rel := &releaser{lateAdmitter: la}
+			adm := testAdmission(w, la.fakeAdmitter, m, &readyLog{})
+			adm.Admitter = rel
+			adm.Clock = func() time.Time { return clock }
+			adm.Router.Clock = adm.Clock
+			spec := Retrier{Admission: adm, MaxAttempts: 3, CheckClaims: true, TakeSlots: true}
+			if !tc.bound.IsZero() {
+				spec.Takes = &takesBound{until: tc.bound}
+			}
+			r := mustRetrier(t, spec)
+			if err := r.Handle(context.Background(), batchOf(tc.msgs)); err != nil {
+				t.Fatal(err)
+			}
+			if len(la.events) != tc.calls {
+				t.Fatalf("AdmitLate calls %d, want %d", len(la.events), tc.calls)
+			}
+			var redone []int64
+			for _, e := range la.events[len(la.events)-1] {
+				if e.InSlot {
+					t.Errorf("second call: offset %d sent as in its slot", e.Offset)
+				}
+				redone = append(redone, e.Offset)
+			}
+			if !slices.Equal(redone, tc.redone) {
+				t.Errorf("second call's events %v, want %v", redone, tc.redone)
+			}
+			var released []int64
+			for _, sl := range rel.slots {
+				off, _ := strconv.ParseInt(strings.Split(sl.Trip, ":")[2], 10, 64)
+				released = append(released, off)
+			}
+			if !slices.Equal(released, tc.released) {
+				t.Errorf("slots given back of origin offsets %v, want %v", released, tc.released)
+			}
+			got := map[int64]string{}
+			for _, o := range w.last(t) {
+				off, _ := strconv.ParseInt(strings.TrimPrefix(string(o.Key), "k"), 10, 64)
+				got[off] = o.Topic
+			}
+			if !maps.Equal(got, tc.topics) {
+				t.Errorf("written %v, want %v", got, tc.topics)
+			}
+			if n := counterValue(t, m.Decisions.WithLabelValues(DecisionReserved)); n != 0 {
+				t.Errorf("decisions reserved: %v, want 0 (no event went downstream as in its slot)", n)
+			}
+		})
 	}
 }
