@@ -55,7 +55,7 @@ func never(rules []Rule) string {
 // Redis. It reports whether g was decided. l.mu must be held.
 func (l *Limiter) rejectNever(g *group, src positions, out []Decision) bool {
 	why := never(g.rules)
-	if why == "" || l.sent.mayReplay(src, g.idx) {
+	if why == "" || l.sent.mayReplay(src, g) {
 		return false
 	}
 	for _, i := range g.idx {

@@ -197,6 +197,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, rules *Rules, opts Opti
 		advanceEvery: AdvanceEvery,
 		rdb:          rdb,
 		cluster:      cluster,
+		sent:         sentOffsets{perTenant: cluster},
 		opts:         opts,
 		keys:         keys{prefix: opts.Prefix, kind: opts.WindowKind, scope: opts.ReplayScope},
 		admit:        redis.NewScript(lua.Admit),
@@ -377,7 +378,7 @@ func (l *Limiter) admitFrom(ctx context.Context, s *scratch, src positions, tena
 		default:
 			g.st = l.stateLocked(g, now)
 			local := src.late == nil || !src.late.take && !src.hasClaims(g) // AdmitLate: a take or a claim needs Redis
-			if local && now.Before(g.st.full) && g.st.fullFor(g.costs) && !l.sent.mayReplay(src, g.idx) {
+			if local && now.Before(g.st.full) && g.st.fullFor(g.costs) && !l.sent.mayReplay(src, g) {
 				// Full up to the horizon: nothing can change before the
 				// horizon reaches a window that was not full.
 				l.metrics.cacheHits.Add(float64(len(g.idx)))
@@ -411,7 +412,7 @@ func (l *Limiter) admitFrom(ctx context.Context, s *scratch, src positions, tena
 		return nil, err
 	}
 	l.mu.Lock()
-	l.sent.heard(src.Source, replies)
+	l.sent.heard(src.Source, calls, replies)
 	l.mu.Unlock()
 	for j, g := range calls {
 		if err := l.apply(g, replies[j], now, out, short); err != nil {

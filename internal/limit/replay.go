@@ -274,10 +274,15 @@ func (l *Limiter) applyReplayed(g *group, rs []replayed, out []Decision) []int {
 // about under the batch's assignment (Source.Assignment: a new owner, or
 // this process owning it again) is unknown: all its events go to Redis,
 // since another owner may have decided any of them, until a reply says how
-// far the record goes. It is guarded by Limiter.mu; the zero value is
-// ready.
+// far the record goes. On Redis Cluster (perTenant) each tenant has a
+// record of its own, so that is known tenant by tenant: a tenant absent
+// from the calls heard so far under the assignment is unknown. It is
+// guarded by Limiter.mu; the zero value is ready (one record per
+// partition).
 type sentOffsets struct {
-	hi map[sourceKey]sentState
+	hi        map[sourceKey]sentState
+	perTenant bool
+	tenants   int // tenants remembered over all partitions (perTenant), at most maxSentTenants
 }
 
 // sentState is what sentOffsets knows of one partition.
@@ -285,6 +290,9 @@ type sentState struct {
 	assignment uint64 // the Source.Assignment it is about
 	hi         int64  // highest offset that may have been decided, -1: none
 	known      bool   // a reply under assignment gave the record's highest offset
+	// tenants holds, on Redis Cluster, the highest offset of each tenant's
+	// record as the replies under assignment gave it: the tenants known.
+	tenants map[string]int64
 }
 
 // sourceKey names a source partition.
@@ -295,10 +303,10 @@ type sourceKey struct {
 
 func keyOf(src Source) sourceKey { return sourceKey{src.Topic, src.TopicID, src.Partition} }
 
-// mayReplay reports whether one of the events idx of src may have been
-// decided by Redis before: all of them, while the partition is unknown
-// under src's assignment.
-func (s *sentOffsets) mayReplay(src positions, idx []int) bool {
+// mayReplay reports whether one of g's events of src may have been
+// decided by Redis before: all of them, while the partition (on Redis
+// Cluster, g's tenant there) is unknown under src's assignment.
+func (s *sentOffsets) mayReplay(src positions, g *group) bool {
 	if src.Topic == "" {
 		return false
 	}
@@ -306,8 +314,16 @@ func (s *sentOffsets) mayReplay(src positions, idx []int) bool {
 	if !ok || st.assignment != src.Assignment || !st.known {
 		return true
 	}
-	for _, i := range idx {
-		if src.offsets[i] <= st.hi {
+	hi := st.hi
+	if s.perTenant {
+		th, ok := st.tenants[g.tenant]
+		if !ok {
+			return true
+		}
+		hi = max(hi, th)
+	}
+	for _, i := range g.idx {
+		if src.offsets[i] <= hi {
 			return true
 		}
 	}
@@ -315,15 +331,20 @@ func (s *sentOffsets) mayReplay(src positions, idx []int) bool {
 }
 
 // maxSentPartitions bounds the partitions sentOffsets remembers: far more
-// than one process consumes.
-const maxSentPartitions = 100000
+// than one process consumes; maxSentTenants, the tenants it remembers over
+// all partitions on Redis Cluster. Past either it forgets them all: their
+// known-full tenants' events go to Redis once more.
+const (
+	maxSentPartitions = 100000
+	maxSentTenants    = 200000
+)
 
 // state returns src's partition's state under src's assignment (a new one
 // when the assignment changed), for mark and heard to update. Past
 // maxSentPartitions partitions it forgets them all: each is then unknown.
 func (s *sentOffsets) state(src Source) (sourceKey, sentState) {
-	if s.hi == nil || len(s.hi) >= maxSentPartitions {
-		s.hi = map[sourceKey]sentState{}
+	if s.hi == nil || len(s.hi) >= maxSentPartitions || s.tenants >= maxSentTenants {
+		s.hi, s.tenants = map[sourceKey]sentState{}, 0
 	}
 	k := keyOf(src)
 	st, ok := s.hi[k]
@@ -348,21 +369,36 @@ func (s *sentOffsets) mark(src positions, calls []*group) {
 	s.hi[k] = st
 }
 
-// heard notes the replies of a call of src: the highest offset of the
-// replay records they read. On one Redis the partition has one record, so
-// from then on an event above it was decided by nobody; on Redis Cluster
-// each tenant has a record of its own, and the highest of the call's
-// tenants' records stands for the partition's (see "Counting once" in the
-// README).
-func (s *sentOffsets) heard(src Source, replies []reply) {
+// heard notes the replies of the calls of src, index-aligned with them: the
+// highest offset of the replay records they read. On one Redis the
+// partition has one record, so from then on an event above it was decided
+// by nobody; on Redis Cluster each tenant has a record of its own, and each
+// reply makes its tenant known.
+func (s *sentOffsets) heard(src Source, calls []*group, replies []reply) {
 	if src.Topic == "" || len(replies) == 0 {
 		return
 	}
 	k, st := s.state(src)
-	for _, r := range replies {
-		st.hi = max(st.hi, r.recordHi)
-	}
 	st.known = true
+	if !s.perTenant {
+		for _, r := range replies {
+			st.hi = max(st.hi, r.recordHi)
+		}
+		s.hi[k] = st
+		return
+	}
+	if st.tenants == nil {
+		st.tenants = map[string]int64{}
+	}
+	for i, r := range replies {
+		t := calls[i].tenant
+		old, ok := st.tenants[t]
+		if !ok {
+			s.tenants++
+			old = -1
+		}
+		st.tenants[t] = max(old, r.recordHi)
+	}
 	s.hi[k] = st
 }
 
