@@ -349,6 +349,7 @@ func (s *sentOffsets) state(src Source) (sourceKey, sentState) {
 	k := keyOf(src)
 	st, ok := s.hi[k]
 	if !ok || st.assignment != src.Assignment {
+		s.tenants -= len(st.tenants) // the caller stores the new state in their place
 		st = sentState{assignment: src.Assignment, hi: -1}
 	}
 	return k, st

@@ -19,11 +19,19 @@ type lateAdmitter struct {
 	events [][]limit.Event
 	takes  []bool
 	answer func(events []limit.Event) []limit.Decision
+	// fail, if set, makes the call fail when it returns an error (given
+	// the number of calls so far, this one included).
+	fail func(calls int) error
 }
 
 func (a *lateAdmitter) AdmitLate(_ context.Context, _ limit.Source, events []limit.Event, take bool) ([]limit.Decision, error) {
 	a.events = append(a.events, events)
 	a.takes = append(a.takes, take)
+	if a.fail != nil {
+		if err := a.fail(len(a.events)); err != nil {
+			return nil, err
+		}
+	}
 	return a.answer(events), nil
 }
 

@@ -240,7 +240,7 @@ func (r *Retrier) Handle(ctx context.Context, batch consume.Batch) error {
 	ds, unchecked, err := r.admitWith(ctx, src, b.events, msgs[0], r.callFor(len(b.events) > b.claims))
 	if err == nil && !unchecked {
 		if err = r.raiseTakes(ctx, ds); err == nil {
-			ds, unchecked, err = r.redoEnded(ctx, &b, msgs, src, ds)
+			ds, err = r.redoEnded(ctx, &b, msgs, src, ds)
 		}
 	}
 	if err != nil {
@@ -563,63 +563,93 @@ func (r *Retrier) raiseTakes(ctx context.Context, ds []limit.Decision) error {
 // (the batch's call waited through a Redis outage): claims the call kept
 // (limit.Keep) and events forwarded without a call (b.inSlot). Forwarded
 // now, they would land in the next window on top of that window's own
-// events. They are checked as new in a second call, like any late event,
-// give their slot back, and count as a new attempt. It returns ds with the
-// second call's decisions appended (b.readmit points at them).
-func (r *Retrier) redoEnded(ctx context.Context, b *retryBatch, msgs []kafka.Message, src limit.Source, ds []limit.Decision) ([]limit.Decision, bool, error) {
-	now := r.now()
-	var evs []limit.Event
-	redo := map[int]int{} // a kept claim's j in ds -> its new one
-	late := func(p *pendingRetry) bool {
-		m := msgs[p.i]
-		cost, err := r.CostFrom.Cost(m)
-		if err != nil {
-			return false // only event rules give up slots: it keeps its slot, as a claim whose cost is unreadable
-		}
-		evs = append(evs, limit.Event{Tenant: p.d.Tenant, Cost: cost, Offset: m.Offset})
-		if p.d.Reserved.After(p.d.Due) {
-			b.missed = append(b.missed, missedSlot(p.d, cost))
-		}
-		return true
-	}
-	for k := range b.readmit {
-		p := &b.readmit[k]
-		if !p.claim || ds[p.j].Kind != limit.Keep || now.Before(p.d.Reserved) {
-			continue
-		}
-		j, ok := redo[p.j]
-		if !ok {
-			if !late(p) {
-				continue
+// events. They are checked as new, one event per trip, in another call,
+// like any late event: they give their slot back and count as a new
+// attempt; one whose cost cannot be read any more is dead-lettered, as a
+// late event is. It goes on until a pass finds none (a slot may end during
+// the call too). Under ON_REDIS_ERROR=forward, when that call goes
+// unchecked, they go downstream as they were (the batch's other decisions
+// stand). It returns ds with the calls' decisions appended (b.readmit
+// points at them).
+func (r *Retrier) redoEnded(ctx context.Context, b *retryBatch, msgs []kafka.Message, src limit.Source, ds []limit.Decision) ([]limit.Decision, error) {
+	for {
+		var evs []limit.Event
+		base, missed := len(ds), len(b.missed)
+		byTrip := map[trip]int{}  // a trip's index in evs
+		invalid := map[int]bool{} // readmit entries of trips dead-lettered
+		// redo gives p, an event whose slot ended, its index in ds-to-be (one
+		// per trip), or reports false when its cost cannot be read.
+		redo := func(p *pendingRetry) bool {
+			m := msgs[p.i]
+			k := trip{p.d.OriginTopic, p.d.OriginPartition, p.d.OriginOffset, p.d.Attempt, p.d.Tenant, p.d.Due.UnixMilli()}
+			if j, ok := byTrip[k]; ok {
+				p.j, p.claim = base+j, false
+				return true
 			}
-			j = len(ds) + len(evs) - 1
-			redo[p.j] = j
+			cost, err := r.CostFrom.Cost(m)
+			if err != nil {
+				b.counts[DecisionInvalid]++
+				b.items[p.i] = r.deadLetter(m, err.Error())
+				return false
+			}
+			byTrip[k] = len(evs)
+			evs = append(evs, limit.Event{Tenant: p.d.Tenant, Cost: cost, Offset: m.Offset})
+			if p.d.Reserved.After(p.d.Due) {
+				b.missed = append(b.missed, missedSlot(p.d, cost))
+			}
+			p.j, p.claim = base+len(evs)-1, false
+			return true
 		}
-		p.j, p.claim = j, false
-	}
-	for _, p := range b.inSlot {
-		if now.Before(p.d.Reserved) || !late(&p) {
-			continue
+		now := r.now()
+		for k := range b.readmit {
+			p := &b.readmit[k]
+			if p.claim && ds[p.j].Kind == limit.Keep && !now.Before(p.d.Reserved) && !redo(p) {
+				invalid[k] = true
+			}
 		}
-		p.j, p.claim = len(ds)+len(evs)-1, false
-		b.readmit = append(b.readmit, p)
-		b.counts[DecisionReserved]--
+		if len(invalid) > 0 { // dead-lettered: no decision of theirs is used
+			left := b.readmit[:0]
+			for k, p := range b.readmit {
+				if !invalid[k] {
+					left = append(left, p)
+				}
+			}
+			b.readmit = left
+		}
+		kept := b.inSlot[:0]
+		for _, p := range b.inSlot {
+			switch {
+			case now.Before(p.d.Reserved):
+				kept = append(kept, p)
+				continue
+			case redo(&p):
+				b.readmit = append(b.readmit, p)
+			}
+			b.counts[DecisionReserved]--
+		}
+		b.inSlot = kept
+		if len(evs) == 0 {
+			return ds, nil
+		}
+		r.logger().Warn("events whose slot ended while the batch waited are decided again as late",
+			"topic", msgs[0].Topic, "partition", msgs[0].Partition, "offset", msgs[0].Offset, "events", len(evs))
+		more, unchecked, err := r.admitWith(ctx, src, evs, msgs[0], r.callFor(true))
+		if err != nil {
+			return ds, err
+		}
+		if unchecked {
+			// Forwarded unchecked, as the batch would have been: nothing
+			// was counted again, so no slot is given back.
+			b.missed = b.missed[:missed]
+			for range evs {
+				ds = append(ds, limit.Decision{Kind: limit.Keep})
+			}
+			return ds, nil
+		}
+		if err := r.raiseTakes(ctx, more); err != nil {
+			return ds, err
+		}
+		b.late += len(evs)
+		ds = append(ds, more...)
 	}
-	if len(evs) == 0 {
-		return ds, false, nil
-	}
-	r.logger().Warn("events whose slot ended while the batch waited are decided again as late",
-		"topic", msgs[0].Topic, "partition", msgs[0].Partition, "offset", msgs[0].Offset, "events", len(evs))
-	more, unchecked, err := r.admitWith(ctx, src, evs, msgs[0], r.callFor(true))
-	if err != nil {
-		return ds, false, err
-	}
-	if unchecked { // the batch's other events were decided: handled again, they get their decisions back
-		return ds, false, errors.New("redis failed while events whose slot ended were decided again; handling the batch again")
-	}
-	if err := r.raiseTakes(ctx, more); err != nil {
-		return ds, false, err
-	}
-	b.late += len(evs)
-	return append(ds, more...), false, nil
 }

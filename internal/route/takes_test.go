@@ -170,30 +170,63 @@ func TestRetrierSlotEndsDuringCall(t *testing.T) {
 		return retryMsg("down.retry", off, d)
 	}
 	placed := limit.Decision{Kind: limit.Defer, Due: t0.Add(time.Minute), Until: t0.Add(2 * time.Minute)}
+	copyOf := func(m kafka.Message, off int64) kafka.Message {
+		m.Offset, m.Key = off, []byte("k"+strconv.FormatInt(off, 10))
+		return m
+	}
+	end2 := t0.Add(2 * time.Second)
+	second := func(off int64) kafka.Message { // a claim whose slot ends a second later
+		d := deferral("acme", 1, past, end2)
+		d.OriginOffset = off
+		return retryMsg("down.retry", off, d)
+	}
 	cases := []struct {
 		name      string
 		bound     time.Time // Retrier.Takes's bound; zero: no Takes
+		costFrom  string    // COST_FROM (the messages carry no such header)
+		forward   bool      // ON_REDIS_ERROR=forward, and the calls after the first fail
 		msgs      []kafka.Message
 		displaced int64            // the offset of a claim whose slot was taken (0: none)
+		clocks    []time.Time      // the clock after each call (default: end)
 		calls     int              // AdmitLate calls
-		redone    []int64          // offsets of the second call's events, none in their slot
+		redone    []int64          // offsets of the last call's events, none in their slot
 		released  []int64          // origin offsets whose slots were given back
 		topics    map[int64]string // where each offset went
+		reserved  float64          // events downstream as inside their slot
 	}{
 		{name: "a kept claim", msgs: []kafka.Message{claimAt(1, 1)},
 			calls: 2, redone: []int64{1}, released: []int64{1}, topics: map[int64]string{1: "down"}},
 		{name: "a claim past the bound, beside a late event", bound: past.Add(-time.Second), msgs: []kafka.Message{claimAt(1, 1), late(2)},
 			calls: 2, redone: []int64{1}, released: []int64{2, 1}, topics: map[int64]string{1: "down", 2: "down"}},
+		{name: "two copies of a trip past the bound", bound: past.Add(-time.Second), msgs: []kafka.Message{claimAt(1, 1), late(2), copyOf(claimAt(1, 1), 3)},
+			calls: 2, redone: []int64{1}, released: []int64{2, 1}, topics: map[int64]string{1: "down", 2: "down", 3: "down"}},
 		{name: "a displaced claim beside a kept one", msgs: []kafka.Message{claimAt(1, 1), claimAt(2, 2)}, displaced: 2,
 			calls: 2, redone: []int64{1}, released: []int64{1}, topics: map[int64]string{1: "down", 2: "down.retry"}},
+		{name: "a slot ending during the second call", msgs: []kafka.Message{claimAt(1, 1), second(2)}, clocks: []time.Time{end, end2},
+			calls: 3, redone: []int64{2}, released: []int64{1, 2}, topics: map[int64]string{1: "down", 2: "down"}},
+		{name: "a cost no longer readable", costFrom: "header:x-units", msgs: []kafka.Message{claimAt(1, 1)},
+			calls: 1, topics: map[int64]string{1: "down.dlq"}},
+		{name: "the second call unchecked", forward: true, msgs: []kafka.Message{claimAt(1, 1)},
+			calls: 2, redone: []int64{1}, topics: map[int64]string{1: "down"}, reserved: 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			w, m := &fakeWriter{}, newTestMetrics(t)
 			clock := t0
 			la := &lateAdmitter{fakeAdmitter: &fakeAdmitter{}}
+			if tc.forward {
+				la.fail = func(n int) error {
+					if n > 1 {
+						return errors.New("redis down")
+					}
+					return nil
+				}
+			}
 			la.answer = func(evs []limit.Event) []limit.Decision {
-				clock = end // the first call returns as the slots end
+				clock = end // the call returns as the slots end
+				if n := len(la.events) - 1; n < len(tc.clocks) {
+					clock = tc.clocks[n]
+				}
 				ds := make([]limit.Decision, len(evs))
 				for i, e := range evs {
 					switch {
@@ -212,6 +245,16 @@ func TestRetrierSlotEndsDuringCall(t *testing.T) {
 			adm.Admitter = rel
 			adm.Clock = func() time.Time { return clock }
 			adm.Router.Clock = adm.Clock
+			if tc.forward {
+				adm.OnRedisError = RedisForward
+			}
+			if tc.costFrom != "" {
+				cf, err := ParseCostFrom(tc.costFrom)
+				if err != nil {
+					t.Fatal(err)
+				}
+				adm.CostFrom = cf
+			}
 			spec := Retrier{Admission: adm, MaxAttempts: 3, CheckClaims: true, TakeSlots: true}
 			if !tc.bound.IsZero() {
 				spec.Takes = &takesBound{until: tc.bound}
@@ -225,10 +268,12 @@ func TestRetrierSlotEndsDuringCall(t *testing.T) {
 			}
 			var redone []int64
 			for _, e := range la.events[len(la.events)-1] {
-				if e.InSlot {
-					t.Errorf("second call: offset %d sent as in its slot", e.Offset)
+				if len(la.events) > 1 && e.InSlot {
+					t.Errorf("last call: offset %d sent as in its slot", e.Offset)
 				}
-				redone = append(redone, e.Offset)
+				if len(la.events) > 1 {
+					redone = append(redone, e.Offset)
+				}
 			}
 			if !slices.Equal(redone, tc.redone) {
 				t.Errorf("second call's events %v, want %v", redone, tc.redone)
@@ -249,8 +294,8 @@ func TestRetrierSlotEndsDuringCall(t *testing.T) {
 			if !maps.Equal(got, tc.topics) {
 				t.Errorf("written %v, want %v", got, tc.topics)
 			}
-			if n := counterValue(t, m.Decisions.WithLabelValues(DecisionReserved)); n != 0 {
-				t.Errorf("decisions reserved: %v, want 0 (no event went downstream as in its slot)", n)
+			if n := counterValue(t, m.Decisions.WithLabelValues(DecisionReserved)); n != tc.reserved {
+				t.Errorf("decisions reserved: %v, want %v", n, tc.reserved)
 			}
 		})
 	}
