@@ -154,17 +154,19 @@ func (p positions) hasClaims(g *group) bool {
 // with take: the Defer decisions with Took, whose Until is that end), and
 // first raises it to at (zero: only read it). A claim due after it cannot
 // have lost its slot (it finds a take under its own due time or under the
-// start of its tenant's finest window that holds now, both after it), so it may be forwarded without AdmitLate: the
-// first retry tier's batches of events back inside their slot then make one
-// small call instead of an admit call (route.Retrier.Takes). It holds while
-// every replica that takes slots raises it before and after each call that
-// may take (to now plus ReplayRecordTTL before: a batch whose takes were
-// recorded but whose caller stopped before raising it again is replayed by
-// the partition's next owner well within that; to the end of the latest
-// window taken in after). When the bound is absent (never set, or lost with Redis's data),
-// it starts at now plus the deferral horizon: takes made without it (an
-// older release) or before it was lost may be due that late. One Redis
-// call, within Options.Timeout; an error means nothing is known.
+// start of its tenant's finest window that holds now, both after it), so
+// it may be forwarded without AdmitLate: the first retry tier's batches of
+// events back inside their slot then make one small call instead of an
+// admit call (route.Retrier.Takes). It holds while every replica that
+// takes slots raises it before each attempt of a call that may take (to
+// now plus ReplayRecordTTL: a batch whose takes were recorded but whose
+// caller stopped before raising it again is replayed by the partition's
+// next owner well within that) and after the call (to the end of the
+// latest window taken in). When the bound is absent (never set, or lost
+// with Redis's data), it starts at now plus the deferral horizon: takes
+// made without it (an older release) or before it was lost may be due
+// that late. One Redis call, within Options.Timeout; an error means
+// nothing is known.
 func (l *Limiter) TakesUntil(ctx context.Context, at time.Time) (time.Time, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.opts.Timeout)
 	defer cancel()

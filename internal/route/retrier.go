@@ -76,10 +76,10 @@ type Retrier struct {
 	// (limit.Limiter.TakesUntil): a claim due after the bound is forwarded
 	// uncounted without a claims call, since no take can be in its slot,
 	// and a batch with late events raises it before each attempt of the
-	// call that may take and after it. Every replica that takes slots must raise it: set it
-	// only with TakeSlots, on a fleet that runs it everywhere, and only
-	// when claims are checked for takes alone (a capacity's backlog moves
-	// need every claim checked).
+	// call that may take and after it. Every replica that takes slots must
+	// raise it: set it only with TakeSlots, on a fleet that runs it
+	// everywhere, and only when claims are checked for takes alone (a
+	// capacity's backlog moves need every claim checked).
 	Takes TakesBound
 
 	// AdvanceBacklog: Advance (advance.go) moves the bookings of waiting
@@ -106,8 +106,8 @@ type LateAdmitter interface {
 	AdmitLate(ctx context.Context, src limit.Source, events []limit.Event, take bool) ([]limit.Decision, error)
 }
 
-// TakesBound reads and raises the bound on the due times of the slots late
-// events took; *limit.Limiter implements it (TakesUntil). It must be safe
+// TakesBound reads and raises the bound on the windows in which late
+// events took slots; *limit.Limiter implements it (TakesUntil). It must be safe
 // for concurrent use.
 type TakesBound interface {
 	TakesUntil(ctx context.Context, at time.Time) (time.Time, error)
