@@ -158,7 +158,10 @@ func TestDelayedPassOverCap(t *testing.T) {
 	eventually(t, 5*time.Second, "passed over up to the cap", func() bool { return passed.Load() == 6000/2/passedOffsetBytes })
 	top := f.top.Load()
 	time.Sleep(50 * time.Millisecond) // give a wrong implementation the chance to read on
-	if got := f.top.Load(); got != top || got >= 2000 {
+	// A fetch already under way when the cap was reached may still land
+	// one message (it counts in the budget once taken in: 3 of 200 runs
+	// under -race saw 189 against 188); reading on would fetch far more.
+	if got := f.top.Load(); got > top+1 || got >= 2000 {
 		t.Errorf("fetched up to offset %d (%d at the cap), want it to stay below the near message at 2000", got, top)
 	}
 	if got := passed.Load(); got != 187 {
