@@ -119,6 +119,58 @@ func TestRetrierClaims(t *testing.T) {
 	}
 }
 
+// A claim whose cost cannot be read any more (COST_FROM changed) is
+// checked at cost zero: it keeps its slot when nobody took it, and when its
+// slot was taken it is decided as a late event, and goes to the dead-letter
+// topic as a late event without a cost does (placed at cost zero, it would
+// pass a rule of units uncounted).
+func TestRetrierClaimWithoutCost(t *testing.T) {
+	past := t0.Add(-10 * time.Second)
+	kept := retryMsg("down.retry", 1, deferral("acme", 1, past, t0.Add(time.Minute)))
+	taken := retryMsg("down.retry", 2, deferral("acme", 2, past, t0.Add(time.Minute)))
+	w, m := &fakeWriter{}, newTestMetrics(t)
+	la := &lateAdmitter{fakeAdmitter: &fakeAdmitter{}, answer: func(evs []limit.Event) []limit.Decision {
+		ds := make([]limit.Decision, len(evs))
+		for i, e := range evs {
+			if e.Cost != (limit.Cost{}) {
+				t.Errorf("event %d: cost %+v, want zero (none readable)", e.Offset, e.Cost)
+			}
+			ds[i] = limit.Decision{Kind: limit.Keep}
+			if e.Offset == 2 {
+				ds[i] = limit.Decision{Kind: limit.Defer, Due: t0.Add(time.Minute), Until: t0.Add(2 * time.Minute)}
+			}
+		}
+		return ds
+	}}
+	costs, err := ParseCostFrom("header:units")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adm := testAdmission(w, la.fakeAdmitter, m, &readyLog{})
+	adm.Admitter, adm.CostFrom = la, costs
+	r := mustRetrier(t, Retrier{Admission: adm, MaxAttempts: 2, CheckClaims: true, TakeSlots: true})
+	if err := r.Handle(context.Background(), batchOf([]kafka.Message{kept, taken})); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]kafka.Message{}
+	for _, call := range w.Calls() {
+		for _, o := range call {
+			got[string(o.Key)] = o
+		}
+	}
+	if o := got["k1"]; o.Topic != "down" {
+		t.Errorf("claim kept: topic %q, want down", o.Topic)
+	}
+	o := got["k2"]
+	reason, _ := LastHeader(o, HeaderReason)
+	if o.Topic != "down.dlq" || !strings.Contains(reason, "units") {
+		t.Errorf("claim whose slot was taken: topic %q reason %q, want down.dlq and the cost's error", o.Topic, reason)
+	}
+	if n := counterValue(t, m.Decisions.WithLabelValues(DecisionInvalid)); n != 1 {
+		t.Errorf("decisions invalid: %v, want 1", n)
+	}
+}
+
 // releaser is a lateAdmitter that is also a SlotReleaser: it records the
 // slots given back.
 type releaser struct {

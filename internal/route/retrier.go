@@ -300,6 +300,10 @@ type pendingRetry struct {
 	i, j  int
 	d     Deferral
 	claim bool // back inside its slot (limit.Event.InSlot)
+	// costErr is why a claim's cost could not be read: it is checked at
+	// cost zero, and dead-lettered with this reason unless it keeps its
+	// slot (a claim whose slot was taken is decided as a late event).
+	costErr string
 }
 
 // trip names one trip of a deferred event through the retry tiers: its
@@ -393,8 +397,11 @@ func (r *Retrier) classify(ctx context.Context, b *retryBatch, i int, m kafka.Me
 	// The cost is read again from the event as the source had it (its
 	// gk- headers are not counted); a changed COST_FROM may find none.
 	cost, err := r.CostFrom.Cost(m)
+	costErr := ""
 	if err != nil && claim {
-		cost = limit.Cost{} // only event rules give up slots: its cost is not read
+		// Needed only if its slot was taken (pools of bytes or units give
+		// up what it costs; at zero, a pool holding any gives it up).
+		cost, costErr = limit.Cost{}, err.Error()
 	} else if err != nil {
 		b.counts[DecisionInvalid]++
 		b.items[i] = r.deadLetter(m, err.Error())
@@ -423,7 +430,7 @@ func (r *Retrier) classify(ctx context.Context, b *retryBatch, i int, m kafka.Me
 			// gk-due): it counted nothing, so it has no slot to give back.
 		}
 	}
-	b.readmit = append(b.readmit, pendingRetry{i: i, j: j, d: d, claim: claim})
+	b.readmit = append(b.readmit, pendingRetry{i: i, j: j, d: d, claim: claim, costErr: costErr})
 	return nil
 }
 
@@ -442,6 +449,13 @@ func (r *Retrier) decide(b *retryBatch, msgs []kafka.Message, ds []limit.Decisio
 			continue
 		}
 		d := ds[p.j]
+		if p.costErr != "" && d.Kind != limit.Keep {
+			// A claim whose slot was taken, decided as a late event: one
+			// without a cost is invalid.
+			b.counts[DecisionInvalid]++
+			b.items[p.i] = r.deadLetter(m, p.costErr)
+			continue
+		}
 		switch d.Kind {
 		case limit.Keep:
 			// A claim whose slot is still its own.

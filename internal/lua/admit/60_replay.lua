@@ -130,17 +130,18 @@ local function learn(rec, c, found)
     end
   end
 end
--- unreplayed returns the cost lists of a tenant (see cost_lists) without
--- the costs of its replayed events: those of its offsets l (minus clo)
--- that found holds. Rules that share a list share the new one.
-local function unreplayed(lists_of, l, found, clo)
+-- without returns the cost lists of a tenant (see cost_lists; lists_of,
+-- of nlists rules) without the j-th cost of each list for every drop[j]:
+-- its replayed events here, its claims that keep their slot in
+-- 85_late.lua. Rules that share a list share the new one.
+local function without(lists_of, nlists, drop)
   local kept, made = {}, {}
-  for ri = 1, #lists_of do
+  for ri = 1, nlists do
     local c = lists_of[ri]
     if c and not made[c] then
       local f = {}
-      for j = 1, #l do
-        if not found[clo + l[j]] then
+      for j = 1, #c do
+        if not drop[j] then
           f[#f + 1] = c[j]
         end
       end
@@ -186,7 +187,11 @@ local function replays(rec, chunks)
     fresh[ti] = keep
     recs[rec_at[ti] + 1] = #keep
     if cost_at[ti] and #keep < #l then
-      cost_lists[ti] = unreplayed(costs_of(ti), l, found, clo)
+      local drop = {}
+      for j = 1, #l do
+        drop[j] = found[clo + l[j]] and true
+      end
+      cost_lists[ti] = without(costs_of(ti), recs[rec_at[ti]] + ncap, drop)
     end
   end
   return rep, fresh

@@ -11,8 +11,8 @@
 -- 0 when not known) are each claim's gk-due, tenant by tenant in the
 -- call's order, c_ti for tenant ti.
 --
--- A tenant qualifies when the call has no capacity, its rules count events
--- (no costs), and either it has one rule of ttl windows (a slot is then a
+-- A tenant qualifies when the call has no capacity, all its rules count
+-- one measure (events, bytes or units: see Costs), and either it has one rule of ttl windows (a slot is then a
 -- window of its chain: a chain is never moved before its end, which a
 -- window holding a reservation keeps ahead), or its rules are of aligned
 -- windows and nest in its finest rule, the one with the shortest current window (finest_of: every
@@ -68,6 +68,25 @@
 -- replayed list with code 5 (keep: forward uncounted). Claims cost one
 -- HMGET of the record per tenant and call, and one HGET of a window for a
 -- qualifying tenant.
+--
+-- Costs. A tenant whose rules count bytes (or units), all of them, takes
+-- and gives up slots in that measure: a future finest window's count is
+-- then the bytes reserved in it (counted in a window of every rule that
+-- holds it), a late event takes its cost of them (its events in order, as
+-- many as fit what is left there), and a claim gives up its own cost. A
+-- claim's slot is taken while its pool holds any: the last claim may give
+-- up more than was taken (the window then forwards less than it counted,
+-- never more). A take of a measure is recorded under its due time f, as
+-- one of events, and marked in the field f/m (1 bytes, 2 units; absent or
+-- 0 events): a replica of an earlier version reads it as takes of events
+-- and gives up one claim a byte or unit, more than needed, never too few.
+-- A claim gives up 1 of a pool whose measure its tenant no longer counts;
+-- a take is not added beside takes of another measure (the rules changed
+-- between them). Rules of several measures (an event rule and a byte rule)
+-- do not qualify: the bytes reserved in a finest window would then be
+-- known only for a byte rule of the finest windows, and the events and
+-- bytes given up by claims would not match the late events' unless their
+-- costs did.
 --
 -- take_margin_ms keeps takes off windows about to start, so that a claim of
 -- that window, read by a replica whose clock runs a little ahead, never
@@ -200,21 +219,50 @@ local function finest_of(p)
   return fi or nil
 end
 
+-- measure_of returns the measure the rule of key counts, as a record of
+-- takes marks it (see Costs): 1 bytes, 2 units (limit.Measure's key suffix
+-- in the rule's counter, after the tenant's hash tag), 0 events.
+local function measure_of(key)
+  local counter = string.match(key, "}:([^}]*)$") or ""
+  if string.find(counter, "/bytes", 1, true) then
+    return 1
+  elseif string.find(counter, "/units", 1, true) then
+    return 2
+  end
+  return 0
+end
+
 -- qualifies returns, when tenant ti (its record at recs[p]) may take or
--- give up slots (see above), the number of its finest rule (finest_of),
--- else nil.
+-- give up slots (see above), the number of its finest rule (finest_of)
+-- and the measure every one of its rules counts (measure_of), else nil.
 local function qualifies(ti, p)
-  if ncap > 0 or cost_at[ti] then
+  if ncap > 0 then
     return nil
   end
+  local m = 0
+  local q = cost_at[ti]
+  if q then
+    local l = recs[q + 1]
+    for ri = 2, recs[p] do
+      if recs[q + ri] ~= l then
+        return nil -- rules of several measures (see Costs)
+      end
+    end
+    if l > 0 then
+      m = measure_of(KEYS[key_at[ti] + 1])
+    end
+  end
+  local fi
   for q = p + 2, p - 1 + 3 * recs[p], 3 do
     if descs[recs[q]].kind == "t" then
       -- One ttl rule: a slot is a window of its chain (several chains
       -- start apart).
-      return recs[p] == 1 and 1 or nil
+      fi = recs[p] == 1 and 1 or nil
+      return fi, fi and m
     end
   end
-  return finest_of(p)
+  fi = finest_of(p)
+  return fi, fi and m
 end
 
 -- taken_key is the key of tenant ti's window that holds now of its rule
@@ -239,9 +287,10 @@ local record_life_ms = 60000
 
 -- claim_pools reads what the claims of tenant ti (fi: its finest rule
 -- when it qualifies, else nil) may find taken: pools[f] for the record's
--- field f (a due time), and legacy, the field "taken" of its finest window
--- that holds now (where a take of an earlier version is). It returns the
--- pools, the record's key, the finest window's key and start (nil without
+-- field f (a due time), in the measure marks[f] (its field f/m, see
+-- Costs), and legacy, the field "taken" of its finest window that holds
+-- now (where a take of an earlier version is). It returns the pools, the
+-- marks, the record's key, the finest window's key and start (nil without
 -- fi).
 local function claim_pools(ti, fi, dues)
   local rk = record_key(ti)
@@ -251,26 +300,29 @@ local function claim_pools(ti, fi, dues)
     -- (A ttl rule: its window that holds now is the chain's, not known
     -- here; a claim's own due time is its window's start.)
     wk, ws = taken_key(ti, fi)
-    fields[1], seen[ws] = num(ws), true
+    fields[1], fields[2], seen[ws] = num(ws), num(ws) .. "/m", true
   end
   for _, d in ipairs(dues) do
     if d > 0 and not seen[d] then
       seen[d] = true
       fields[#fields + 1] = num(d)
+      fields[#fields + 1] = num(d) .. "/m"
     end
   end
-  local pools = {}
+  local pools, marks = {}, {}
   -- A broken key keeps the claims: the tenant's decision meets it.
   local v = #fields > 0 and redis.pcall("HMGET", rk, unpack(fields))
-  for i, f in ipairs(fields) do
-    pools[f] = type(v) == "table" and not v.err and tonumber(v[i]) or 0
+  for i = 1, #fields, 2 do
+    local ok = type(v) == "table" and not v.err
+    pools[fields[i]] = ok and tonumber(v[i]) or 0
+    marks[fields[i]] = ok and tonumber(v[i + 1]) or 0
   end
   local legacy = 0
   if wk then
     local l = redis.pcall("HGET", wk, "taken")
     legacy = type(l) == "string" and tonumber(l) or 0
   end
-  return pools, legacy, rk, wk, ws
+  return pools, marks, legacy, rk, wk, ws
 end
 
 -- claim_phase decides the claims of every tenant (see Claims): it runs
@@ -278,6 +330,22 @@ end
 -- the replayed list in position order with the kept claims in it, takes
 -- them out of their tenants' n and of the offsets the record keeps.
 local function claim_phase()
+  -- claim_costs returns, for tenant ti, its current cost list of each
+  -- measure it counts by cost (by measure_of: per[m][j] is what its j-th
+  -- event costs it), empty for a tenant without costs.
+  local function claim_costs(ti)
+    local per = {}
+    local lists_of = costs_of(ti)
+    if lists_of then
+      for ri = 1, recs[rec_at[ti]] do
+        if lists_of[ri] then
+          per[measure_of(KEYS[key_at[ti] + ri])] = lists_of[ri]
+        end
+      end
+    end
+    return per
+  end
+
   if not claims then
     return
   end
@@ -302,18 +370,34 @@ local function claim_phase()
       end
     end
     local gone, d = {}, 0
+    -- at[j]: the place of the j-th event in its tenant's cost lists, which
+    -- hold no replayed event (60_replay.lua).
+    local at, k = {}, 0
+    for j = 1, n0 do
+      if not rep_at[pos + j - 1] then
+        k = k + 1
+        at[j] = k
+      end
+    end
     if #live > 0 then
       local fi = qualifies(ti, p)
-      local pools, legacy, rk, wk, ws = claim_pools(ti, fi, dues)
+      local pools, marks, legacy, rk, wk, ws = claim_pools(ti, fi, dues)
       local used, used_legacy = {}, 0
       local own = ws and num(ws)
+      local per = claim_costs(ti)
       for x = #live, 1, -1 do
+        -- The pool of the claim's due time, else of the finest window that
+        -- holds now, gives up what the claim costs its measure (at most
+        -- what it holds; 1 for events, or for a measure the tenant counts
+        -- no more): the claim is gone.
         local f = dues[x] > 0 and num(dues[x]) or own
-        if f and pools[f] > 0 then
-          pools[f] = pools[f] - 1
-        elseif own and pools[own] > 0 then
+        if not (f and pools[f] > 0) then
           f = own
-          pools[own] = pools[own] - 1
+        end
+        if f and pools[f] > 0 then
+          local c = per[marks[f]]
+          c = math.min(c and c[at[live[x]]] or 1, pools[f])
+          pools[f], used[f] = pools[f] - c, (used[f] or 0) + c
         elseif legacy > 0 then
           f, legacy, used_legacy = false, legacy - 1, used_legacy + 1
         else
@@ -322,9 +406,6 @@ local function claim_phase()
         if f ~= nil then
           gone[live[x]] = true
           d = d + 1
-          if f then
-            used[f] = (used[f] or 0) + 1
-          end
         end
       end
       for f, k in pairs(used) do
@@ -342,14 +423,15 @@ local function claim_phase()
       displaced[ti] = d
     end
     local keep = #live - d
-    local l = {}
+    local l, drop = {}, {}
     for j = 1, n0 do
-      local at = pos + j - 1
-      local ri = rep_at[at]
+      local q = pos + j - 1
+      local ri = rep_at[q]
       if ri then
-        rep[#rep + 1], rep[#rep + 2], rep[#rep + 3], rep[#rep + 4] = at, replayed[ri + 1], replayed[ri + 2], replayed[ri + 3]
+        rep[#rep + 1], rep[#rep + 2], rep[#rep + 3], rep[#rep + 4] = q, replayed[ri + 1], replayed[ri + 2], replayed[ri + 3]
       elseif j > n0 - c and not gone[j] then
-        rep[#rep + 1], rep[#rep + 2], rep[#rep + 3], rep[#rep + 4] = at, 5, 0, 0
+        rep[#rep + 1], rep[#rep + 2], rep[#rep + 3], rep[#rep + 4] = q, 5, 0, 0
+        drop[at[j]] = true
       elseif offs then
         l[#l + 1] = offs[ti][j]
       end
@@ -357,6 +439,11 @@ local function claim_phase()
     if keep > 0 then
       recs[p + 1] = recs[p + 1] - keep
       kept_any = true
+      if cost_at[ti] then
+        -- The claims kept leave the cost lists too: a claim whose slot was
+        -- taken may come after one kept.
+        cost_lists[ti] = without(costs_of(ti), recs[p] + ncap, drop)
+      end
     end
     fresh[ti] = l
     pos = pos + n0
@@ -408,11 +495,12 @@ end
 
 -- coarser returns, for the finest window [s, e) at t of a tenant's rules
 -- (fi: the finest; c: that window's count), whether every other rule has
--- room at t, and where the scan goes on: e, or the end of a full window of
+-- room at t for need (what the next late event costs each rule), and where
+-- the scan goes on: e, or the end of a full window of
 -- a coarser rule that starts at first or later once the finest windows
 -- read in it (seen_at, seen: per rule, its window's start and their count)
 -- count as much as it does; nil when the scan may read no more.
-local function coarser(rules, fi, t, e, c, first, seen_at, seen, several, keep)
+local function coarser(rules, fi, t, e, c, need, first, seen_at, seen, several, keep)
   local room, next_t = true, e
   for ri, r in ipairs(rules) do
     if ri ~= fi then
@@ -425,7 +513,7 @@ local function coarser(rules, fi, t, e, c, first, seen_at, seen, several, keep)
         seen_at[ri], seen[ri] = rs, 0
       end
       seen[ri] = seen[ri] + c
-      if cr >= r.limit then
+      if cr + need > r.limit then
         room = false
         if rs >= first and seen[ri] >= cr and re > next_t then
           next_t = re
@@ -447,11 +535,16 @@ end
 -- reserve goes on.
 local function take_slots(ti, rules, rest, first, pos, keep)
   rest = math.min(rest, recs[rec_at[ti] + 1] - (displaced[ti] or 0) - pos + 1)
-  local fi = take and rest > 0 and qualifies(ti, rec_at[ti])
+  local fi, m = nil, 0
+  if take and rest > 0 then
+    fi, m = qualifies(ti, rec_at[ti])
+  end
   if not fi then
     return none, rest, first
   end
   local f = rules[fi]
+  -- With costs, every rule counts by this one list (qualifies).
+  local cl = m > 0 and f.costs or nil
   local several = #rules > 1
   take_left = take_reads
   local seen_at, seen = {}, {}
@@ -464,10 +557,11 @@ local function take_slots(ti, rules, rest, first, pos, keep)
     if not c then
       break
     end
-    local room, next_t = c < f.limit, e
+    local need = cl and cl[pos] or 1
+    local room, next_t = c + need <= f.limit, e
     if several then
       local others
-      others, next_t = coarser(rules, fi, t, e, c, first, seen_at, seen, several, keep)
+      others, next_t = coarser(rules, fi, t, e, c, need, first, seen_at, seen, several, keep)
       if others == nil then
         break
       end
@@ -479,16 +573,42 @@ local function take_slots(ti, rules, rest, first, pos, keep)
     if s >= now + take_margin_ms and c > 0 then
       -- What was taken there: in the record, and in the window by an
       -- earlier version.
-      local key, fs = wkey(f.key, s), num(s)
-      cur = key
-      local tk = tonumber(redis.call("HGET", key, "taken")) or 0
+      local tk = 0
+      if not cl then
+        cur = wkey(f.key, s)
+        tk = tonumber(redis.call("HGET", cur, "taken")) or 0
+      end
+      local fs, fm = num(s), num(s) .. "/m"
       rk = rk or record_key(ti)
       cur = rk
-      tk = tk + (tonumber(redis.call("HGET", rk, fs)) or 0)
-      local k = math.min(rest, c - tk)
+      local pool = tonumber(redis.call("HGET", rk, fs)) or 0
+      local mk = nil -- the measure of the takes there (read when needed)
+      if pool > 0 then
+        mk = tonumber(redis.call("HGET", rk, fm)) or 0
+      end
+      -- k events in order, of cost u in all: as many as the slots left
+      -- there hold; none where takes of another measure are left (the
+      -- tenant's rules changed since).
+      local k, u = 0, 0
+      tk = tk + pool
+      if mk and mk ~= m then
+        k = 0
+      elseif cl then
+        while k < rest and u + cl[pos + k] <= c - tk do
+          u, k = u + cl[pos + k], k + 1
+        end
+      else
+        k = math.max(0, math.min(rest, c - tk))
+        u = k
+      end
       if k > 0 then
-        redis.call("HINCRBY", rk, fs, k)
-        note(4, rk, {fs, -k})
+        mk = mk or tonumber(redis.call("HGET", rk, fm)) or 0
+        if mk ~= m then
+          redis.call("HINCRBY", rk, fm, m - mk)
+          note(4, rk, {fm, mk - m})
+        end
+        redis.call("HINCRBY", rk, fs, u)
+        note(4, rk, {fs, -u})
         if redis.call("PTTL", rk) < e - now + record_life_ms then
           redis.call("PEXPIRE", rk, num(e - now + record_life_ms))
         end

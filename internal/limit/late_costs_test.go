@@ -1,0 +1,309 @@
+package limit
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// costEvents returns events of tenant, one per cost in bytes (and as
+// many units), at offsets from off on.
+func costEvents(tenant string, off int64, costs ...int64) []Event {
+	evs := make([]Event, len(costs))
+	for i, c := range costs {
+		evs[i] = Event{Tenant: tenant, Offset: off + int64(i), Cost: Cost{Bytes: c, Units: c}}
+	}
+	return evs
+}
+
+// bytesState returns the count of tenant's window of the byte rule at
+// start, and the bytes late events took there (its record of takes).
+func bytesState(t *testing.T, rdb redis.UniversalClient, l *Limiter, tenant, rule string, start time.Time) (count, taken int64) {
+	t.Helper()
+	return costState(t, rdb, l, tenant, rule, "1", start)
+}
+
+// costState returns the count of tenant's window of the rule at start,
+// and what late events took there, in the measure mark ("1" bytes, "2"
+// units) of its record of takes.
+func costState(t *testing.T, rdb redis.UniversalClient, l *Limiter, tenant, rule, mark string, start time.Time) (count, taken int64) {
+	t.Helper()
+	ctx := context.Background()
+	r, err := parseRule(rule)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := rdb.HGet(ctx, l.keys.window(tenant, r, start), "count").Int64()
+	if err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+	f := strconv.FormatInt(start.UnixMilli(), 10)
+	v, err := rdb.HMGet(ctx, l.keys.taken(tenant), f, f+"/m").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v[0] == nil {
+		return c, 0
+	}
+	// A take of bytes is marked 1 (events: 0 or no mark), so that a
+	// replica that reads every take as one of events gives up a claim for
+	// each byte: more than needed, never too few.
+	if m, _ := v[1].(string); m != mark {
+		t.Errorf("record of takes, %s/m: %v, want %s", f, v[1], mark)
+	}
+	tk, err := strconv.ParseInt(v[0].(string), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, tk
+}
+
+func TestLateKeepsPlaceBytesRedis(t *testing.T)        { testLateKeepsPlaceBytes(t, testRedis(t)) }
+func TestLateKeepsPlaceBytesRedisCluster(t *testing.T) { testLateKeepsPlaceBytes(t, testCluster(t)) }
+
+// A tenant whose rules count bytes keeps its place too: a late event takes
+// as many bytes of the reservations of the earliest full window ahead as
+// it costs, and the claims of that window give up their slots, the last
+// first, until they have given up at least as many bytes: the window never
+// forwards more bytes than it counted. With two byte rules that nest, a
+// slot is a window of the finer one. The same with a rule of units.
+func testLateKeepsPlaceBytes(t *testing.T, rdb redis.UniversalClient) {
+	for _, spec := range []string{"acme=100B/1m", "acme=100B/1m,1000B/1h", "acme=100u/1m"} {
+		t.Run(spec, func(t *testing.T) {
+			rule, mark := "100B/1m", "1"
+			if spec == "acme=100u/1m" {
+				rule, mark = "100u/1m", "2"
+			}
+			ctx := context.Background()
+			clk := newFakeClock(t0)
+			l := newTestLimiter(t, rdb, spec, Options{Clock: clk.Now})
+			// t0: 50 50; t0+1m: 60 40; t0+2m: 30 30 40; t0+3m: 50 50; t0+4m: 70.
+			ds, err := l.AdmitFrom(ctx, Source{Topic: "events"}, costEvents("acme", 0, 50, 50, 60, 40, 30, 30, 40, 50, 50, 70))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := dues(ds), "a a d@1m0s d@1m0s d@2m0s d@2m0s d@2m0s d@3m0s d@3m0s d@4m0s"; got != want {
+				t.Fatalf("source batch: got %s, want %s", got, want)
+			}
+			window := func(at time.Duration) (int64, int64) {
+				t.Helper()
+				return costState(t, rdb, l, "acme", rule, mark, t0.Add(at))
+			}
+
+			// The event of 60 bytes due at t0+1m missed its slot: at
+			// t0+2m30s the current window is full, and it takes 60 bytes of
+			// the reservations of t0+3m, ahead of the 70 bytes due at t0+4m.
+			clk.Set(t0.Add(2*time.Minute + 30*time.Second))
+			retry := Source{Topic: "events.retry"}
+			late := costEvents("acme", 100, 60)
+			ds, err = l.AdmitLate(ctx, retry, late, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := dues(ds), "d@3m0s!"; got != want || !ds[0].Until.Equal(t0.Add(4*time.Minute)) {
+				t.Fatalf("late event: got %s until %s, want %s until t0+4m", got, ds[0].Until.Sub(t0), want)
+			}
+			if c, tk := window(3 * time.Minute); c != 100 || tk != 60 {
+				t.Errorf("window t0+3m: count %d, taken %d bytes, want 100 and 60", c, tk)
+			}
+			again, err := l.AdmitLate(ctx, retry, late, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if dues(again) != dues(ds) {
+				t.Errorf("replayed late event: got %s, want %s", dues(again), dues(ds))
+			}
+			if c, tk := window(3 * time.Minute); c != 100 || tk != 60 {
+				t.Errorf("window t0+3m after the replay: count %d, taken %d bytes, want 100 and 60", c, tk)
+			}
+			// A second late event of 50 bytes finds 40 left at t0+3m, too
+			// few, and goes on to t0+4m (70 of 100 counted there: no room
+			// for it, 70 bytes to take).
+			more := costEvents("acme", 110, 50)
+			ds, err = l.AdmitLate(ctx, retry, more, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := dues(ds), "d@4m0s!"; got != want {
+				t.Fatalf("second late event: got %s, want %s", got, want)
+			}
+
+			// At t0+3m the two claims of 50 bytes come back: the last gives
+			// up 50 of the 60 taken, the first the other 10 (its slot cannot
+			// hold it beside the 60): both are placed again, after t0+4m,
+			// whose 70 bytes hold the second late event's 50 and so only 20
+			// of the reservations'. Nothing forwarded at t0+3m but the late
+			// event's 60 bytes.
+			clk.Set(t0.Add(3*time.Minute + 5*time.Second))
+			slot := t0.Add(3 * time.Minute)
+			claims := []Event{{Tenant: "acme", Offset: 107, InSlot: true, Due: slot, Cost: Cost{Bytes: 50, Units: 50}},
+				{Tenant: "acme", Offset: 108, InSlot: true, Due: slot, Cost: Cost{Bytes: 50, Units: 50}}}
+			ds, err = l.AdmitLate(ctx, retry, claims, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := dues(ds), "d@5m0s d@5m0s"; got != want {
+				t.Fatalf("claims of t0+3m: got %s, want %s", got, want)
+			}
+			if c, tk := window(3 * time.Minute); c != 100 || tk != 0 {
+				t.Errorf("window t0+3m after the claims: count %d, taken %d bytes, want 100 and 0", c, tk)
+			}
+			if c, _ := window(5 * time.Minute); c != 100 {
+				t.Errorf("window t0+5m: count %d, want 100 (the two placed again)", c)
+			}
+			again, err = l.AdmitLate(ctx, retry, claims, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if dues(again) != dues(ds) {
+				t.Errorf("replayed claims: got %s, want %s", dues(again), dues(ds))
+			}
+
+			// At t0+4m the claim of 70 bytes gives up its slot to the late
+			// event of 50 (20 bytes of it stay unused: the window forwards
+			// the 50 alone).
+			clk.Set(t0.Add(4*time.Minute + 5*time.Second))
+			claims = []Event{{Tenant: "acme", Offset: 109, InSlot: true, Due: t0.Add(4 * time.Minute), Cost: Cost{Bytes: 70, Units: 70}}}
+			ds, err = l.AdmitLate(ctx, retry, claims, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := dues(ds), "d@6m0s"; got != want {
+				t.Fatalf("claim of t0+4m: got %s, want %s", got, want)
+			}
+			if spec == "acme=100B/1m,1000B/1h" {
+				// The hour counts every source event once (470 bytes) and each
+				// claim placed again once more (170); the late events took
+				// counted slots (their missed slots are given back by Release).
+				if c, _ := bytesState(t, rdb, l, "acme", "1000B/1h", t0); c != 640 {
+					t.Errorf("hour t0: count %d, want 640", c)
+				}
+			}
+		})
+	}
+}
+
+// A claim that keeps its slot and one after it that gives its slot up:
+// the kept claim leaves the call, and the one placed again is placed at
+// its own cost (the costs of the call's events follow them).
+func TestLateBytesKeptClaimBeforeDisplaced(t *testing.T) {
+	ctx := context.Background()
+	rdb := testRedis(t)
+	clk := newFakeClock(t0)
+	l := newTestLimiter(t, rdb, "acme=100B/1m", Options{Clock: clk.Now})
+	// t0: 100; t0+1m: 100; t0+2m: 30 70; t0+3m: 100; t0+4m: 100.
+	ds, err := l.AdmitFrom(ctx, Source{Topic: "events"}, costEvents("acme", 0, 100, 100, 30, 70, 100, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "a d@1m0s d@2m0s d@2m0s d@3m0s d@4m0s"; got != want {
+		t.Fatalf("source batch: got %s, want %s", got, want)
+	}
+	retry := Source{Topic: "events.retry"}
+	clk.Set(t0.Add(time.Minute + 30*time.Second))
+	ds, err = l.AdmitLate(ctx, retry, costEvents("acme", 100, 50), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "d@2m0s!"; got != want {
+		t.Fatalf("late event: got %s, want %s", got, want)
+	}
+	// At t0+2m: a late event of 10 bytes, and the claims of 30 and 70
+	// bytes. The 70 gives up its slot (50 taken), the 30 keeps its own; the
+	// late event takes 10 bytes of t0+3m, and the 70 goes to t0+5m.
+	clk.Set(t0.Add(2*time.Minute + 5*time.Second))
+	slot := t0.Add(2 * time.Minute)
+	evs := []Event{
+		{Tenant: "acme", Offset: 110, Cost: Cost{Bytes: 10}},
+		{Tenant: "acme", Offset: 102, InSlot: true, Due: slot, Cost: Cost{Bytes: 30}},
+		{Tenant: "acme", Offset: 103, InSlot: true, Due: slot, Cost: Cost{Bytes: 70}},
+	}
+	ds, err = l.AdmitLate(ctx, retry, evs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "d@3m0s! k d@5m0s"; got != want {
+		t.Fatalf("batch at t0+2m: got %s, want %s", got, want)
+	}
+	if c, _ := bytesState(t, rdb, l, "acme", "100B/1m", t0.Add(5*time.Minute)); c != 70 {
+		t.Errorf("window t0+5m: count %d, want 70 (the claim placed again, at its own cost)", c)
+	}
+}
+
+// Rules of several measures (events and bytes) take no slot: a take of
+// bytes would leave the events' count of the window unknown, and the
+// reverse. The late event is reserved as before.
+func TestLateMixedMeasuresNoTake(t *testing.T) {
+	ctx := context.Background()
+	rdb := testRedis(t)
+	clk := newFakeClock(t0)
+	l := newTestLimiter(t, rdb, "acme=2/1m,100B/1m", Options{Clock: clk.Now})
+	if _, err := l.AdmitFrom(ctx, Source{Topic: "events"}, costEvents("acme", 0, 10, 10, 10, 10, 10, 10)); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(t0.Add(time.Minute + 30*time.Second))
+	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, costEvents("acme", 100, 10), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "d@3m0s"; got != want {
+		t.Fatalf("late event: got %s, want %s (behind the tenant's reservations, no take)", got, want)
+	}
+	if n, err := rdb.Exists(ctx, l.keys.taken("acme")).Result(); err != nil || n != 0 {
+		t.Errorf("record of takes: %d keys (%v), want none", n, err)
+	}
+}
+
+// Rules changed from bytes to events between a take and its claims: the
+// take's pool is marked bytes. A late event takes no slot beside takes of
+// another measure, and a tenant that counts no bytes any more gives up one
+// claim for each byte taken (more than needed, never too few).
+func TestLateBytesTakeThenEventRules(t *testing.T) {
+	ctx := context.Background()
+	rdb := testRedis(t)
+	clk := newFakeClock(t0)
+	l := newTestLimiter(t, rdb, "acme=100B/1m", Options{Clock: clk.Now})
+	if _, err := l.AdmitFrom(ctx, Source{Topic: "events"}, costEvents("acme", 0, 100, 100, 50, 50)); err != nil {
+		t.Fatal(err)
+	}
+	retry := Source{Topic: "events.retry"}
+	clk.Set(t0.Add(time.Minute + 30*time.Second))
+	ds, err := l.AdmitLate(ctx, retry, costEvents("acme", 100, 1), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "d@2m0s!"; got != want {
+		t.Fatalf("late event: got %s, want %s", got, want)
+	}
+	if err := l.SetRules(mustRules(t, "acme=5/1m")); err != nil {
+		t.Fatal(err)
+	}
+	// Under the event rule: t0+1m full, 5 events reserved at t0+2m.
+	if _, err := l.AdmitFrom(ctx, Source{Topic: "events"}, costEvents("acme", 10, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	// t0+2m holds 5 reserved events and 1 byte taken: a late event does
+	// not take a slot there (it would read the byte as an event), and is
+	// placed at t0+3m.
+	ds, err = l.AdmitLate(ctx, retry, costEvents("acme", 101, 1), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "d@3m0s"; got != want {
+		t.Fatalf("late event under event rules: got %s, want %s", got, want)
+	}
+	clk.Set(t0.Add(2*time.Minute + 5*time.Second))
+	slot := t0.Add(2 * time.Minute)
+	claims := []Event{{Tenant: "acme", Offset: 102, InSlot: true, Due: slot, Cost: Cost{Bytes: 50}},
+		{Tenant: "acme", Offset: 103, InSlot: true, Due: slot, Cost: Cost{Bytes: 50}}}
+	ds, err = l.AdmitLate(ctx, retry, claims, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ds[0].Kind != Keep || ds[1].Kind == Keep {
+		t.Errorf("claims: got %s, want keep, then placed again (1 byte taken, read as one slot)", dues(ds))
+	}
+}
