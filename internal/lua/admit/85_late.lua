@@ -300,22 +300,27 @@ local function claim_pools(ti, fi, dues)
     -- (A ttl rule: its window that holds now is the chain's, not known
     -- here; a claim's own due time is its window's start.)
     wk, ws = taken_key(ti, fi)
-    fields[1], fields[2], seen[ws] = num(ws), num(ws) .. "/m", true
+    fields[1], seen[ws] = num(ws), true
   end
   for _, d in ipairs(dues) do
     if d > 0 and not seen[d] then
       seen[d] = true
       fields[#fields + 1] = num(d)
-      fields[#fields + 1] = num(d) .. "/m"
     end
   end
   local pools, marks = {}, {}
   -- A broken key keeps the claims: the tenant's decision meets it.
   local v = #fields > 0 and redis.pcall("HMGET", rk, unpack(fields))
-  for i = 1, #fields, 2 do
-    local ok = type(v) == "table" and not v.err
-    pools[fields[i]] = ok and tonumber(v[i]) or 0
-    marks[fields[i]] = ok and tonumber(v[i + 1]) or 0
+  local held = {} -- the marks of the pools that hold some (most hold none)
+  for i, f in ipairs(fields) do
+    pools[f], marks[f] = type(v) == "table" and not v.err and tonumber(v[i]) or 0, 0
+    if pools[f] > 0 then
+      held[#held + 1] = f .. "/m"
+    end
+  end
+  v = #held > 0 and redis.pcall("HMGET", rk, unpack(held))
+  for i, f in ipairs(held) do
+    marks[string.sub(f, 1, -3)] = type(v) == "table" and not v.err and tonumber(v[i]) or 0
   end
   local legacy = 0
   if wk then
@@ -373,7 +378,7 @@ local function claim_phase()
     -- at[j]: the place of the j-th event in its tenant's cost lists, which
     -- hold no replayed event (60_replay.lua).
     local at, k = {}, 0
-    for j = 1, n0 do
+    for j = cost_at[ti] and 1 or n0 + 1, n0 do
       if not rep_at[pos + j - 1] then
         k = k + 1
         at[j] = k
@@ -431,7 +436,9 @@ local function claim_phase()
         rep[#rep + 1], rep[#rep + 2], rep[#rep + 3], rep[#rep + 4] = q, replayed[ri + 1], replayed[ri + 2], replayed[ri + 3]
       elseif j > n0 - c and not gone[j] then
         rep[#rep + 1], rep[#rep + 2], rep[#rep + 3], rep[#rep + 4] = q, 5, 0, 0
-        drop[at[j]] = true
+        if at[j] then
+          drop[at[j]] = true
+        end
       elseif offs then
         l[#l + 1] = offs[ti][j]
       end
