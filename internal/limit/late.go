@@ -37,18 +37,19 @@ const replayKeep = 5
 // reservation's own event, when it comes back, finds its slot taken and is
 // placed again (its claim is not Keep). A window's count never moves for a
 // take, so no window goes over its limit; late events that find no slot to
-// take are reserved as AdmitFrom does. Only tenants whose rules all count
-// one measure (events, bytes or units), in a limiter without a capacity,
-// take slots: with aligned windows, rules that nest in the finest of them
+// take are reserved as AdmitFrom does. Only tenants in a limiter without a
+// capacity take slots, whose every measure (events, bytes or units) has a
+// rule of the finest windows (2/1m with 100B/1m, not 2/10s with 100B/1m):
+// with aligned windows, rules that nest in the finest of them
 // (every boundary of another rule is one of the finest rule's: 1m in 1h in
 // 1d, not 10s with 15s), a slot being a window of the finest rule; with
 // ttl windows, one rule, a slot being a window of its chain
 // (admit/85_late.lua). With bytes or units, a late event takes its cost of
-// the bytes reserved in that window, and the window's claims give up their
-// slots, the last first, until they have given up at least as much (the
-// last one may give up more than was taken: the window forwards less than
-// it counted, never more). The others' late events (an event rule beside
-// a byte rule, a capacity) are decided as by AdmitFrom. A take is recorded
+// what is reserved in that window in each measure, and the window's claims
+// give up their slots, the last first, until they have given up at least
+// as much in every measure (the last ones may give up more than was taken:
+// the window forwards less than it counted, never more). The others' late
+// events are decided as by AdmitFrom. A take is recorded
 // under its slot's due time, apart from the tenant's rules, and a claim
 // (Event.Due) reads its own: it finds its slot taken whatever the tenant's
 // rules are now. A claim's Cost is what it gives up.

@@ -2,6 +2,7 @@ package limit
 
 import (
 	"context"
+	"maps"
 	"strconv"
 	"testing"
 	"time"
@@ -233,23 +234,121 @@ func TestLateBytesKeptClaimBeforeDisplaced(t *testing.T) {
 	}
 }
 
-// Rules of several measures (events and bytes) take no slot: a take of
-// bytes would leave the events' count of the window unknown, and the
-// reverse. The late event is reserved as before.
+// recordFields returns the fields of tenant's record of takes for the due
+// time at, by suffix ("" for the pool, "/m" its mark, "/0" to "/2" the
+// pools of each measure), 0 when absent.
+func recordFields(t *testing.T, rdb redis.UniversalClient, l *Limiter, tenant string, at time.Time) map[string]int64 {
+	t.Helper()
+	f := strconv.FormatInt(at.UnixMilli(), 10)
+	sfx := []string{"", "/m", "/0", "/1", "/2"}
+	fields := make([]string, len(sfx))
+	for i, x := range sfx {
+		fields[i] = f + x
+	}
+	v, err := rdb.HMGet(context.Background(), l.keys.taken(tenant), fields...).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for i, x := range sfx {
+		if s, ok := v[i].(string); ok {
+			if out[x], err = strconv.ParseInt(s, 10, 64); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return out
+}
+
+func TestLateKeepsPlaceMixedRedis(t *testing.T)        { testLateKeepsPlaceMixed(t, testRedis(t)) }
+func TestLateKeepsPlaceMixedRedisCluster(t *testing.T) { testLateKeepsPlaceMixed(t, testCluster(t)) }
+
+// Rules of two measures whose windows are the same (2/1m and 100B/1m) keep
+// a late event's place too: it takes a slot where both have room for it
+// among the reservations, one event and its bytes, each recorded in a pool
+// of its measure (marked 3, the pool the sum), and the claims give up
+// slots, the last first, until both pools are spent: never more forwarded
+// than counted, in events or bytes.
+func testLateKeepsPlaceMixed(t *testing.T, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	clk := newFakeClock(t0)
+	l := newTestLimiter(t, rdb, "acme=2/1m,100B/1m", Options{Clock: clk.Now})
+	// t0: 50 50; t0+1m: 30 30; t0+2m: 60 40; t0+3m: 10.
+	ds, err := l.AdmitFrom(ctx, Source{Topic: "events"}, costEvents("acme", 0, 50, 50, 30, 30, 60, 40, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "a a d@1m0s d@1m0s d@2m0s d@2m0s d@3m0s"; got != want {
+		t.Fatalf("source batch: got %s, want %s", got, want)
+	}
+	retry := Source{Topic: "events.retry"}
+	clk.Set(t0.Add(time.Minute + 30*time.Second))
+	late := costEvents("acme", 100, 70)
+	ds, err = l.AdmitLate(ctx, retry, late, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "d@2m0s!"; got != want {
+		t.Fatalf("late event: got %s, want %s", got, want)
+	}
+	slot := t0.Add(2 * time.Minute)
+	want := map[string]int64{"": 71, "/m": 3, "/0": 1, "/1": 70}
+	if got := recordFields(t, rdb, l, "acme", slot); !maps.Equal(got, want) {
+		t.Errorf("record of takes at t0+2m: got %v, want %v", got, want)
+	}
+	again, err := l.AdmitLate(ctx, retry, late, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dues(again) != dues(ds) {
+		t.Errorf("replayed late event: got %s, want %s", dues(again), dues(ds))
+	}
+	// At t0+2m the claims of 60 and 40 bytes come back: the 40 gives up
+	// the event and 40 of the 70 bytes, the 60 the other 30 bytes. Both are
+	// placed again: the 60 beside the 10 of t0+3m, the 40 at t0+4m.
+	clk.Set(t0.Add(2*time.Minute + 5*time.Second))
+	claims := []Event{{Tenant: "acme", Offset: 104, InSlot: true, Due: slot, Cost: Cost{Bytes: 60}},
+		{Tenant: "acme", Offset: 105, InSlot: true, Due: slot, Cost: Cost{Bytes: 40}}}
+	ds, err = l.AdmitLate(ctx, retry, claims, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "d@3m0s d@4m0s"; got != want {
+		t.Fatalf("claims of t0+2m: got %s, want %s", got, want)
+	}
+	want = map[string]int64{"": 0, "/m": 3, "/0": 0, "/1": 0}
+	if got := recordFields(t, rdb, l, "acme", slot); !maps.Equal(got, want) {
+		t.Errorf("record of takes at t0+2m after the claims: got %v, want %v", got, want)
+	}
+	again, err = l.AdmitLate(ctx, retry, claims, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dues(again) != dues(ds) {
+		t.Errorf("replayed claims: got %s, want %s", dues(again), dues(ds))
+	}
+	if c, _ := bytesState(t, rdb, l, "acme", "100B/1m", t0.Add(3*time.Minute)); c != 70 {
+		t.Errorf("bytes at t0+3m: %d, want 70", c)
+	}
+}
+
+// Rules of two measures take no slot when one measure has no rule of the
+// finest windows (2/10s with 100B/1m: the bytes reserved in a 10s window
+// are not known). The late event is reserved as before.
 func TestLateMixedMeasuresNoTake(t *testing.T) {
 	ctx := context.Background()
 	rdb := testRedis(t)
 	clk := newFakeClock(t0)
-	l := newTestLimiter(t, rdb, "acme=2/1m,100B/1m", Options{Clock: clk.Now})
+	l := newTestLimiter(t, rdb, "acme=2/10s,100B/1m", Options{Clock: clk.Now})
 	if _, err := l.AdmitFrom(ctx, Source{Topic: "events"}, costEvents("acme", 0, 10, 10, 10, 10, 10, 10)); err != nil {
 		t.Fatal(err)
 	}
-	clk.Set(t0.Add(time.Minute + 30*time.Second))
+	clk.Set(t0.Add(5 * time.Second))
 	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, costEvents("acme", 100, 10), true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := dues(ds), "d@3m0s"; got != want {
+	if got, want := dues(ds), "d@30s"; got != want {
 		t.Fatalf("late event: got %s, want %s (behind the tenant's reservations, no take)", got, want)
 	}
 	if n, err := rdb.Exists(ctx, l.keys.taken("acme")).Result(); err != nil || n != 0 {
@@ -305,5 +404,75 @@ func TestLateBytesTakeThenEventRules(t *testing.T) {
 	}
 	if ds[0].Kind != Keep || ds[1].Kind == Keep {
 		t.Errorf("claims: got %s, want keep, then placed again (1 byte taken, read as one slot)", dues(ds))
+	}
+}
+
+// The worst case of a take with two measures (G11): late events of a
+// tenant of 1/1s and 100B/1s whose seconds ahead are all full, every slot
+// in them taken already (a pool of each measure in the record). The take
+// scan reads the record's pools of a window beside its two counts, stops
+// after take_reads windows, and the search goes on within the budget: the
+// call's reads stay within its budget, nothing is counted or taken, and no
+// call is slow.
+func TestBoundedLateTakeMixed(t *testing.T) {
+	ctx := context.Background()
+	rdb := privateRedis(t)
+	m := newWorkMeter(t, rdb)
+	l := newTestLimiter(t, rdb, "*=1/1s,100B/1s", Options{Clock: func() time.Time { return t0 }})
+	events, err := parseRule("1/1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bytes, err := parseRule("100B/1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ahead = 3000 // seconds, every slot taken: past the take scan's reach
+	p := rdb.Pipeline()
+	record := l.keys.taken("hot")
+	for i := range ahead + 1 {
+		s := t0.Add(time.Duration(i) * time.Second)
+		for _, r := range []struct {
+			rule  Rule
+			count int
+		}{{events, 1}, {bytes, 30}} {
+			key := l.keys.window("hot", r.rule, s)
+			p.HSet(ctx, key, "count", r.count, "expire", s.Add(time.Second).UnixMilli())
+			p.PExpire(ctx, key, time.Hour)
+		}
+		f := strconv.FormatInt(s.UnixMilli(), 10)
+		p.HSet(ctx, record, f, 31, f+"/m", 3, f+"/0", 1, f+"/1", 30)
+	}
+	p.PExpire(ctx, record, time.Hour)
+	if _, err := p.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	evs := make([]Event, boundedBatch)
+	for i := range evs {
+		evs[i] = Event{Tenant: "hot", Offset: int64(i), Cost: Cost{Bytes: 10}}
+	}
+	m.reset()
+	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, evs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.check("500 late events, 1/1s and 100B/1s, every slot ahead taken", 1, int64(DefaultMaxScan)+2)
+	for i, d := range ds {
+		if d.Kind != Defer || d.Took || !d.Due.Equal(d.Until) {
+			t.Fatalf("event %d: got %+v, want deferred unreserved to where the search stopped", i, d)
+		}
+	}
+	got, err := rdb.HLen(ctx, record).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != 4*(ahead+1) {
+		t.Errorf("record of takes: %d fields, want %d (unchanged)", got, 4*(ahead+1))
+	}
+	for _, s := range []time.Time{t0.Add(time.Second), t0.Add(200 * time.Second)} {
+		want := map[string]int64{"": 31, "/m": 3, "/0": 1, "/1": 30}
+		if got := recordFields(t, rdb, l, "hot", s); !maps.Equal(got, want) {
+			t.Errorf("record at %s: got %v, want %v", s.Sub(t0), got, want)
+		}
 	}
 }

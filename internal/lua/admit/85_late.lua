@@ -11,8 +11,9 @@
 -- 0 when not known) are each claim's gk-due, tenant by tenant in the
 -- call's order, c_ti for tenant ti.
 --
--- A tenant qualifies when the call has no capacity, all its rules count
--- one measure (events, bytes or units: see Costs), and either it has one rule of ttl windows (a slot is then a
+-- A tenant qualifies when the call has no capacity, each measure its rules
+-- count (events, bytes or units: see Costs) has a rule of its finest
+-- windows, and either it has one rule of ttl windows (a slot is then a
 -- window of its chain: a chain is never moved before its end, which a
 -- window holding a reservation keeps ahead), or its rules are of aligned
 -- windows and nest in its finest rule, the one with the shortest current window (finest_of: every
@@ -82,11 +83,15 @@
 -- and gives up one claim a byte or unit, more than needed, never too few.
 -- A claim gives up 1 of a pool whose measure its tenant no longer counts;
 -- a take is not added beside takes of another measure (the rules changed
--- between them). Rules of several measures (an event rule and a byte rule)
--- do not qualify: the bytes reserved in a finest window would then be
--- known only for a byte rule of the finest windows, and the events and
--- bytes given up by claims would not match the late events' unless their
--- costs did.
+-- between them). Rules of several measures (2/1m and 100B/1m) qualify when
+-- each measure has a rule of the finest windows (each window of one nests
+-- in the other's): what is reserved in a finest window is known in each
+-- measure only from such a rule (not from 100B/1m beside 2/10s). A late
+-- event then takes where every measure has its cost left, each measure's
+-- take is recorded in its own pool, f/0, f/1 or f/2, f holds their sum
+-- and is marked 3, and a claim gives up its cost in each measure (1 for
+-- events) while f holds any: the last claims may give up more than was
+-- taken, in one measure or both.
 --
 -- take_margin_ms keeps takes off windows about to start, so that a claim of
 -- that window, read by a replica whose clock runs a little ahead, never
@@ -233,36 +238,57 @@ local function measure_of(key)
 end
 
 -- qualifies returns, when tenant ti (its record at recs[p]) may take or
--- give up slots (see above), the number of its finest rule (finest_of)
--- and the measure every one of its rules counts (measure_of), else nil.
+-- give up slots (see above), the number of its finest rule (finest_of),
+-- the measure every one of its rules counts (measure_of), or 3 for rules
+-- of several measures, and then by: for each measure, a rule of it whose
+-- windows are the finest rule's (see Costs); else nil.
 local function qualifies(ti, p)
   if ncap > 0 then
     return nil
   end
+  local nr = recs[p]
   local m = 0
   local q = cost_at[ti]
   if q then
     local l = recs[q + 1]
-    for ri = 2, recs[p] do
+    for ri = 2, nr do
       if recs[q + ri] ~= l then
-        return nil -- rules of several measures (see Costs)
+        m = 3
       end
     end
-    if l > 0 then
+    if m == 0 and l > 0 then
       m = measure_of(KEYS[key_at[ti] + 1])
     end
   end
-  local fi
-  for q = p + 2, p - 1 + 3 * recs[p], 3 do
-    if descs[recs[q]].kind == "t" then
+  for x = p + 2, p - 1 + 3 * nr, 3 do
+    if descs[recs[x]].kind == "t" then
       -- One ttl rule: a slot is a window of its chain (several chains
       -- start apart).
-      fi = recs[p] == 1 and 1 or nil
-      return fi, fi and m
+      if nr == 1 then
+        return 1, m
+      end
+      return nil
     end
   end
-  fi = finest_of(p)
-  return fi, fi and m
+  local fi = finest_of(p)
+  if not fi or m < 3 then
+    return fi, fi and m
+  end
+  local df = descs[recs[p - 1 + 3 * fi]]
+  local by, need = {}, {}
+  for ri = 1, nr do
+    local mu = measure_of(KEYS[key_at[ti] + ri])
+    need[mu] = true
+    if not by[mu] and (ri == fi or nested(df, descs[recs[p - 1 + 3 * ri]])) then
+      by[mu] = ri -- its windows are the finest's (each nests in the other)
+    end
+  end
+  for mu in pairs(need) do
+    if not by[mu] then
+      return nil
+    end
+  end
+  return fi, m, by
 end
 
 -- taken_key is the key of tenant ti's window that holds now of its rule
@@ -288,7 +314,7 @@ local record_life_ms = 60000
 -- claim_pools reads what the claims of tenant ti (fi: its finest rule
 -- when it qualifies, else nil) may find taken: pools[f] for the record's
 -- field f (a due time), in the measure marks[f] (its field f/m, see
--- Costs), and legacy, the field "taken" of its finest window that holds
+-- Costs; for 3, subs[f][mu] are its pools of each measure mu), and legacy, the field "taken" of its finest window that holds
 -- now (where a take of an earlier version is). It returns the pools, the
 -- marks, the record's key, the finest window's key and start (nil without
 -- fi).
@@ -311,23 +337,28 @@ local function claim_pools(ti, fi, dues)
   local pools, marks = {}, {}
   -- A broken key keeps the claims: the tenant's decision meets it.
   local v = #fields > 0 and redis.pcall("HMGET", rk, unpack(fields))
-  local held = {} -- the marks of the pools that hold some (most hold none)
+  -- The marks and pools by measure of the fields that hold some (most hold
+  -- none): f/m, f/0, f/1, f/2 for each.
+  local held, subs = {}, {}
   for i, f in ipairs(fields) do
     pools[f], marks[f] = type(v) == "table" and not v.err and tonumber(v[i]) or 0, 0
     if pools[f] > 0 then
-      held[#held + 1] = f .. "/m"
+      held[#held + 1], held[#held + 2], held[#held + 3], held[#held + 4] = f .. "/m", f .. "/0", f .. "/1", f .. "/2"
     end
   end
   v = #held > 0 and redis.pcall("HMGET", rk, unpack(held))
-  for i, f in ipairs(held) do
-    marks[string.sub(f, 1, -3)] = type(v) == "table" and not v.err and tonumber(v[i]) or 0
+  local ok = type(v) == "table" and not v.err
+  for i = 1, #held, 4 do
+    local f = string.sub(held[i], 1, -3)
+    marks[f] = ok and tonumber(v[i]) or 0
+    subs[f] = {[0] = ok and tonumber(v[i + 1]) or 0, ok and tonumber(v[i + 2]) or 0, ok and tonumber(v[i + 3]) or 0}
   end
   local legacy = 0
   if wk then
     local l = redis.pcall("HGET", wk, "taken")
     legacy = type(l) == "string" and tonumber(l) or 0
   end
-  return pools, marks, legacy, rk, wk, ws
+  return pools, marks, subs, legacy, rk, wk, ws
 end
 
 -- claim_phase decides the claims of every tenant (see Claims): it runs
@@ -386,7 +417,7 @@ local function claim_phase()
     end
     if #live > 0 then
       local fi = qualifies(ti, p)
-      local pools, marks, legacy, rk, wk, ws = claim_pools(ti, fi, dues)
+      local pools, marks, subs, legacy, rk, wk, ws = claim_pools(ti, fi, dues)
       local used, used_legacy = {}, 0
       local own = ws and num(ws)
       local per = claim_costs(ti)
@@ -399,7 +430,21 @@ local function claim_phase()
         if not (f and pools[f] > 0) then
           f = own
         end
-        if f and pools[f] > 0 then
+        if f and pools[f] > 0 and marks[f] == 3 then
+          -- Takes of several measures: each pool gives up what the claim
+          -- costs it, and f holds their sum.
+          local sub, left = subs[f], 0
+          for mu = 0, 2 do
+            if sub[mu] > 0 then
+              local c = per[mu]
+              c = math.min(mu > 0 and c and c[at[live[x]]] or 1, sub[mu])
+              local sf = f .. "/" .. mu
+              sub[mu], used[sf] = sub[mu] - c, (used[sf] or 0) + c
+            end
+            left = left + sub[mu]
+          end
+          pools[f], used[f] = left, (used[f] or 0) + pools[f] - left
+        elseif f and pools[f] > 0 then
           local c = per[marks[f]]
           c = math.min(c and c[at[live[x]]] or 1, pools[f])
           pools[f], used[f] = pools[f] - c, (used[f] or 0) + c
@@ -502,12 +547,13 @@ end
 
 -- coarser returns, for the finest window [s, e) at t of a tenant's rules
 -- (fi: the finest; c: that window's count), whether every other rule has
--- room at t for need (what the next late event costs each rule), and where
+-- room at t for the pos-th event (what it costs each rule), and where
 -- the scan goes on: e, or the end of a full window of
 -- a coarser rule that starts at first or later once the finest windows
 -- read in it (seen_at, seen: per rule, its window's start and their count)
--- count as much as it does; nil when the scan may read no more.
-local function coarser(rules, fi, t, e, c, need, first, seen_at, seen, several, keep)
+-- count as much as it does (a rule of another measure than the finest's,
+-- r.mu, is never skipped); nil when the scan may read no more.
+local function coarser(rules, fi, t, e, c, pos, first, seen_at, seen, several, keep)
   local room, next_t = true, e
   for ri, r in ipairs(rules) do
     if ri ~= fi then
@@ -519,10 +565,12 @@ local function coarser(rules, fi, t, e, c, need, first, seen_at, seen, several, 
       if seen_at[ri] ~= rs then
         seen_at[ri], seen[ri] = rs, 0
       end
-      seen[ri] = seen[ri] + c
-      if cr + need > r.limit then
+      if r.mu == rules[fi].mu then
+        seen[ri] = seen[ri] + c
+      end
+      if cr + (r.costs and r.costs[pos] or 1) > r.limit then
         room = false
-        if rs >= first and seen[ri] >= cr and re > next_t then
+        if rs >= first and seen[ri] >= cr and re > next_t and r.mu == rules[fi].mu then
           next_t = re
         end
       end
@@ -542,16 +590,26 @@ end
 -- reserve goes on.
 local function take_slots(ti, rules, rest, first, pos, keep)
   rest = math.min(rest, recs[rec_at[ti] + 1] - (displaced[ti] or 0) - pos + 1)
-  local fi, m = nil, 0
+  local fi, m, by = nil, 0, nil
   if take and rest > 0 then
-    fi, m = qualifies(ti, rec_at[ti])
+    fi, m, by = qualifies(ti, rec_at[ti])
   end
   if not fi then
     return none, rest, first
   end
   local f = rules[fi]
-  -- With costs, every rule counts by this one list (qualifies).
-  local cl = m > 0 and f.costs or nil
+  -- What a take counts, by measure: mus[i] and the rule of its finest
+  -- windows, ms[i] (one for a tenant of one measure).
+  local mus, ms = {m}, {f}
+  if by then
+    mus, ms = {}, {}
+    for mu, ri in pairs(by) do
+      mus[#mus + 1], ms[#ms + 1] = mu, rules[ri]
+    end
+    for _, r in ipairs(rules) do
+      r.mu = measure_of(r.key)
+    end
+  end
   local several = #rules > 1
   take_left = take_reads
   local seen_at, seen = {}, {}
@@ -564,11 +622,10 @@ local function take_slots(ti, rules, rest, first, pos, keep)
     if not c then
       break
     end
-    local need = cl and cl[pos] or 1
-    local room, next_t = c + need <= f.limit, e
+    local room, next_t = c + (f.costs and f.costs[pos] or 1) <= f.limit, e
     if several then
       local others
-      others, next_t = coarser(rules, fi, t, e, c, need, first, seen_at, seen, several, keep)
+      others, next_t = coarser(rules, fi, t, e, c, pos, first, seen_at, seen, several, keep)
       if others == nil then
         break
       end
@@ -581,7 +638,7 @@ local function take_slots(ti, rules, rest, first, pos, keep)
       -- What was taken there: in the record, and in the window by an
       -- earlier version.
       local tk = 0
-      if not cl then
+      if m == 0 then
         cur = wkey(f.key, s)
         tk = tonumber(redis.call("HGET", cur, "taken")) or 0
       end
@@ -593,26 +650,56 @@ local function take_slots(ti, rules, rest, first, pos, keep)
       if pool > 0 then
         mk = tonumber(redis.call("HGET", rk, fm)) or 0
       end
-      -- k events in order, of cost u in all: as many as the slots left
-      -- there hold; none where takes of another measure are left (the
-      -- tenant's rules changed since).
-      local k, u = 0, 0
-      tk = tk + pool
-      if mk and mk ~= m then
-        k = 0
-      elseif cl then
-        while k < rest and u + cl[pos + k] <= c - tk do
-          u, k = u + cl[pos + k], k + 1
+      -- What was taken there by measure (tks), and what each measure's rule
+      -- counts there (cs): none where takes of another measure are left
+      -- (the tenant's rules changed since).
+      local tks, cs = {}, {}
+      local ok = not (mk and mk ~= m)
+      if ok and by then
+        for mu = 0, 2 do
+          tks[mu] = pool > 0 and tonumber(redis.call("HGET", rk, fs .. "/" .. mu)) or 0
+          ok = ok and (tks[mu] == 0 or by[mu] ~= nil)
+        end
+        for i, r in ipairs(ms) do
+          cs[i] = r == f and c or count_of(wkey(r.key, s)) -- read by coarser
         end
       else
-        k = math.max(0, math.min(rest, c - tk))
-        u = k
+        tks[m], cs[1] = tk + pool, c
+      end
+      -- k events in order, of cost us[i] to each measure: as many as the
+      -- slots left there hold.
+      local k, us = 0, {}
+      for i = 1, #ms do
+        us[i] = 0
+      end
+      while ok and k < rest do
+        for i, r in ipairs(ms) do
+          if us[i] + (r.costs and r.costs[pos + k] or 1) > cs[i] - tks[mus[i]] then
+            ok = false
+          end
+        end
+        if ok then
+          for i, r in ipairs(ms) do
+            us[i] = us[i] + (r.costs and r.costs[pos + k] or 1)
+          end
+          k = k + 1
+        end
       end
       if k > 0 then
         mk = mk or tonumber(redis.call("HGET", rk, fm)) or 0
         if mk ~= m then
           redis.call("HINCRBY", rk, fm, m - mk)
           note(4, rk, {fm, mk - m})
+        end
+        local u = us[1]
+        if by then
+          u = 0
+          for i, mu in ipairs(mus) do
+            local sf = fs .. "/" .. mu
+            redis.call("HINCRBY", rk, sf, us[i])
+            note(4, rk, {sf, -us[i]})
+            u = u + us[i]
+          end
         end
         redis.call("HINCRBY", rk, fs, u)
         note(4, rk, {fs, -u})
