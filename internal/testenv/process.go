@@ -234,6 +234,10 @@ func (p *Process) Terminate(timeout time.Duration) (int, time.Duration, error) {
 	}
 }
 
+// Signal sends sig to the process (SIGSTOP and SIGCONT pause and resume
+// it, as a long GC pause or a starved CPU would).
+func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
 // Kill ends the process hard (SIGKILL): no drain, no commit, no leave.
 func (p *Process) Kill() {
 	p.cmd.Process.Kill()
