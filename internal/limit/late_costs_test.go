@@ -476,3 +476,79 @@ func TestBoundedLateTakeMixed(t *testing.T) {
 		}
 	}
 }
+
+// A claim of cost zero (units may cost 0, and a claim whose cost cannot be
+// read is sent at zero) whose slot was taken gives its slot up and gives
+// nothing of the pool: the call must not fail on it (Redis refuses the
+// increment "-0" that a pool given nothing would write). Found by review.
+func TestLateZeroCostClaim(t *testing.T) {
+	for _, spec := range []string{"acme=100B/1m", "acme=100u/1m", "acme=2/1m,100B/1m"} {
+		t.Run(spec, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := testRedis(t)
+			clk := newFakeClock(t0)
+			l := newTestLimiter(t, rdb, spec, Options{Clock: clk.Now})
+			if _, err := l.AdmitFrom(ctx, Source{Topic: "events"}, costEvents("acme", 0, 50, 50, 60, 40)); err != nil {
+				t.Fatal(err)
+			}
+			retry := Source{Topic: "events.retry"}
+			clk.Set(t0.Add(30 * time.Second))
+			ds, err := l.AdmitLate(ctx, retry, costEvents("acme", 100, 30), true)
+			if err != nil || dues(ds) != "d@1m0s!" {
+				t.Fatalf("late event: got %s (%v), want d@1m0s!", dues(ds), err)
+			}
+			clk.Set(t0.Add(time.Minute + 5*time.Second))
+			claim := []Event{{Tenant: "acme", Offset: 3, InSlot: true, Due: t0.Add(time.Minute)}} // Cost{}
+			ds, err = l.AdmitLate(ctx, retry, claim, true)
+			if err != nil {
+				t.Fatalf("claim of cost zero whose slot was taken: %v", err)
+			}
+			if ds[0].Kind == Keep {
+				t.Errorf("claim of cost zero: kept, want given up")
+			}
+		})
+	}
+}
+
+// A failure while claims use up takes (a pool that holds no integer) takes
+// back what the call used up of other tenants' pools: their claims, checked
+// again, find their slots still taken.
+func TestLateClaimFailureUndone(t *testing.T) {
+	ctx := context.Background()
+	rdb := testRedis(t)
+	clk := newFakeClock(t0)
+	l := newTestLimiter(t, rdb, "*=100B/1m", Options{Clock: clk.Now})
+	for _, tenant := range []string{"beta", "acme"} {
+		if _, err := l.AdmitFrom(ctx, Source{Topic: "events." + tenant}, costEvents(tenant, 0, 50, 50, 60, 40)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	retry := Source{Topic: "events.retry"}
+	clk.Set(t0.Add(30 * time.Second))
+	if _, err := l.AdmitLate(ctx, retry, append(costEvents("beta", 100, 30), costEvents("acme", 101, 30)...), true); err != nil {
+		t.Fatal(err)
+	}
+	slot := t0.Add(time.Minute)
+	// acme's pool now holds no integer: the claims' call fails.
+	if err := rdb.HSet(ctx, l.keys.taken("acme"), strconv.FormatInt(slot.UnixMilli(), 10), "1.5").Err(); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(t0.Add(time.Minute + 5*time.Second))
+	claims := []Event{{Tenant: "beta", Offset: 3, InSlot: true, Due: slot, Cost: Cost{Bytes: 40}},
+		{Tenant: "acme", Offset: 4, InSlot: true, Due: slot, Cost: Cost{Bytes: 40}}}
+	if _, err := l.AdmitLate(ctx, retry, claims, true); err == nil {
+		t.Fatal("claims' call: no error, want the broken pool's")
+	} else {
+		t.Logf("claims' call: %v", err)
+	}
+	if _, tk := bytesState(t, rdb, l, "beta", "100B/1m", slot); tk != 30 {
+		t.Errorf("beta's take after the failed call: %d bytes, want 30 (taken back)", tk)
+	}
+	ds, err := l.AdmitLate(ctx, retry, claims[:1], true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ds[0].Kind == Keep {
+		t.Errorf("beta's claim checked again: kept, want given up (its slot was taken)")
+	}
+}

@@ -67,7 +67,8 @@
 -- again, and finds the same: takes are only added while their window is in
 -- the future, and a claim's window holds now) and reported in the reply's
 -- replayed list with code 5 (keep: forward uncounted). Claims cost one
--- HMGET of the record per tenant and call, and one HGET of a window for a
+-- HMGET of the record per tenant and call (and a second one, of the pools'
+-- marks, when a pool holds some), and one HGET of a window for a
 -- qualifying tenant.
 --
 -- Costs. A tenant whose rules count bytes (or units), all of them, takes
@@ -443,6 +444,7 @@ local function claim_phase()
             end
             left = left + sub[mu]
           end
+          left = math.min(left, pools[f]) -- (pools that outgrew f: a record an older replica used)
           pools[f], used[f] = left, (used[f] or 0) + pools[f] - left
         elseif f and pools[f] > 0 then
           local c = per[marks[f]]
@@ -459,9 +461,11 @@ local function claim_phase()
         end
       end
       for f, k in pairs(used) do
-        cur = rk
-        redis.call("HINCRBY", rk, f, -k)
-        note(4, rk, {f, k})
+        if k > 0 then -- (-0 is "-0" to Redis: not an integer)
+          cur = rk
+          redis.call("HINCRBY", rk, f, -k)
+          note(4, rk, {f, k})
+        end
       end
       if used_legacy > 0 then
         cur = wk
@@ -696,13 +700,17 @@ local function take_slots(ti, rules, rest, first, pos, keep)
           u = 0
           for i, mu in ipairs(mus) do
             local sf = fs .. "/" .. mu
-            redis.call("HINCRBY", rk, sf, us[i])
-            note(4, rk, {sf, -us[i]})
+            if us[i] > 0 then
+              redis.call("HINCRBY", rk, sf, us[i])
+              note(4, rk, {sf, -us[i]})
+            end
             u = u + us[i]
           end
         end
-        redis.call("HINCRBY", rk, fs, u)
-        note(4, rk, {fs, -u})
+        if u > 0 then
+          redis.call("HINCRBY", rk, fs, u)
+          note(4, rk, {fs, -u})
+        end
         if redis.call("PTTL", rk) < e - now + record_life_ms then
           redis.call("PEXPIRE", rk, num(e - now + record_life_ms))
         end

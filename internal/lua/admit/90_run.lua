@@ -731,7 +731,16 @@ if rkey then
     return redis.error_reply(full)
   end
 end
-claim_phase() -- 85_late.lua
+do
+  -- The claims' writes (the takes they use up) are journaled: a failure
+  -- there (a pool that holds no integer) takes them back and fails the call.
+  local ok, e = pcall(claim_phase) -- 85_late.lua
+  if not ok then
+    undo(0)
+    local key, why = failure(e)
+    return redis.error_reply(key and (key .. " " .. why) or tostring(why))
+  end
+end
 local ti = 1
 while true do
   local ok, e = pcall(run, ti)
