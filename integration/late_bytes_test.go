@@ -39,7 +39,7 @@ func TestLateKeepsPlaceBytes(t *testing.T) {
 	rtWaitAssigned(t, rtGroups(f, 1), gk)
 
 	// Events of 200 and 100 bytes with the key "acme", seven to a window
-	// that they fill exactly (200 100 200 100 200 100 100): 14 windows of
+	// that they fill exactly (200 100 200 100 200 100 100): 14 windows, 13 of
 	// backlog, none with room for a late event, so late events take slots.
 	pattern := []int{200, 100, 200, 100, 200, 100, 100}
 	msgs := make([]kafka.Message, n)
