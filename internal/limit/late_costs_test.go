@@ -20,6 +20,19 @@ func costEvents(tenant string, off int64, costs ...int64) []Event {
 	return evs
 }
 
+// replaysSame checks that AdmitLate of evs again (a replay of the call
+// that decided ds) decides the same.
+func replaysSame(t *testing.T, l *Limiter, src Source, evs []Event, ds []Decision, what string) {
+	t.Helper()
+	again, err := l.AdmitLate(context.Background(), src, evs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dues(again) != dues(ds) {
+		t.Errorf("%s: got %s, want %s", what, dues(again), dues(ds))
+	}
+}
+
 // bytesState returns the count of tenant's window of the byte rule at
 // start, and the bytes late events took there (its record of takes).
 func bytesState(t *testing.T, rdb redis.UniversalClient, l *Limiter, tenant, rule string, start time.Time) (count, taken int64) {
@@ -110,13 +123,7 @@ func testLateKeepsPlaceBytes(t *testing.T, rdb redis.UniversalClient) {
 			if c, tk := window(3 * time.Minute); c != 100 || tk != 60 {
 				t.Errorf("window t0+3m: count %d, taken %d bytes, want 100 and 60", c, tk)
 			}
-			again, err := l.AdmitLate(ctx, retry, late, true)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if dues(again) != dues(ds) {
-				t.Errorf("replayed late event: got %s, want %s", dues(again), dues(ds))
-			}
+			replaysSame(t, l, retry, late, ds, "replayed late event")
 			if c, tk := window(3 * time.Minute); c != 100 || tk != 60 {
 				t.Errorf("window t0+3m after the replay: count %d, taken %d bytes, want 100 and 60", c, tk)
 			}
@@ -155,13 +162,7 @@ func testLateKeepsPlaceBytes(t *testing.T, rdb redis.UniversalClient) {
 			if c, _ := window(5 * time.Minute); c != 100 {
 				t.Errorf("window t0+5m: count %d, want 100 (the two placed again)", c)
 			}
-			again, err = l.AdmitLate(ctx, retry, claims, true)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if dues(again) != dues(ds) {
-				t.Errorf("replayed claims: got %s, want %s", dues(again), dues(ds))
-			}
+			replaysSame(t, l, retry, claims, ds, "replayed claims")
 
 			// At t0+4m the claim of 70 bytes gives up its slot to the late
 			// event of 50 (20 bytes of it stay unused: the window forwards
@@ -296,13 +297,7 @@ func testLateKeepsPlaceMixed(t *testing.T, rdb redis.UniversalClient) {
 	if got := recordFields(t, rdb, l, "acme", slot); !maps.Equal(got, want) {
 		t.Errorf("record of takes at t0+2m: got %v, want %v", got, want)
 	}
-	again, err := l.AdmitLate(ctx, retry, late, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if dues(again) != dues(ds) {
-		t.Errorf("replayed late event: got %s, want %s", dues(again), dues(ds))
-	}
+	replaysSame(t, l, retry, late, ds, "replayed late event")
 	// At t0+2m the claims of 60 and 40 bytes come back: the 40 gives up
 	// the event and 40 of the 70 bytes, the 60 the other 30 bytes. Both are
 	// placed again: the 60 beside the 10 of t0+3m, the 40 at t0+4m.
@@ -320,13 +315,7 @@ func testLateKeepsPlaceMixed(t *testing.T, rdb redis.UniversalClient) {
 	if got := recordFields(t, rdb, l, "acme", slot); !maps.Equal(got, want) {
 		t.Errorf("record of takes at t0+2m after the claims: got %v, want %v", got, want)
 	}
-	again, err = l.AdmitLate(ctx, retry, claims, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if dues(again) != dues(ds) {
-		t.Errorf("replayed claims: got %s, want %s", dues(again), dues(ds))
-	}
+	replaysSame(t, l, retry, claims, ds, "replayed claims")
 	if c, _ := bytesState(t, rdb, l, "acme", "100B/1m", t0.Add(3*time.Minute)); c != 70 {
 		t.Errorf("bytes at t0+3m: %d, want 70", c)
 	}
