@@ -257,6 +257,7 @@ local function cap_parse(at)
       key = KEYS[first + ci - 1], lv = false, sf = 0, wc = 0,
       dprefix = KEYS[first + ci - 1] .. "/demand",
       bycost = tonumber(ARGV[at + 5]) ~= 0, -- bytes or units (see Measures)
+      mu = tonumber(ARGV[at + 5]), -- the measure: 0 events, 1 bytes, 2 units
       resv = tonumber(ARGV[at + 6]), -- 0, or the bound of a paced window (see Paced)
     }
     if capd[ci].limit < 1 then

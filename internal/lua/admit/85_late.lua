@@ -11,12 +11,13 @@
 -- 0 when not known) are each claim's gk-due, tenant by tenant in the
 -- call's order, c_ti for tenant ti.
 --
--- A tenant qualifies when the call has no capacity, each measure its rules
--- count (events, bytes or units: see Costs) has a rule of its finest
--- windows, and either it has one rule of ttl windows (a slot is then a
--- window of its chain: a chain is never moved before its end, which a
--- window holding a reservation keeps ahead), or its rules are of aligned
--- windows and nest in its finest rule, the one with the shortest current window (finest_of: every
+-- A tenant qualifies when each measure its rules count (events, bytes or
+-- units: see Costs) has a rule of its finest windows (under a capacity,
+-- see Capacity), and either it has one rule of ttl windows and there is
+-- no capacity (a slot is then a window of its chain: a chain is never
+-- moved before its end, which a window holding a reservation keeps
+-- ahead), or its rules are of aligned windows and nest in its finest
+-- rule, the one with the shortest current window (finest_of: every
 -- boundary of another rule's windows is a boundary of the finest rule's, so
 -- each finest window lies inside one window of every rule; one rule always
 -- nests). Then every due time of a reservation is the start of a finest
@@ -93,6 +94,29 @@
 -- and is marked 3, and a claim gives up its cost in each measure (1 for
 -- events) while f holds any: the last claims may give up more than was
 -- taken, in one measure or both.
+--
+-- Capacity. Under a capacity (35_capacity.lua: one rule more per capacity
+-- rule, on shared keys, whose count of a tenant in a window is what it
+-- booked there, t:<tenant>) a tenant of aligned rules qualifies in two
+-- cases (cap_finest). When the capacity's windows are as long as its
+-- finest rule's or longer, every capacity rule nests in the finest rule
+-- and counts a measure that a rule of the tenant's of the finest windows
+-- counts: a slot is then a finest window of the tenant's, whose count
+-- holds its reservations, each booked in the capacity window holding it
+-- by the same cost. When the capacity's finest rule has shorter windows,
+-- it is the finest of all: every other rule, the tenant's and the
+-- capacity's, nests in it, and all the tenant's rules count the
+-- capacity's measure; a slot is then a capacity window, and its count of
+-- the tenant's reservations is what the tenant booked there (in a window
+-- not yet current, reservations alone). Either way the take scan's room
+-- in a capacity window is the tenant's (room_of, as reserve reads it: a
+-- window where the event could be reserved ends the scan), a take moves
+-- no booking (the late event is the same tenant's and uses the slot its
+-- claim booked), and the displaced claim is placed again as any event,
+-- booked in the capacity where it goes. A capacity window's read costs
+-- the budget two (read_need). A backlog's moves into idle capacity
+-- (87_advance.lua) leave an event whose slot was taken where it is, and
+-- its tenant's events after it.
 --
 -- take_margin_ms keeps takes off windows about to start, so that a claim of
 -- that window, read by a replica whose clock runs a little ahead, never
@@ -238,15 +262,65 @@ local function measure_of(key)
   return 0
 end
 
--- qualifies returns, when tenant ti (its record at recs[p]) may take or
--- give up slots (see above), the number of its finest rule (finest_of),
--- the measure every one of its rules counts (measure_of), or 3 for rules
--- of several measures, and then by: for each measure, a rule of it whose
--- windows are the finest rule's (see Costs); else nil.
-local function qualifies(ti, p)
-  if ncap > 0 then
-    return nil
+-- cap_finest returns, for a tenant whose finest rule has descriptor df and
+-- counts measure m (3: several, by[mu] its rule of measure mu of the
+-- finest windows), whether the call's capacity rules let it take slots
+-- (see Capacity), and then the number of the capacity rule that is the
+-- finest of all (nil: df's rule is): a capacity rule whose windows are
+-- shorter than df's is the finest when every other rule, the tenant's and
+-- the capacity's, nests in it and the tenant's rules all count the
+-- capacity's measure (a finest window's reservations are then the
+-- tenant's booking there, t:<tenant>); else every capacity rule nests in
+-- df and counts a measure that a rule of the tenant of the finest windows
+-- counts. own lists the descriptors of the tenant's rules. Kept per rule
+-- set and measures (key).
+local cap_finest
+do
+  local known = {}
+  local function desc_of(d)
+    return {kind = "a", step = d.step, base = d.cs, cur_start = d.cs, cur_end = d.ce}
   end
+  cap_finest = function(key, df, own, m, by)
+    local v = known[key]
+    if v ~= nil then
+      return v ~= false, v or nil
+    end
+    local cf = 1
+    for ci = 2, ncap do
+      if capd[ci].step < capd[cf].step then
+        cf = ci
+      end
+    end
+    local ok, fine = true, nil
+    if capd[cf].step < df.cur_end - df.cur_start then
+      fine = cf
+      local dc = desc_of(capd[cf])
+      ok = m == capd[cf].mu
+      for ci = 1, ncap do
+        ok = ok and (ci == cf or nested(desc_of(capd[ci]), dc))
+      end
+      for _, d in ipairs(own) do
+        ok = ok and nested(d, dc)
+      end
+    else
+      for ci = 1, ncap do
+        local d = capd[ci]
+        ok = ok and (d.mu == m or (by and by[d.mu] ~= nil)) and nested(desc_of(d), df)
+      end
+    end
+    known[key] = ok and (fine or 0) or false
+    return ok, ok and fine or nil
+  end
+end
+
+-- qualifies returns, when tenant ti (its record at recs[p]) may take or
+-- give up slots (see above), the number of its finest rule (finest_of;
+-- under a capacity whose rule is the finest, its number after the
+-- tenant's rules, as rules_of appends it: see cap_finest), the measure
+-- every one of its rules counts (measure_of), or 3 for rules of several
+-- measures, and then by: for each measure, a rule of it whose windows are
+-- the finest rule's (see Costs); else nil.
+local function qualifies(ti, p)
   local nr = recs[p]
   local m = 0
   local q = cost_at[ti]
@@ -264,29 +338,48 @@ local function qualifies(ti, p)
   for x = p + 2, p - 1 + 3 * nr, 3 do
     if descs[recs[x]].kind == "t" then
       -- One ttl rule: a slot is a window of its chain (several chains
-      -- start apart).
-      if nr == 1 then
+      -- start apart; a capacity's aligned windows would not nest).
+      if nr == 1 and ncap == 0 then
         return 1, m
       end
       return nil
     end
   end
   local fi = finest_of(p)
-  if not fi or m < 3 then
-    return fi, fi and m
+  if not fi then
+    return nil
   end
   local df = descs[recs[p - 1 + 3 * fi]]
-  local by, need = {}, {}
-  for ri = 1, nr do
-    local mu = measure_of(KEYS[key_at[ti] + ri])
-    need[mu] = true
-    if not by[mu] and (ri == fi or nested(df, descs[recs[p - 1 + 3 * ri]])) then
-      by[mu] = ri -- its windows are the finest's (each nests in the other)
+  local by = nil
+  if m == 3 then
+    local need = {}
+    by = {}
+    for ri = 1, nr do
+      local mu = measure_of(KEYS[key_at[ti] + ri])
+      need[mu] = true
+      if not by[mu] and (ri == fi or nested(df, descs[recs[p - 1 + 3 * ri]])) then
+        by[mu] = ri -- its windows are the finest's (each nests in the other)
+      end
+    end
+    for mu in pairs(need) do
+      if not by[mu] then
+        return nil
+      end
     end
   end
-  for mu in pairs(need) do
-    if not by[mu] then
+  if ncap > 0 then
+    local key, own = {m}, {}
+    for ri = 1, nr do
+      key[ri + 1], own[ri] = recs[p - 1 + 3 * ri], descs[recs[p - 1 + 3 * ri]]
+    end
+    for mu = 0, 2 do
+      key[#key + 1] = by and by[mu] or 0
+    end
+    local ok, cf = cap_finest(table.concat(key, ","), df, own, m, by)
+    if not ok then
       return nil
+    elseif cf then
+      return nr + cf, m -- (one measure: the capacity's)
     end
   end
   return fi, m, by
@@ -296,6 +389,10 @@ end
 -- number fi (its finest), and that window's start.
 local function taken_key(ti, fi)
   local p = rec_at[ti]
+  if fi > recs[p] then
+    -- A capacity rule (its window's fields hold no takes).
+    return nil, capd[fi - recs[p]].cs
+  end
   local s = descs[recs[p - 1 + 3 * fi]].cur_start
   return wkey(KEYS[key_at[ti] + fi], s), s
 end
@@ -323,7 +420,7 @@ local function claim_pools(ti, fi, dues)
   local rk = record_key(ti)
   local fields, seen = {}, {}
   local wk, ws = nil, nil
-  if fi and descs[recs[rec_at[ti] - 1 + 3 * fi]].kind ~= "t" then
+  if fi and (fi > recs[rec_at[ti]] or descs[recs[rec_at[ti] - 1 + 3 * fi]].kind ~= "t") then
     -- (A ttl rule: its window that holds now is the chain's, not known
     -- here; a claim's own due time is its window's start.)
     wk, ws = taken_key(ti, fi)
@@ -534,19 +631,44 @@ local take_reads = 128
 -- rules may still take (take_reads).
 local take_left = 0
 
+-- read_need returns what reading rule r's window starting at s costs the
+-- budget: nothing when the call has read it; one for a window of a rule
+-- of the tenant; for a capacity window, one for its shared fields (two
+-- for the next window: every tenant's q: with them, cap_state) and one
+-- for the tenant's fields there, one HMGET each (take scans, and
+-- 87_advance.lua's moves).
+local function read_need(r, s)
+  local key = wkey(r.key, s)
+  if r.cap then
+    local e = hc[key]
+    if e == nil then
+      return s == r.cap.ce and 3 or 2
+    elseif e.v[r.tf] == nil then
+      return 1
+    end
+    return 0
+  end
+  return counts[key] == nil and 1 or 0
+end
+
 -- take_read returns the count of rule r's window starting at rs, counting
 -- a read the call had not made against the budget (and, for a tenant with
 -- several rules, against take_left and what it leaves to the tenants after
 -- it, keep), or nil when the scan may read it no more.
-local function take_read(r, rs, several, keep)
-  local key = wkey(r.key, rs)
-  if counts[key] == nil then
-    if budget < 1 or (several and (take_left < 1 or budget <= keep)) then
+-- For a capacity rule it returns the tenant's room there for its pos-th
+-- event (room_of), as reserve reads it; a read costs read_need.
+local function take_read(r, rs, several, keep, pos)
+  local need = read_need(r, rs)
+  if need > 0 then
+    if budget < need or (several and (take_left < need or budget - need < keep)) then
       return nil
     end
-    budget, take_left = budget - 1, take_left - 1
+    budget, take_left = budget - need, take_left - need
   end
-  return count_of(key)
+  if r.cap then
+    return room_of(r, rs, pos)
+  end
+  return count_of(wkey(r.key, rs))
 end
 
 -- coarser returns, for the finest window [s, e) at t of a tenant's rules
@@ -560,7 +682,17 @@ end
 local function coarser(rules, fi, t, e, c, pos, first, seen_at, seen, several, keep)
   local room, next_t = true, e
   for ri, r in ipairs(rules) do
-    if ri ~= fi then
+    if ri ~= fi and r.cap then
+      -- A capacity rule: the tenant's room in its window (never skipped).
+      local rs = win(r, t)
+      local cr = take_read(r, rs, several, keep, pos)
+      if not cr then
+        return nil
+      end
+      if cr < (r.costs and r.costs[pos] or 1) then
+        room = false
+      end
+    elseif ri ~= fi then
       local rs, re = win(r, t)
       local cr = rs and take_read(r, rs, several, keep)
       if not cr then
@@ -622,11 +754,23 @@ local function take_slots(ti, rules, rest, first, pos, keep)
   local t = first
   while rest > 0 and t <= hend do
     local s, e = win(f, t)
-    local c = s and take_read(f, s, several, keep)
-    if not c then
-      break
+    local c, room
+    if f.cap then
+      -- A capacity rule is the finest: its window's count of the tenant's
+      -- reservations is what the tenant booked there.
+      local cr = take_read(f, s, several, keep, pos)
+      if not cr then
+        break
+      end
+      c, room = cap_booked(f, cap_win(f, s)) or 0, cr >= (f.costs and f.costs[pos] or 1)
+    else
+      c = s and take_read(f, s, several, keep)
+      if not c then
+        break
+      end
+      room = c + (f.costs and f.costs[pos] or 1) <= f.limit
     end
-    local room, next_t = c + (f.costs and f.costs[pos] or 1) <= f.limit, e
+    local next_t = e
     if several then
       local others
       others, next_t = coarser(rules, fi, t, e, c, pos, first, seen_at, seen, several, keep)
@@ -642,7 +786,7 @@ local function take_slots(ti, rules, rest, first, pos, keep)
       -- What was taken there: in the record, and in the window by an
       -- earlier version.
       local tk = 0
-      if m == 0 then
+      if m == 0 and not f.cap then
         cur = wkey(f.key, s)
         tk = tonumber(redis.call("HGET", cur, "taken")) or 0
       end

@@ -44,7 +44,14 @@
 -- tenants' fields) and its tenants' q: there, one HMGET: at most its
 -- budget and one read per tenant and own rule, plus a few.
 -- A tenant qualifies when its rules are aligned (kinds "a" and "e"), of
--- any measure.
+-- any measure. An event whose slot a late event took (85_late.lua: its
+-- tenant's record of takes holds some under its due time, or under the
+-- start of its window of one of the tenant's rules) does not move, and
+-- ends its tenant's turn: its slot's windows count the late event, which
+-- comes back there uncounted, and its own claim gives up the slot when it
+-- comes back (moved, the windows would count one event less than they
+-- forward). That read is one HMGET per tenant that has an event that may
+-- move.
 --
 -- Reply and record. A moved event is admitted (counted now, in the windows
 -- it is forwarded in: the caller forwards it now with gk-due rewritten to
@@ -111,26 +118,9 @@ do
   end
 
   -- may_read reports whether r's window starting at s may be read, and
-  -- takes what that costs from the budget: nothing when the call knows it
-  -- already; for a capacity window, its shared fields (with, for the next
-  -- window, every tenant's q:, cap_state) and the tenant's fields there,
-  -- one HMGET each.
+  -- takes what that costs from the budget (read_need, 85_late.lua).
   local function may_read(r, s)
-    local key = wkey(r.key, s)
-    local need = 0
-    if r.cap then
-      local e = hc[key]
-      if e == nil then
-        need = 2
-        if s == r.cap.ce then
-          need = 3
-        end
-      elseif e.v[r.tf] == nil then
-        need = 1
-      end
-    elseif counts[key] == nil then
-      need = 1
-    end
+    local need = read_need(r, s)
     if need > budget then
       return false
     end
@@ -251,8 +241,57 @@ do
     return true
   end
 
+  -- taken_at returns the set of the fields of tenant ti's record of takes
+  -- (85_late.lua) that hold some, of those its events (due times dues, n
+  -- of them) may be under: each one's due time and the start of its
+  -- window of each own rule (where a take under other rules went); false
+  -- when the record cannot be read. One HMGET.
+  local function taken_at(ti, rules, n, dues)
+    local fields, seen = {}, {}
+    local function field(s)
+      if s and not seen[s] then
+        seen[s] = true
+        fields[#fields + 1] = num(s)
+      end
+    end
+    for _, r in ipairs(rules) do
+      if not r.cap then
+        local at = r.bound_at -- (win walks a calendar rule's bounds on)
+        for j = 1, n do
+          if dues[j] and dues[j] > now then
+            field((win(r, dues[j])))
+          end
+        end
+        r.bound_at = at
+      end
+    end
+    for j = 1, n do
+      if dues[j] and dues[j] > now then
+        field(dues[j])
+      end
+    end
+    local held = {}
+    if #fields == 0 then
+      return held
+    end
+    local v = redis.pcall("HMGET", record_key(ti), unpack(fields))
+    if type(v) ~= "table" or v.err then
+      return false
+    end
+    for i, f in ipairs(fields) do
+      if (tonumber(v[i]) or 0) > 0 then
+        held[f] = true
+      end
+    end
+    return held
+  end
+
   -- advance_one moves tenant ti's events (due times dues, n of them) while
-  -- they may move, each by its cost, and returns how many moved.
+  -- they may move, each by its cost, and returns how many moved. An event
+  -- whose slot a late event took (a take recorded under its due time, or
+  -- its window of an own rule) does not move, nor do the tenant's events
+  -- after it: its window's counts hold the late event, and its claim,
+  -- when it comes back, gives up its slot (85_late.lua's Claims).
   local function advance_one(ti, n, dues)
     local costs = cost_at[ti] and costs_of(ti)
     local rules = rules_of(ti, costs)
@@ -262,8 +301,24 @@ do
       end
     end
     local slot, m = {}, 0
+    local held = nil -- taken_at, read at the first event that may move
     for j = 1, n do
       if not movable(rules, j, dues[j], slot) then
+        break
+      end
+      if held == nil then
+        held = taken_at(ti, rules, n, dues)
+      end
+      if not held or held[num(dues[j])] then
+        break
+      end
+      local hit = false
+      for ri, r in ipairs(rules) do
+        if not r.cap and held[num(slot[ri])] then
+          hit = true
+        end
+      end
+      if hit then
         break
       end
       for ri, r in ipairs(rules) do

@@ -1,0 +1,371 @@
+package limit
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// capBacklog is acme's backlog under a capacity of windows w (4 events, or
+// 400 bytes with events of 100 bytes, a window), its own rules (limits)
+// far from full: at t0 it sends 12 events, four admitted and two reserved
+// in each capacity window after (a future one holds at most half of acme's
+// share), and at t0+2.5w five more, two admitted and three reserved behind
+// the backlog. It returns the limiter, its clock (at t0+2.5w), the
+// capacity, an event of acme at offset off, and the 17 events' decisions.
+func capBacklog(t *testing.T, rdb redis.UniversalClient, oneSlot bool, capacity, limits string, w time.Duration) (*Limiter, *fakeClock, Capacity, func(off int64) Event, []Decision) {
+	t.Helper()
+	ctx := context.Background()
+	clk := newFakeClock(t0)
+	c, err := ParseCapacity(capacity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{Clock: clk.Now, Capacity: c}
+	if oneSlot {
+		opts.Prefix = "{" + testPrefix(t) + "}" // a capacity on Redis Cluster
+	}
+	l := newTestLimiter(t, rdb, limits, opts)
+	l.advanceEvery = 0
+	src := Source{Topic: "events"}
+	ev := func(off int64) Event { return Event{Tenant: "acme", Offset: off, Cost: Cost{Bytes: 100}} }
+	var evs []Event
+	for i := range 17 {
+		evs = append(evs, ev(int64(i)))
+	}
+	ds, err := l.AdmitFrom(ctx, src, evs[:12])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), fmt.Sprintf("a a a a d@%[1]s d@%[1]s d@%[2]s d@%[2]s d@%[3]s d@%[3]s d@%[4]s d@%[4]s", w, 2*w, 3*w, 4*w); got != want {
+		t.Fatalf("source batch: got %s, want %s", got, want)
+	}
+	clk.Set(t0.Add(2*w + w/2))
+	more, err := l.AdmitFrom(ctx, src, evs[12:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(more), fmt.Sprintf("a a d@%[1]s d@%[1]s d@%[2]s", 5*w, 6*w); got != want {
+		t.Fatalf("second source batch: got %s, want %s", got, want)
+	}
+	return l, clk, c, ev, append(ds, more...)
+}
+
+// capSpecs are the capacities and rules under which acme's late events take
+// slots (w: the capacity's windows): the capacity's windows those of
+// acme's finest rule, of events, bytes, and two measures with the
+// capacity's bytes; or shorter, the capacity's rule then the finest (of
+// events, bytes, and with a second capacity rule).
+var capSpecs = []struct {
+	capacity, limits string
+	w                time.Duration
+}{
+	{"4/1m", "acme=100/1m", time.Minute},
+	{"400B/1m", "acme=10000B/1m", time.Minute},
+	{"400B/1m", "acme=100/1m,10000B/1m", time.Minute},
+	{"4/10s", "acme=100/1m", 10 * time.Second},
+	{"400B/10s", "acme=10000B/1m,100000B/1h", 10 * time.Second},
+	{"4/10s,100/1m", "acme=100/1m", 10 * time.Second},
+}
+
+// capAt returns the count of l's capacity window at t0+at and what acme
+// booked there.
+func capAt(t *testing.T, l *Limiter, c Capacity, at time.Duration) (count, acme int64) {
+	t.Helper()
+	n, _, booked := capWindow(t, l, c[0], t0.Add(at))
+	return n, booked["acme"]
+}
+
+// takenAt returns what acme's record of takes holds at t0+at.
+func takenAt(t *testing.T, rdb redis.UniversalClient, l *Limiter, at time.Duration) int64 {
+	return takenOf(t, rdb, l, "acme", at)
+}
+
+// takenOf returns what tenant's record of takes holds at t0+at.
+func takenOf(t *testing.T, rdb redis.UniversalClient, l *Limiter, tenant string, at time.Duration) int64 {
+	t.Helper()
+	tk, err := rdb.HGet(context.Background(), l.keys.taken(tenant), strconv.FormatInt(t0.Add(at).UnixMilli(), 10)).Int64()
+	if err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+	return tk
+}
+
+func TestLateKeepsPlaceCapacityRedis(t *testing.T) {
+	testLateKeepsPlaceCapacity(t, testRedis(t), false)
+}
+func TestLateKeepsPlaceCapacityRedisCluster(t *testing.T) {
+	testLateKeepsPlaceCapacity(t, testCluster(t), true)
+}
+
+// A late event keeps its place under a capacity too, when the capacity's
+// windows nest in the tenant's finest rule and count what one of its rules
+// of those windows counts (capBacklog: acme's reservations are spread by
+// the capacity, its own rules far from full). The late event takes the
+// slot of a reservation in the earliest window ahead where the capacity has
+// no room for acme; the capacity window's count and acme's booking there do
+// not move; the reservation's event, back in its slot, finds it taken and
+// is placed again at acme's first free slot, the other keeps its slot; no
+// capacity window books more than the capacity, and each books exactly
+// what is forwarded in it.
+func testLateKeepsPlaceCapacity(t *testing.T, rdb redis.UniversalClient, oneSlot bool) {
+	for _, tc := range capSpecs {
+		t.Run(tc.capacity+" "+tc.limits, func(t *testing.T) {
+			ctx := context.Background()
+			w := tc.w
+			l, clk, c, ev, _ := capBacklog(t, rdb, oneSlot, tc.capacity, tc.limits, w)
+			n3, b3 := capAt(t, l, c, 3*w)
+
+			// Event 4 (due t0+w) missed its slot: at t0+2.5w, acme's share
+			// of the current window spent, it takes the slot of a
+			// reservation of t0+3w, ahead of t0+4w's and the new ones.
+			retry := Source{Topic: "events.retry"}
+			late := []Event{ev(100)}
+			ds, err := l.AdmitLate(ctx, retry, late, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := dues(ds), fmt.Sprintf("d@%s!", 3*w); got != want {
+				t.Fatalf("late event: got %s, want %s", got, want)
+			}
+			if n, b := capAt(t, l, c, 3*w); n != n3 || b != b3 {
+				t.Errorf("capacity window t0+3w after the take: count %d, acme %d, want %d and %d (unmoved)", n, b, n3, b3)
+			}
+			if tk := takenAt(t, rdb, l, 3*w); tk == 0 {
+				t.Errorf("record of takes at t0+3w: none, want the take")
+			}
+			replaysSame(t, l, retry, late, ds, "replayed late event")
+
+			// The two events of t0+3w come back in their slot: the last one
+			// finds it taken and goes to acme's first free slot, the other
+			// keeps its slot. The first free slot is now: the current window
+			// holds acme's whole share (4), a future one half of it.
+			clk.Set(t0.Add(3*w + w/6))
+			claims := []Event{ev(8), ev(9)}
+			for i := range claims {
+				claims[i].InSlot, claims[i].Due = true, t0.Add(3*w)
+			}
+			ds, err = l.AdmitLate(ctx, retry, claims, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ds[0].Kind != Keep || ds[1].Kind != Admit {
+				t.Fatalf("claims of t0+3w: got %v and %v, want keep, then admit", ds[0].Kind, ds[1].Kind)
+			}
+			replaysSame(t, l, retry, claims, ds, "replayed claims")
+			// What each capacity window forwards: t0+3w the late event,
+			// event 8 and event 9 (admitted); t0+6w event 16. Each count is
+			// that, and within the capacity.
+			for i, k := range []int64{4, 2, 4, 3, 2, 2, 1} {
+				if c[0].Measure == Bytes {
+					k *= 100
+				}
+				at := time.Duration(i) * w
+				n, b := capAt(t, l, c, at)
+				if n != k || b != k || n > c[0].Limit {
+					t.Errorf("capacity window t0+%s: count %d, acme %d, want %d (forwarded there), capacity %d", at, n, b, k, c[0].Limit)
+				}
+			}
+		})
+	}
+}
+
+// A backlog's move into idle capacity (Advance) leaves an event whose slot
+// a late event took where it is, and the tenant's events after it: its
+// window's counts hold the late event, which comes back there uncounted.
+// (Moved, the window would count one event less than it forwards.) Its
+// claim then gives up its slot as without a move.
+func TestAdvanceKeepsTakenSlot(t *testing.T) {
+	for _, tc := range capSpecs {
+		t.Run(tc.capacity+" "+tc.limits, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := privateRedis(t)
+			w := tc.w
+			l, clk, c, ev, ds := capBacklog(t, rdb, false, tc.capacity, tc.limits, w)
+			// Half a second before t0+3w, a take skips t0+3w (it starts in
+			// less than a second) and takes a slot of t0+4w.
+			clk.Set(t0.Add(3*w - 500*time.Millisecond))
+			retry := Source{Topic: "events.retry"}
+			got, err := l.AdmitLate(ctx, retry, []Event{ev(100)}, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := dues(got), fmt.Sprintf("d@%s!", 4*w); got != want {
+				t.Fatalf("late event: got %s, want %s", got, want)
+			}
+			n4, b4 := capAt(t, l, c, 4*w)
+			// At t0+3w+2w/3 the current window holds two of the capacity's
+			// four: acme's events due at t0+4w on are offered to it.
+			clk.Set(t0.Add(3*w + 2*w/3))
+			var waiting []Waiting
+			for i, d := range ds {
+				if d.Kind == Defer && d.Due.After(clk.Now()) {
+					waiting = append(waiting, Waiting{Tenant: "acme", Offset: int64(i), Due: d.Due, Cost: Cost{Bytes: 100}, Windows: d.Windows})
+				}
+			}
+			moved, _, err := l.Advance(ctx, retry, waiting)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, m := range moved {
+				if m {
+					t.Errorf("waiting event %d (due t0+%s) moved; its slot was taken", waiting[i].Offset, waiting[i].Due.Sub(t0))
+				}
+			}
+			if n, b := capAt(t, l, c, 4*w); n != n4 || b != b4 {
+				t.Errorf("capacity window t0+4w: count %d, acme %d, want %d and %d (unmoved)", n, b, n4, b4)
+			}
+			// Back in their slot, t0+4w's events: the last gives up its slot.
+			clk.Set(t0.Add(4*w + w/6))
+			claims := []Event{ev(10), ev(11)}
+			for i := range claims {
+				claims[i].InSlot, claims[i].Due = true, t0.Add(4*w)
+			}
+			got, err = l.AdmitLate(ctx, retry, claims, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got[0].Kind != Keep || got[1].Kind == Keep {
+				t.Errorf("claims of t0+4w: got %v and %v, want keep, then placed again", got[0].Kind, got[1].Kind)
+			}
+			if tk := takenAt(t, rdb, l, 4*w); tk != 0 {
+				t.Errorf("record of takes at t0+4w after the claims: %d left, want 0", tk)
+			}
+		})
+	}
+}
+
+// No slot is taken under a capacity whose windows and the tenant's do not
+// nest (4s beside 6s: a capacity window may cross a bound of the
+// tenant's), nor under one of a measure that no rule of the finest
+// windows counts (bytes beside a rule of events, the capacity's windows
+// coarser or the same: the bytes reserved in a window of the tenant's are
+// not known; 10s beside a rule of 1m of bytes: the capacity's rule is the
+// finest, and the events reserved in its windows are not known). The late
+// event is then deferred as a new one.
+func TestLateCapacityNoTake(t *testing.T) {
+	for _, tc := range []struct{ capacity, limits string }{
+		{"2/4s", "acme=100/6s"},
+		{"400B/1m", "acme=100/1m"},
+		{"2/10s", "acme=10000B/1m"},
+	} {
+		t.Run(tc.capacity+" "+tc.limits, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := privateRedis(t)
+			clk := newFakeClock(t0)
+			c, err := ParseCapacity(tc.capacity)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := newTestLimiter(t, rdb, tc.limits, Options{Clock: clk.Now, Capacity: c})
+			var evs []Event
+			for i := range 40 {
+				evs = append(evs, Event{Tenant: "acme", Offset: int64(i), Cost: Cost{Bytes: 100}})
+			}
+			ds, err := l.AdmitFrom(ctx, Source{Topic: "events"}, evs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The late event comes when acme's share of the current window
+			// is spent and reservations lie ahead.
+			var last time.Time
+			for _, d := range ds {
+				if d.Kind == Defer {
+					last = d.Due
+				}
+			}
+			clk.Set(t0.Add(time.Minute + 5*time.Second))
+			if !last.After(clk.Now().Add(time.Minute)) {
+				t.Fatalf("acme's reservations end at t0+%s: none a minute ahead to take", last.Sub(t0))
+			}
+			// New events spend acme's share of the current window first.
+			more, err := l.AdmitFrom(ctx, Source{Topic: "events"}, costEvents("acme", 40, 100, 100, 100, 100, 100))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if more[len(more)-1].Kind != Defer {
+				t.Fatalf("new events: got %s, want the last deferred", dues(more))
+			}
+			got, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, []Event{{Tenant: "acme", Offset: 100, Cost: Cost{Bytes: 100}}}, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got[0].Kind != Defer || got[0].Took {
+				t.Errorf("late event: got %s, want deferred as a new one (no take)", dues(got))
+			}
+			if n, err := rdb.Exists(ctx, l.keys.taken("acme")).Result(); err != nil || n != 0 {
+				t.Errorf("acme's record of takes exists (%d, %v), want none", n, err)
+			}
+		})
+	}
+}
+
+// The worst case of a take under a capacity whose rule is the finest: 500
+// late events of a tenant whose every capacity window of the next 200
+// seconds holds its reservations (10 of the capacity's 10), every one
+// taken already. The take scan reads at most take_reads (128: each
+// capacity window read costs two, its shared fields and the tenant's, one
+// HMGET each), reserve goes on from there to the free windows after the
+// 200 seconds, nothing is taken or counted there, and no call answers BUSY.
+func TestBoundedLateTakeCapacity(t *testing.T) {
+	ctx := context.Background()
+	rdb := privateRedis(t)
+	m := newWorkMeter(t, rdb)
+	c, err := ParseCapacity("10/1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newTestLimiter(t, rdb, "*=1000/1m", Options{Clock: func() time.Time { return t0 }, Capacity: c})
+	own, err := parseRule("1000/1m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ahead = 200 // seconds, every slot taken
+	p := rdb.Pipeline()
+	record := l.keys.taken("hot")
+	for i := range ahead {
+		s := t0.Add(time.Duration(i) * time.Second)
+		key := l.keys.capacity(c[0]) + WindowSep + strconv.FormatInt(s.UnixMilli(), 10)
+		p.HSet(ctx, key, "count", 10, "t:hot", 10, "expire", s.Add(time.Second).UnixMilli())
+		p.PExpire(ctx, key, time.Hour)
+		if i%60 == 0 {
+			key := l.keys.window("hot", own, s)
+			p.HSet(ctx, key, "count", 600, "expire", s.Add(time.Minute).UnixMilli())
+			p.PExpire(ctx, key, time.Hour)
+		}
+		p.HSet(ctx, record, strconv.FormatInt(s.UnixMilli(), 10), 10)
+	}
+	p.PExpire(ctx, record, time.Hour)
+	if _, err := p.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	evs := make([]Event, boundedBatch)
+	for i := range evs {
+		evs[i] = Event{Tenant: "hot", Offset: int64(i)}
+	}
+	m.reset()
+	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, evs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The windows up to the first free one (200, two HMGETs each), and the
+	// free ones the 500 events fill (at most 100: half the capacity each,
+	// two HMGETs each, and one of the next window's histogram).
+	m.check("500 late events under a capacity of 10/1s, every slot of 200 s ahead taken", 1, 2*(ahead+100)+8)
+	for i, d := range ds {
+		if d.Kind != Defer || d.Took || d.Due.Before(t0.Add(ahead*time.Second)) {
+			t.Fatalf("event %d: got %+v, want deferred after the slots taken (t0+%ds)", i, d, ahead)
+		}
+	}
+	for _, i := range []int{1, 199} {
+		s := t0.Add(time.Duration(i) * time.Second)
+		n, _, booked := capWindow(t, l, c[0], s)
+		if tk := takenOf(t, rdb, l, "hot", time.Duration(i)*time.Second); n != 10 || booked["hot"] != 10 || tk != 10 {
+			t.Errorf("t0+%ds: capacity count %d, hot %d, taken %d; want 10, 10 and 10 (unchanged)", i, n, booked["hot"], tk)
+		}
+	}
+}
