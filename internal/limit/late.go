@@ -37,14 +37,18 @@ const replayKeep = 5
 // reservation's own event, when it comes back, finds its slot taken and is
 // placed again (its claim is not Keep). A window's count never moves for a
 // take, so no window goes over its limit; late events that find no slot to
-// take are reserved as AdmitFrom does. Only tenants in a limiter without a
-// capacity take slots, whose every measure (events, bytes or units) has a
-// rule of the finest windows (2/1m with 100B/1m, not 2/10s with 100B/1m):
-// with aligned windows, rules that nest in the finest of them
-// (every boundary of another rule is one of the finest rule's: 1m in 1h in
-// 1d, not 10s with 15s), a slot being a window of the finest rule; with
-// ttl windows, one rule, a slot being a window of its chain
-// (admit/85_late.lua). With bytes or units, a late event takes its cost of
+// take are reserved as AdmitFrom does. Only tenants take slots whose every
+// measure (events, bytes or units) has a rule of the finest windows (2/1m
+// with 100B/1m, not 2/10s with 100B/1m): with aligned windows, rules that
+// nest in the finest of them (every boundary of another rule is one of the
+// finest rule's: 1m in 1h in 1d, not 10s with 15s), a slot being a window
+// of the finest rule; with ttl windows and no capacity, one rule, a slot
+// being a window of its chain (admit/85_late.lua). Under a capacity, its
+// rules and the tenant's must nest too, and count what the tenant's finest
+// rules count: a capacity of 1m beside 100/1m or 1000/1s qualifies, and
+// one of 1s beside 50/5s is then the finest rule (a slot is a capacity
+// window, its reservations what the tenant booked there); one of 4s
+// beside 6s does not, nor one of bytes beside rules of events alone. With bytes or units, a late event takes its cost of
 // what is reserved in that window in each measure, and the window's claims
 // give up their slots, the last first, until they have given up at least
 // as much in every measure (the last ones may give up more than was taken:
