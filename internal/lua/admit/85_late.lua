@@ -425,6 +425,9 @@ local function claim_pools(ti, fi, dues)
     -- here; a claim's own due time is its window's start.)
     wk, ws = taken_key(ti, fi)
     fields[1], seen[ws] = num(ws), true
+    if ncap > 0 then
+      wk = nil -- (no version that wrote "taken" took slots under a capacity)
+    end
   end
   for _, d in ipairs(dues) do
     if d > 0 and not seen[d] then
