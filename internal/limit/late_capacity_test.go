@@ -369,3 +369,24 @@ func TestBoundedLateTakeCapacity(t *testing.T) {
 		}
 	}
 }
+
+// A batch of a late event and a claim of the same tenant, whose rules are
+// two (a minute inside an hour) under a capacity of the minute: the claim
+// keeps its slot and the late event takes the slot of a reservation of the
+// next minute, the finest rule's window, as alone. (The call decides
+// whether the tenant may take twice, for the claim and for the late event:
+// the second time from what it kept of the first.)
+func TestLateCapacityWithClaim(t *testing.T) {
+	ctx := context.Background()
+	rdb := privateRedis(t)
+	l, _, _, ev, _ := capBacklog(t, rdb, false, "4/1m", "acme=100/1m,1000/1h", time.Minute)
+	claim := ev(7)
+	claim.InSlot, claim.Due = true, t0.Add(2*time.Minute)
+	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, []Event{ev(100), claim}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ds[0].Kind != Defer || !ds[0].Took || !ds[0].Due.Equal(t0.Add(3*time.Minute)) || ds[1].Kind != Keep {
+		t.Errorf("late event and claim: got %s (%v), want d@3m0s! and keep", dues(ds), ds[1].Kind)
+	}
+}

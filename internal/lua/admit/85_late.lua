@@ -46,7 +46,7 @@
 -- What they do not take
 -- is reserved as usual, from where the take scan stopped on. Every window
 -- read counts against the budget as in reserve (see Budget); with several
--- rules the scan also reads at most take_reads windows, and leaves the
+-- rules the scan also reads at most scan.reads windows, and leaves the
 -- tenants after it their share, as reserve does.
 --
 -- Claims. A tenant's claims that are not in the replay record read the
@@ -114,7 +114,7 @@
 -- no booking (the late event is the same tenant's and uses the slot its
 -- claim booked), and the displaced claim is placed again as any event,
 -- booked in the capacity where it goes. A capacity window's read costs
--- the budget two (read_need). A backlog's moves into idle capacity
+-- the budget two (scan.need). A backlog's moves into idle capacity
 -- (87_advance.lua) leave an event whose slot was taken where it is, and
 -- its tenant's events after it.
 --
@@ -262,57 +262,6 @@ local function measure_of(key)
   return 0
 end
 
--- cap_finest returns, for a tenant whose finest rule has descriptor df and
--- counts measure m (3: several, by[mu] its rule of measure mu of the
--- finest windows), whether the call's capacity rules let it take slots
--- (see Capacity), and then the number of the capacity rule that is the
--- finest of all (nil: df's rule is): a capacity rule whose windows are
--- shorter than df's is the finest when every other rule, the tenant's and
--- the capacity's, nests in it and the tenant's rules all count the
--- capacity's measure (a finest window's reservations are then the
--- tenant's booking there, t:<tenant>); else every capacity rule nests in
--- df and counts a measure that a rule of the tenant of the finest windows
--- counts. own lists the descriptors of the tenant's rules. Kept per rule
--- set and measures (key).
-local cap_finest
-do
-  local known = {}
-  local function desc_of(d)
-    return {kind = "a", step = d.step, base = d.cs, cur_start = d.cs, cur_end = d.ce}
-  end
-  cap_finest = function(key, df, own, m, by)
-    local v = known[key]
-    if v ~= nil then
-      return v ~= false, v or nil
-    end
-    local cf = 1
-    for ci = 2, ncap do
-      if capd[ci].step < capd[cf].step then
-        cf = ci
-      end
-    end
-    local ok, fine = true, nil
-    if capd[cf].step < df.cur_end - df.cur_start then
-      fine = cf
-      local dc = desc_of(capd[cf])
-      ok = m == capd[cf].mu
-      for ci = 1, ncap do
-        ok = ok and (ci == cf or nested(desc_of(capd[ci]), dc))
-      end
-      for _, d in ipairs(own) do
-        ok = ok and nested(d, dc)
-      end
-    else
-      for ci = 1, ncap do
-        local d = capd[ci]
-        ok = ok and (d.mu == m or (by and by[d.mu] ~= nil)) and nested(desc_of(d), df)
-      end
-    end
-    known[key] = ok and (fine or 0) or false
-    return ok, ok and fine or nil
-  end
-end
-
 -- qualifies returns, when tenant ti (its record at recs[p]) may take or
 -- give up slots (see above), the number of its finest rule (finest_of;
 -- under a capacity whose rule is the finest, its number after the
@@ -320,69 +269,126 @@ end
 -- every one of its rules counts (measure_of), or 3 for rules of several
 -- measures, and then by: for each measure, a rule of it whose windows are
 -- the finest rule's (see Costs); else nil.
-local function qualifies(ti, p)
-  local nr = recs[p]
-  local m = 0
-  local q = cost_at[ti]
-  if q then
-    local l = recs[q + 1]
-    for ri = 2, nr do
-      if recs[q + ri] ~= l then
-        m = 3
-      end
+local qualifies
+do
+  -- cap_finest returns, for a tenant whose finest rule has descriptor df and
+  -- counts measure m (3: several, by[mu] its rule of measure mu of the
+  -- finest windows), whether the call's capacity rules let it take slots
+  -- (see Capacity), and then the number of the capacity rule that is the
+  -- finest of all (nil: df's rule is): a capacity rule whose windows are
+  -- shorter than df's is the finest when every other rule, the tenant's and
+  -- the capacity's, nests in it and the tenant's rules all count the
+  -- capacity's measure (a finest window's reservations are then the
+  -- tenant's booking there, t:<tenant>); else every capacity rule nests in
+  -- df and counts a measure that a rule of the tenant of the finest windows
+  -- counts. own lists the descriptors of the tenant's rules. Kept per rule
+  -- set and measures (key).
+  local cap_finest
+  do
+    local known = {}
+    local function desc_of(d)
+      return {kind = "a", step = d.step, base = d.cs, cur_start = d.cs, cur_end = d.ce}
     end
-    if m == 0 and l > 0 then
-      m = measure_of(KEYS[key_at[ti] + 1])
+    cap_finest = function(key, df, own, m, by)
+      local v = known[key] -- false: no; 0: yes, no capacity rule finest; else that rule
+      if v ~= nil then
+        if v == 0 then
+          return true, nil
+        end
+        return v ~= false, v or nil
+      end
+      local cf = 1
+      for ci = 2, ncap do
+        if capd[ci].step < capd[cf].step then
+          cf = ci
+        end
+      end
+      local ok, fine = true, nil
+      if capd[cf].step < df.cur_end - df.cur_start then
+        fine = cf
+        local dc = desc_of(capd[cf])
+        ok = m == capd[cf].mu
+        for ci = 1, ncap do
+          ok = ok and (ci == cf or nested(desc_of(capd[ci]), dc))
+        end
+        for _, d in ipairs(own) do
+          ok = ok and nested(d, dc)
+        end
+      else
+        for ci = 1, ncap do
+          local d = capd[ci]
+          ok = ok and (d.mu == m or (by and by[d.mu] ~= nil)) and nested(desc_of(d), df)
+        end
+      end
+      known[key] = ok and (fine or 0) or false
+      return ok, ok and fine or nil
     end
   end
-  for x = p + 2, p - 1 + 3 * nr, 3 do
-    if descs[recs[x]].kind == "t" then
-      -- One ttl rule: a slot is a window of its chain (several chains
-      -- start apart; a capacity's aligned windows would not nest).
-      if nr == 1 and ncap == 0 then
-        return 1, m
+
+  qualifies = function(ti, p)
+    local nr = recs[p]
+    local m = 0
+    local q = cost_at[ti]
+    if q then
+      local l = recs[q + 1]
+      for ri = 2, nr do
+        if recs[q + ri] ~= l then
+          m = 3
+        end
       end
-      return nil
-    end
-  end
-  local fi = finest_of(p)
-  if not fi then
-    return nil
-  end
-  local df = descs[recs[p - 1 + 3 * fi]]
-  local by = nil
-  if m == 3 then
-    local need = {}
-    by = {}
-    for ri = 1, nr do
-      local mu = measure_of(KEYS[key_at[ti] + ri])
-      need[mu] = true
-      if not by[mu] and (ri == fi or nested(df, descs[recs[p - 1 + 3 * ri]])) then
-        by[mu] = ri -- its windows are the finest's (each nests in the other)
+      if m == 0 and l > 0 then
+        m = measure_of(KEYS[key_at[ti] + 1])
       end
     end
-    for mu in pairs(need) do
-      if not by[mu] then
+    for x = p + 2, p - 1 + 3 * nr, 3 do
+      if descs[recs[x]].kind == "t" then
+        -- One ttl rule: a slot is a window of its chain (several chains
+        -- start apart; a capacity's aligned windows would not nest).
+        if nr == 1 and ncap == 0 then
+          return 1, m
+        end
         return nil
       end
     end
-  end
-  if ncap > 0 then
-    local key, own = {m}, {}
-    for ri = 1, nr do
-      key[ri + 1], own[ri] = recs[p - 1 + 3 * ri], descs[recs[p - 1 + 3 * ri]]
-    end
-    for mu = 0, 2 do
-      key[#key + 1] = by and by[mu] or 0
-    end
-    local ok, cf = cap_finest(table.concat(key, ","), df, own, m, by)
-    if not ok then
+    local fi = finest_of(p)
+    if not fi then
       return nil
-    elseif cf then
-      return nr + cf, m -- (one measure: the capacity's)
     end
+    local df = descs[recs[p - 1 + 3 * fi]]
+    local by = nil
+    if m == 3 then
+      local need = {}
+      by = {}
+      for ri = 1, nr do
+        local mu = measure_of(KEYS[key_at[ti] + ri])
+        need[mu] = true
+        if not by[mu] and (ri == fi or nested(df, descs[recs[p - 1 + 3 * ri]])) then
+          by[mu] = ri -- its windows are the finest's (each nests in the other)
+        end
+      end
+      for mu in pairs(need) do
+        if not by[mu] then
+          return nil
+        end
+      end
+    end
+    if ncap > 0 then
+      local key, own = {m}, {}
+      for ri = 1, nr do
+        key[ri + 1], own[ri] = recs[p - 1 + 3 * ri], descs[recs[p - 1 + 3 * ri]]
+      end
+      for mu = 0, 2 do
+        key[#key + 1] = by and by[mu] or 0
+      end
+      local ok, cf = cap_finest(table.concat(key, ","), df, own, m, by)
+      if not ok then
+        return nil
+      elseif cf then
+        return nr + cf, m -- (one measure: the capacity's)
+      end
+    end
+    return fi, m, by
   end
-  return fi, m, by
 end
 
 -- taken_key is the key of tenant ti's window that holds now of its rule
@@ -619,7 +625,7 @@ local function claim_phase()
   end
 end
 
--- take_reads is the most windows a take scan of a tenant with several
+-- scan.reads is the most windows a take scan of a tenant with several
 -- rules reads that the call had not read (besides the budget and what it
 -- leaves to the tenants after it, keep: see Budget), so that its search
 -- keeps most of the budget. The search jumps over a full window of a
@@ -628,19 +634,20 @@ end
 -- now cannot be skipped: the part of its count in finest windows ahead is
 -- not known). 128 walks the rest of a full minute of a 1s rule, of an hour
 -- of a 1m rule, or of a day of a 1h rule, twice over.
-local take_reads = 128
 
--- take_left: the reads the running take scan of a tenant with several
--- rules may still take (take_reads).
-local take_left = 0
+-- scan: the take scan's state. scan.reads: above; scan.left: the
+-- reads the running take scan of a tenant with several rules may still
+-- take; scan.need: below. (A table: the script's main chunk is
+-- near Lua's limit of local variables, lower in miniredis's gopher-lua.)
+local scan = {reads = 128, left = 0, need = false}
 
--- read_need returns what reading rule r's window starting at s costs the
+-- scan.need returns what reading rule r's window starting at s costs the
 -- budget: nothing when the call has read it; one for a window of a rule
 -- of the tenant; for a capacity window, one for its shared fields (two
 -- for the next window: every tenant's q: with them, cap_state) and one
 -- for the tenant's fields there, one HMGET each (take scans, and
 -- 87_advance.lua's moves).
-local function read_need(r, s)
+scan.need = function(r, s)
   local key = wkey(r.key, s)
   if r.cap then
     local e = hc[key]
@@ -656,17 +663,17 @@ end
 
 -- take_read returns the count of rule r's window starting at rs, counting
 -- a read the call had not made against the budget (and, for a tenant with
--- several rules, against take_left and what it leaves to the tenants after
+-- several rules, against scan.left and what it leaves to the tenants after
 -- it, keep), or nil when the scan may read it no more.
 -- For a capacity rule it returns the tenant's room there for its pos-th
--- event (room_of), as reserve reads it; a read costs read_need.
+-- event (room_of), as reserve reads it; a read costs scan.need.
 local function take_read(r, rs, several, keep, pos)
-  local need = read_need(r, rs)
+  local need = scan.need(r, rs)
   if need > 0 then
-    if budget < need or (several and (take_left < need or budget - need < keep)) then
+    if budget < need or (several and (scan.left < need or budget - need < keep)) then
       return nil
     end
-    budget, take_left = budget - need, take_left - need
+    budget, scan.left = budget - need, scan.left - need
   end
   if r.cap then
     return room_of(r, rs, pos)
@@ -750,7 +757,7 @@ local function take_slots(ti, rules, rest, first, pos, keep)
     end
   end
   local several = #rules > 1
-  take_left = take_reads
+  scan.left = scan.reads
   local seen_at, seen = {}, {}
   local res = {}
   local rk = nil -- the record of takes' key

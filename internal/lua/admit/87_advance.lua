@@ -118,9 +118,9 @@ do
   end
 
   -- may_read reports whether r's window starting at s may be read, and
-  -- takes what that costs from the budget (read_need, 85_late.lua).
+  -- takes what that costs from the budget (scan.need, 85_late.lua).
   local function may_read(r, s)
-    local need = read_need(r, s)
+    local need = scan.need(r, s)
     if need > budget then
       return false
     end
@@ -241,51 +241,6 @@ do
     return true
   end
 
-  -- taken_at returns the set of the fields of tenant ti's record of takes
-  -- (85_late.lua) that hold some, of those its events (due times dues, n
-  -- of them) may be under: each one's due time and the start of its
-  -- window of each own rule (where a take under other rules went); false
-  -- when the record cannot be read. One HMGET.
-  local function taken_at(ti, rules, n, dues)
-    local fields, seen = {}, {}
-    local function field(s)
-      if s and not seen[s] then
-        seen[s] = true
-        fields[#fields + 1] = num(s)
-      end
-    end
-    for _, r in ipairs(rules) do
-      if not r.cap then
-        local at = r.bound_at -- (win walks a calendar rule's bounds on)
-        for j = 1, n do
-          if dues[j] and dues[j] > now then
-            field((win(r, dues[j])))
-          end
-        end
-        r.bound_at = at
-      end
-    end
-    for j = 1, n do
-      if dues[j] and dues[j] > now then
-        field(dues[j])
-      end
-    end
-    local held = {}
-    if #fields == 0 then
-      return held
-    end
-    local v = redis.pcall("HMGET", record_key(ti), unpack(fields))
-    if type(v) ~= "table" or v.err then
-      return false
-    end
-    for i, f in ipairs(fields) do
-      if (tonumber(v[i]) or 0) > 0 then
-        held[f] = true
-      end
-    end
-    return held
-  end
-
   -- advance_one moves tenant ti's events (due times dues, n of them) while
   -- they may move, each by its cost, and returns how many moved. An event
   -- whose slot a late event took (a take recorded under its due time, or
@@ -293,6 +248,51 @@ do
   -- after it: its window's counts hold the late event, and its claim,
   -- when it comes back, gives up its slot (85_late.lua's Claims).
   local function advance_one(ti, n, dues)
+    -- taken_at returns the set of the fields of tenant ti's record of takes
+    -- (85_late.lua) that hold some, of those its events (due times dues, n
+    -- of them) may be under: each one's due time and the start of its
+    -- window of each own rule (where a take under other rules went); false
+    -- when the record cannot be read. One HMGET.
+    local function taken_at(ti, rules, n, dues)
+      local fields, seen = {}, {}
+      local function field(s)
+        if s and not seen[s] then
+          seen[s] = true
+          fields[#fields + 1] = num(s)
+        end
+      end
+      for _, r in ipairs(rules) do
+        if not r.cap then
+          local at = r.bound_at -- (win walks a calendar rule's bounds on)
+          for j = 1, n do
+            if dues[j] and dues[j] > now then
+              field((win(r, dues[j])))
+            end
+          end
+          r.bound_at = at
+        end
+      end
+      for j = 1, n do
+        if dues[j] and dues[j] > now then
+          field(dues[j])
+        end
+      end
+      local held = {}
+      if #fields == 0 then
+        return held
+      end
+      local v = redis.pcall("HMGET", record_key(ti), unpack(fields))
+      if type(v) ~= "table" or v.err then
+        return false
+      end
+      for i, f in ipairs(fields) do
+        if (tonumber(v[i]) or 0) > 0 then
+          held[f] = true
+        end
+      end
+      return held
+    end
+
     local costs = cost_at[ti] and costs_of(ti)
     local rules = rules_of(ti, costs)
     for _, r in ipairs(rules) do
