@@ -13,10 +13,10 @@ import (
 
 // TestLateKeepsPlaceCapacity runs the built binary with one tenant under a
 // capacity of 8 events a second (CAPACITY=8/1s, its own rule of 1000/1m far
-// from full): of 160 events, the capacity defers most over about 38 seconds
+// from full): of 200 events, the capacity defers most over about 48 seconds
 // ahead (a future capacity window holds half the tenant's share), and the
 // retry tier moves them into idle capacity as it goes (CAPACITY_ADVANCE,
-// the default). The process is paused (SIGSTOP, 8s) while deferred events
+// the default). The process is paused (SIGSTOP, 10s) while deferred events
 // are due. Back, the events that missed their slot take the slots of the
 // tenant's later reservations in the capacity's windows (LATE_TAKES_SLOTS=on,
 // the default), ahead of what it deferred after them. Every event arrives
@@ -25,9 +25,9 @@ import (
 func TestLateKeepsPlaceCapacity(t *testing.T) {
 	t.Parallel()
 	const (
-		n        = 160
+		n        = 200
 		capacity = 8 // events a second
-		pause    = 8 * time.Second
+		pause    = 10 * time.Second
 	)
 	f := newFlow(t, 1)
 	prefix := keyPrefix(t)

@@ -255,13 +255,7 @@ func TestLateCapacityNoTake(t *testing.T) {
 	} {
 		t.Run(tc.capacity+" "+tc.limits, func(t *testing.T) {
 			ctx := context.Background()
-			rdb := privateRedis(t)
-			clk := newFakeClock(t0)
-			c, err := ParseCapacity(tc.capacity)
-			if err != nil {
-				t.Fatal(err)
-			}
-			l := newTestLimiter(t, rdb, tc.limits, Options{Clock: clk.Now, Capacity: c})
+			l, clk, rdb := capLimiter(t, tc.capacity, tc.limits)
 			var evs []Event
 			for i := range 40 {
 				evs = append(evs, Event{Tenant: "acme", Offset: int64(i), Cost: Cost{Bytes: 100}})
@@ -389,4 +383,56 @@ func TestLateCapacityWithClaim(t *testing.T) {
 	if ds[0].Kind != Defer || !ds[0].Took || !ds[0].Due.Equal(t0.Add(3*time.Minute)) || ds[1].Kind != Keep {
 		t.Errorf("late event and claim: got %s (%v), want d@3m0s! and keep", dues(ds), ds[1].Kind)
 	}
+}
+
+// Two tenants of the same rules (10s inside a minute) under a capacity of a
+// minute, each with late events in one call: the second decides whether it
+// may take from what the call kept of the first. b's late events take slots
+// of its 10s windows (its finest), each window's takes within its count.
+// (Found by a review: before f6caca9 the second took slots of its minute
+// windows, three in a 10s window that counted one.)
+func TestLateCapacityTwoTenants(t *testing.T) {
+	ctx := context.Background()
+	l, clk, rdb := capLimiter(t, "1000/1m", "*=1/10s,100/1m")
+	var evs []Event
+	for i := range 12 {
+		evs = append(evs, Event{Tenant: "b", Offset: int64(i)})
+	}
+	if _, err := l.AdmitFrom(ctx, Source{Topic: "events"}, evs); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(t0.Add(5 * time.Second))
+	late := []Event{{Tenant: "a", Offset: 0}, {Tenant: "a", Offset: 1}, {Tenant: "b", Offset: 2}, {Tenant: "b", Offset: 3}, {Tenant: "b", Offset: 4}}
+	got, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, late, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := map[time.Time]int64{}
+	for i, d := range got[2:] {
+		if d.Kind != Defer || !d.Took {
+			t.Fatalf("b's late events: got %s, want each to take a slot", dues(got[2:]))
+		}
+		took[d.Due]++
+		if d.Until.Sub(d.Due) > 10*time.Second {
+			t.Errorf("b's late event %d: slot t0+%s until t0+%s, longer than its finest window", i, d.Due.Sub(t0), d.Until.Sub(t0))
+		}
+	}
+	for s, k := range took {
+		if n, _ := windowState(t, rdb, l, "b", "1/10s", s); k > n {
+			t.Errorf("10s window t0+%s: %d late events took slots there, it counted %d", s.Sub(t0), k, n)
+		}
+	}
+}
+
+// capLimiter returns a limiter of limits under capacity ("": none) on a
+// private Redis, its clock at t0, and its Redis.
+func capLimiter(t *testing.T, capacity, limits string) (*Limiter, *fakeClock, *redis.Client) {
+	t.Helper()
+	rdb := privateRedis(t)
+	clk := newFakeClock(t0)
+	c, err := ParseCapacity(capacity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newTestLimiter(t, rdb, limits, Options{Clock: clk.Now, Capacity: c}), clk, rdb
 }

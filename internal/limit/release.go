@@ -38,8 +38,12 @@ const releaseMarkerTTL = ReplayRecordTTL
 // Release gives back the missed slots, each once (a marker per trip, kept
 // releaseMarkerTTL): every rule of the slot (MissedSlot.Rules, else the
 // tenant's rules now in force), in the aligned window that holds Due,
-// counts the event's cost less. It returns how many
-// slots it took back. Slots of TTL windows are not taken back (their window
+// counts the event's cost less; but a slot that a late event took (the
+// tenant's record of takes holds some under Due: AdmitLate) is not the
+// event's to give back, since the late event was forwarded in it
+// uncounted: the event gives it up instead, using up its cost of the take
+// (as a claim that finds its slot taken), and no window counts less. It
+// returns how many slots it took back (not those given up to a take). Slots of TTL windows are not taken back (their window
 // depends on the chain's anchor at the time of the deferral): Release
 // returns 0 for them without error. One round trip per Redis node; an
 // error means Redis trouble and the caller retries (nothing is taken back
@@ -62,8 +66,8 @@ func (l *Limiter) Release(ctx context.Context, slots []MissedSlot) (int, error) 
 		if len(rs) == 0 || s.Trip == "" {
 			continue
 		}
-		c := call{keys: []string{l.keys.tenant(s.Tenant) + ":released:" + s.Trip},
-			args: []any{releaseMarkerTTL.Milliseconds()}}
+		c := call{keys: []string{l.keys.tenant(s.Tenant) + ":released:" + s.Trip, l.keys.taken(s.Tenant)},
+			args: []any{releaseMarkerTTL.Milliseconds(), s.Due.UnixMilli(), s.Cost.Bytes, s.Cost.Units}}
 		for _, r := range rs {
 			c.keys = append(c.keys, l.keys.window(s.Tenant, r, alignedStart(r, s.Due, l.opts.Location)))
 			c.args = append(c.args, s.Cost.of(r.Measure))

@@ -6,21 +6,60 @@
 -- slot, once: a marker key per trip makes a repeated call (a retried call,
 -- a redelivered batch) take nothing back.
 --
+-- A slot that a late event took (admit/85_late.lua: the tenant's record of
+-- takes holds some under its due time) is not the event's to give back: the
+-- late event was forwarded in it, uncounted. The event gives its slot up
+-- instead, as a claim that finds its slot taken does: the take is used up by
+-- what the event costs in the take's measure (at most what it holds), and no
+-- window counts less. (Given back, the window would count one event less
+-- than it forwarded, and a coarser window still current could then take one
+-- event over its limit.)
+--
 -- KEYS[1]   the trip's marker key, <prefix>:{<tenant>}:released:<trip>
--- KEYS[2..] the windows the slot was counted in, <rule key>:<start ms>
+-- KEYS[2]   the tenant's record of takes, <prefix>:{<tenant>}:taken
+-- KEYS[3..] the windows the slot was counted in, <rule key>:<start ms>
 --           (all keys of one tenant: one Cluster slot)
 -- ARGV[1]   the marker's time to live, ms
--- ARGV[2..] what the event counted in each window, index-aligned with
---           KEYS[2..]
--- Reply     1 if the slot was taken back, 0 if the marker was already set.
---           A window that is gone, holds no integer count, or counts less
---           than the event is left as it is.
+-- ARGV[2]   the slot's due time (unix ms): its field in the record of takes
+-- ARGV[3], ARGV[4]  the event's bytes and units (its cost to a take of them)
+-- ARGV[5..] what the event counted in each window, index-aligned with
+--           KEYS[3..]
+-- Reply     1 if the slot was taken back, 2 if it gave up a take instead, 0
+--           if the marker was already set. A window that is gone, holds no
+--           integer count, or counts less than the event is left as it is;
+--           a record that cannot be read holds no take.
 if not redis.call("SET", KEYS[1], "1", "NX", "PX", ARGV[1]) then
   return 0
 end
-for i = 2, #KEYS do
-  local by = tonumber(ARGV[i])
-  local ok, c = pcall(redis.call, "HGET", KEYS[i], "count")
+local f = ARGV[2]
+local ok, v = pcall(redis.call, "HMGET", KEYS[2], f, f .. "/m", f .. "/0", f .. "/1", f .. "/2")
+local pool = ok and tonumber(v[1]) or 0
+if pool > 0 then
+  local cost = {[0] = 1, tonumber(ARGV[3]) or 0, tonumber(ARGV[4]) or 0}
+  local mark = tonumber(v[2]) or 0
+  local used = 0
+  if mark == 3 then
+    for mu = 0, 2 do
+      local sub = tonumber(v[mu + 3]) or 0
+      local c = math.min(cost[mu], sub)
+      if c > 0 then
+        redis.call("HINCRBY", KEYS[2], f .. "/" .. mu, -c)
+        used = used + c
+      end
+    end
+    used = math.min(used, pool)
+  else
+    used = math.min(cost[mark] or 1, pool)
+  end
+  if used > 0 then
+    redis.call("HINCRBY", KEYS[2], f, -used)
+  end
+  return 2
+end
+for i = 3, #KEYS do
+  local by = tonumber(ARGV[i + 2])
+  local c
+  ok, c = pcall(redis.call, "HGET", KEYS[i], "count")
   c = ok and tonumber(c)
   if c and by and c >= by and by > 0 then
     redis.call("HINCRBY", KEYS[i], "count", -by)
