@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -52,83 +51,12 @@ func TestLateKeepsPlaceBytes(t *testing.T) {
 		b := route.EventBytes(msgs[i])
 		total, most = total+b, max(most, b)
 	}
-	start := time.Now()
-	produce(t, f.Source, msgs)
-	waitFor(t, 30*time.Second, "the backlog deferred", func() (bool, string) {
-		d := gk.metric(t, "gatekeeper_decisions_total", `decision="defer"`)
-		a := gk.metric(t, "gatekeeper_decisions_total", `decision="admit"`)
-		return a+d >= n, fmt.Sprintf("%v admitted, %v deferred", a, d)
-	})
-	retried := readTopic(t, f.Retry)
-	var lastDue time.Time
-	for _, m := range retried {
-		if due, ok := rtMillis(t, m, "gk-due"); ok && due.After(lastDue) {
-			lastDue = due
-		}
-	}
-
 	// Pause it while the third to fifth windows' events are due.
-	time.Sleep(time.Until(start.Add(5 * time.Second)))
-	if err := gk.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(5 * time.Second)
-	if err := gk.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	resumed := time.Now()
-
-	var o outputs
-	waitFor(t, 90*time.Second, "every event downstream", func() (bool, string) {
-		o = readOutputs(t, f)
-		missing, _ := missingIDs(idCounts(o.down), n)
-		return len(missing) == 0 || len(o.dlq) > 0, fmt.Sprintf("%s; %d of %d ids not downstream", o, len(missing), n)
-	})
-	missing, dups := missingIDs(idCounts(o.down), n)
-	if len(missing) > 0 || dups > 0 || len(o.dlq) > 0 {
-		t.Fatalf("downstream: %d missing, %d duplicated, %d dead-lettered, want none", len(missing), dups, len(o.dlq))
-	}
-
-	var took, early []string
-	var tookLast time.Time
+	r := pausedLate(t, gk, f, msgs, 5*time.Second, 5*time.Second)
+	tookSlot, slotTaken := r.checkTook(t, gk, true, "the pause made events miss their slot while later windows held reservations")
 	appended := map[int64]int64{} // bytes appended downstream per window
-	for _, m := range o.down {
+	for _, m := range r.o.down {
 		appended[m.Time.UnixMilli()/win.Milliseconds()] += route.EventBytes(kafka.Message{Key: m.Key, Value: m.Value, Headers: m.Headers})
-		due, ok := rtMillis(t, m, "gk-due")
-		if !ok {
-			continue
-		}
-		if m.Time.Before(due) {
-			early = append(early, fmt.Sprintf("%s appended %s, due %s", evName(m), m.Time.Format(time.StampMilli), due.Format(time.StampMilli)))
-		}
-		if header(m, "gk-took") != "" {
-			took = append(took, evName(m))
-			if m.Time.After(tookLast) {
-				tookLast = m.Time
-			}
-		}
-	}
-	if len(early) > 0 {
-		t.Errorf("%d events forwarded before their gk-due, want none (G3): %s", len(early), strings.Join(rtHead(early), "; "))
-	}
-	tookSlot := gk.metric(t, "gatekeeper_decisions_total", `decision="took_slot"`)
-	slotTaken := gk.metric(t, "gatekeeper_decisions_total", `decision="slot_taken"`)
-	if tookSlot == 0 || slotTaken == 0 || len(took) == 0 {
-		_, body, _ := gk.Get("/metrics")
-		for l := range strings.Lines(body) {
-			if strings.HasPrefix(l, "gatekeeper_decisions_total") || strings.HasPrefix(l, "gatekeeper_late_reservations_total") ||
-				strings.HasPrefix(l, "gatekeeper_released_slots_total") {
-				t.Log(strings.TrimSpace(l))
-			}
-		}
-		t.Fatalf("took_slot %v, slot_taken %v, %d events downstream with gk-took: want some of each (the pause made "+
-			"events miss their slot while later windows held reservations)", tookSlot, slotTaken, len(took))
-	}
-	// Ahead of what the tenant deferred after them: the events that took a
-	// slot went downstream before the backlog's last reserved window.
-	if !tookLast.Before(lastDue) {
-		t.Errorf("last event that took a slot appended %s, want before the backlog's last due time %s",
-			tookLast.Format(time.StampMilli), lastDue.Format(time.StampMilli))
 	}
 
 	// Redis: no window over the limit, and the bytes counted within one
@@ -155,8 +83,8 @@ func TestLateKeepsPlaceBytes(t *testing.T) {
 	t.Logf("%d events (%d bytes, limit %d a window); paused 5s, resumed %v after the load; %v took a slot, %v found theirs "+
 		"taken; Redis counted %d bytes (+%d); most bytes appended in one window %d (reported: appends may lag into the "+
 		"next window); the last took-slot event appended %v before the backlog's last due time",
-		n, total, limit, resumed.Sub(start).Round(100*time.Millisecond), tookSlot, slotTaken, counted, counted-total,
-		maxAppended, lastDue.Sub(tookLast).Round(100*time.Millisecond))
+		n, total, limit, r.resumed.Sub(r.start).Round(100*time.Millisecond), tookSlot, slotTaken, counted, counted-total,
+		maxAppended, r.lastDue.Sub(r.tookAt).Round(100*time.Millisecond))
 }
 
 // evName names a test event by its id.

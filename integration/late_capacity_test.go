@@ -2,8 +2,6 @@ package integration
 
 import (
 	"fmt"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -41,79 +39,11 @@ func TestLateKeepsPlaceCapacity(t *testing.T) {
 	for i := range msgs {
 		msgs[i] = kafka.Message{Partition: 0, Key: []byte("acme"), Value: ev{ID: i, Part: 0, Seq: i}.value()}
 	}
-	start := time.Now()
-	produce(t, f.Source, msgs)
-	waitFor(t, 30*time.Second, "the backlog deferred", func() (bool, string) {
-		d := gk.metric(t, "gatekeeper_decisions_total", `decision="defer"`)
-		a := gk.metric(t, "gatekeeper_decisions_total", `decision="admit"`)
-		return a+d >= n, fmt.Sprintf("%v admitted, %v deferred", a, d)
-	})
-	var lastDue time.Time
-	for _, m := range readTopic(t, f.Retry) {
-		if due, ok := rtMillis(t, m, "gk-due"); ok && due.After(lastDue) {
-			lastDue = due
-		}
-	}
-
 	// Pause it while the backlog's head is due.
-	time.Sleep(time.Until(start.Add(3 * time.Second)))
-	if err := gk.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(pause)
-	if err := gk.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	resumed := time.Now()
-
-	var o outputs
-	waitFor(t, 90*time.Second, "every event downstream", func() (bool, string) {
-		o = readOutputs(t, f)
-		missing, _ := missingIDs(idCounts(o.down), n)
-		return len(missing) == 0 || len(o.dlq) > 0, fmt.Sprintf("%s; %d of %d ids not downstream", o, len(missing), n)
-	})
-	missing, dups := missingIDs(idCounts(o.down), n)
-	if len(missing) > 0 || dups > 0 || len(o.dlq) > 0 {
-		t.Fatalf("downstream: %d missing, %d duplicated, %d dead-lettered, want none", len(missing), dups, len(o.dlq))
-	}
-	var took, early []string
-	var tookLast time.Time
-	for _, m := range o.down {
-		due, ok := rtMillis(t, m, "gk-due")
-		if !ok {
-			continue
-		}
-		if m.Time.Before(due) {
-			early = append(early, fmt.Sprintf("%s appended %s, due %s", evName(m), m.Time.Format(time.StampMilli), due.Format(time.StampMilli)))
-		}
-		if header(m, "gk-took") != "" {
-			took = append(took, evName(m))
-			if m.Time.After(tookLast) {
-				tookLast = m.Time
-			}
-		}
-	}
-	if len(early) > 0 {
-		t.Errorf("%d events forwarded before their gk-due, want none (G3): %s", len(early), strings.Join(rtHead(early), "; "))
-	}
-	tookSlot := gk.metric(t, "gatekeeper_decisions_total", `decision="took_slot"`)
-	slotTaken := gk.metric(t, "gatekeeper_decisions_total", `decision="slot_taken"`)
+	r := pausedLate(t, gk, f, msgs, 3*time.Second, pause)
+	tookSlot, slotTaken := r.checkTook(t, gk, false,
+		"the pause made events miss their slot while later capacity windows held the tenant's reservations")
 	advanced := gk.metric(t, "gatekeeper_decisions_total", `decision="advanced"`)
-	if tookSlot == 0 || len(took) == 0 {
-		_, body, _ := gk.Get("/metrics")
-		for l := range strings.Lines(body) {
-			if strings.HasPrefix(l, "gatekeeper_decisions_total") || strings.HasPrefix(l, "gatekeeper_late_reservations_total") ||
-				strings.HasPrefix(l, "gatekeeper_released_slots_total") {
-				t.Log(strings.TrimSpace(l))
-			}
-		}
-		t.Fatalf("took_slot %v, %d events downstream with gk-took: want some (the pause made events miss their slot "+
-			"while later capacity windows held the tenant's reservations)", tookSlot, len(took))
-	}
-	if !tookLast.Before(lastDue) {
-		t.Errorf("last event that took a slot appended %s, want before the backlog's last due time %s",
-			tookLast.Format(time.StampMilli), lastDue.Format(time.StampMilli))
-	}
 
 	// Redis, once the retry tier has nothing left: no capacity window over
 	// the capacity, and the tenant's own windows count each event once
@@ -147,6 +77,6 @@ func TestLateKeepsPlaceCapacity(t *testing.T) {
 	t.Logf("%d events, capacity %d/1s; paused %v, resumed %v after the load; %v took a slot, %v found theirs taken, "+
 		"%v advanced; the capacity booked %d (+%d: missed slots stay booked there), the fullest window %d; acme's "+
 		"windows counted %d; the last took-slot event appended %v before the backlog's last due time",
-		n, capacity, pause, resumed.Sub(start).Round(100*time.Millisecond), tookSlot, slotTaken, advanced, booked, booked-n,
-		fullest, counted, lastDue.Sub(tookLast).Round(100*time.Millisecond))
+		n, capacity, pause, r.resumed.Sub(r.start).Round(100*time.Millisecond), tookSlot, slotTaken, advanced, booked, booked-n,
+		fullest, counted, r.lastDue.Sub(r.tookAt).Round(100*time.Millisecond))
 }

@@ -145,10 +145,7 @@ func testLateKeepsPlaceCapacity(t *testing.T, rdb redis.UniversalClient, oneSlot
 			// keeps its slot. The first free slot is now: the current window
 			// holds acme's whole share (4), a future one half of it.
 			clk.Set(t0.Add(3*w + w/6))
-			claims := []Event{ev(8), ev(9)}
-			for i := range claims {
-				claims[i].InSlot, claims[i].Due = true, t0.Add(3*w)
-			}
+			claims := inSlot(t0.Add(3*w), ev(8), ev(9))
 			ds, err = l.AdmitLate(ctx, retry, claims, true)
 			if err != nil {
 				t.Fatal(err)
@@ -221,10 +218,7 @@ func TestAdvanceKeepsTakenSlot(t *testing.T) {
 			}
 			// Back in their slot, t0+4w's events: the last gives up its slot.
 			clk.Set(t0.Add(4*w + w/6))
-			claims := []Event{ev(10), ev(11)}
-			for i := range claims {
-				claims[i].InSlot, claims[i].Due = true, t0.Add(4*w)
-			}
+			claims := inSlot(t0.Add(4*w), ev(10), ev(11))
 			got, err = l.AdmitLate(ctx, retry, claims, true)
 			if err != nil {
 				t.Fatal(err)
@@ -435,4 +429,12 @@ func capLimiter(t *testing.T, capacity, limits string) (*Limiter, *fakeClock, *r
 		t.Fatal(err)
 	}
 	return newTestLimiter(t, rdb, limits, Options{Clock: clk.Now, Capacity: c}), clk, rdb
+}
+
+// inSlot returns evs as claims: back inside their slot, due at due.
+func inSlot(due time.Time, evs ...Event) []Event {
+	for i := range evs {
+		evs[i].InSlot, evs[i].Due = true, due
+	}
+	return evs
 }
