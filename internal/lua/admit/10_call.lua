@@ -112,10 +112,13 @@
 --     back everything the call wrote and ends it with that error, so the
 --     caller can retry the batch without counting any event twice.
 --
--- Budget. The deferral searches of all the call's tenants together read at
--- most ARGV[3] windows that the call has not read before (HMGET; the
--- current windows that admission reads are not counted: they are at most
--- one per tenant and rule). Once it is spent, a tenant's search stops where
+-- Budget. The deferral searches of all the call's tenants together make
+-- at most ARGV[3] reads (HMGET) the call has not made before: a window of
+-- a tenant's rule counts one; a capacity window counts one for its shared
+-- fields and one for each tenant's fields read there, whichever tenant
+-- reads it first, a full one none for the tenant's (scan.need,
+-- 35_capacity.lua). (The current windows that admission reads are not
+-- counted: they are at most one per tenant and rule.) Once it is spent, a tenant's search stops where
 -- it is, at t, and the events it has not placed are deferred to t without
 -- a reservation (a reply entry due = until = t, counting nothing): windows
 -- before t have no room for the next of them, so they come back no earlier

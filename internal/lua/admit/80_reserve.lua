@@ -10,8 +10,11 @@
 
 -- near is the window reads of a tenant's search that it may always take
 -- while the budget lasts, per rule: enough for a tenant a little over its
--- limit (the next window of each rule, and one more). Past them, a search
--- leaves the call's last reads to the tenants after it (see Budget).
+-- limit (the next window of each rule, and one more; twice that of a
+-- capacity rule, whose windows cost two reads: scan.need). Past them, a
+-- search leaves the call's last reads to the tenants after it (see
+-- Budget). A search jumps over the full capacity windows the call found
+-- (see Full windows, 35_capacity.lua) in one step.
 local near = 2
 
 -- reserve reserves rest events, the pos-th on, in order, in the earliest
@@ -24,6 +27,11 @@ local function reserve(rules, fkey, rest, first, pos, costs, keep)
   local res = none
   local t = first
   local mine = near * #rules -- reads taken without regard to keep
+  for _, r in ipairs(rules) do
+    if r.cap then
+      mine = mine + near -- a capacity window: its and the tenant's fields
+    end
+  end
   local got = pos > 1 -- the tenant got something in the call
   if rest > 0 then
     res = {}
@@ -46,15 +54,19 @@ local function reserve(rules, fkey, rest, first, pos, costs, keep)
         break
       end
       r.at_start, r.at_end = s, e
-      local key = wkey(r.key, s)
-      if counts[key] == nil then
-        if budget < 1 or (mine < 1 and budget <= keep) then
+      local need, key = scan.need(r, s)
+      if need > 0 then
+        if budget < need or (mine < need and budget - need < keep) then
           spent = true
           break
         end
-        budget, mine = budget - 1, mine - 1
+        budget, mine = budget - need, mine - need
       end
       local room = room_of(r, s, pos) -- 35_capacity.lua
+      if need > 0 and r.cap and hc[key].v[r.tf] == nil then
+        -- A full window: cap_room did not read the tenant's fields.
+        budget, mine = budget + 1, mine + 1
+      end
       r.room = room
       if room < minroom then
         minroom = room
@@ -93,6 +105,16 @@ local function reserve(rules, fkey, rest, first, pos, costs, keep)
     -- On past the windows too full for the next event; when all are
     -- placed, past those they filled, for the next call.
     local jump = blocked(rules, pos, take, rest > 0)
+    if take == 0 then
+      -- Over the run of full capacity windows the call knows of (see Full
+      -- windows, 35_capacity.lua), in one step.
+      for _, r in ipairs(rules) do
+        local d = r.cap
+        if d and d.ff and r.at_start >= d.ff and r.at_start < d.ft and d.ft > jump then
+          jump = d.ft
+        end
+      end
+    end
     if jump > 0 then
       t = jump
     end

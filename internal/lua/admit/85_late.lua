@@ -635,32 +635,6 @@ end
 -- not known). 128 walks the rest of a full minute of a 1s rule, of an hour
 -- of a 1m rule, or of a day of a 1h rule, twice over.
 
--- scan: the take scan's state. scan.reads: above; scan.left: the
--- reads the running take scan of a tenant with several rules may still
--- take; scan.need: below. (A table: the script's main chunk is
--- near Lua's limit of local variables, lower in miniredis's gopher-lua.)
-local scan = {reads = 128, left = 0, need = false}
-
--- scan.need returns what reading rule r's window starting at s costs the
--- budget: nothing when the call has read it; one for a window of a rule
--- of the tenant; for a capacity window, one for its shared fields (two
--- for the next window: every tenant's q: with them, cap_state) and one
--- for the tenant's fields there, one HMGET each (take scans, and
--- 87_advance.lua's moves).
-scan.need = function(r, s)
-  local key = wkey(r.key, s)
-  if r.cap then
-    local e = hc[key]
-    if e == nil then
-      return s == r.cap.ce and 3 or 2
-    elseif e.v[r.tf] == nil then
-      return 1
-    end
-    return 0
-  end
-  return counts[key] == nil and 1 or 0
-end
-
 -- take_read returns the count of rule r's window starting at rs, counting
 -- a read the call had not made against the budget (and, for a tenant with
 -- several rules, against scan.left and what it leaves to the tenants after
@@ -668,7 +642,7 @@ end
 -- For a capacity rule it returns the tenant's room there for its pos-th
 -- event (room_of), as reserve reads it; a read costs scan.need.
 local function take_read(r, rs, several, keep, pos)
-  local need = scan.need(r, rs)
+  local need, key = scan.need(r, rs)
   if need > 0 then
     if budget < need or (several and (scan.left < need or budget - need < keep)) then
       return nil
@@ -676,9 +650,14 @@ local function take_read(r, rs, several, keep, pos)
     budget, scan.left = budget - need, scan.left - need
   end
   if r.cap then
-    return room_of(r, rs, pos)
+    local room = room_of(r, rs, pos)
+    if need > 0 and hc[key].v[r.tf] == nil then
+      -- A full window: cap_room did not read the tenant's fields.
+      budget, scan.left = budget + 1, scan.left + 1
+    end
+    return room
   end
-  return count_of(wkey(r.key, rs))
+  return count_of(key)
 end
 
 -- coarser returns, for the finest window [s, e) at t of a tenant's rules

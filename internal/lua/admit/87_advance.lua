@@ -38,8 +38,9 @@
 -- move ends its turn (G4: a tenant's events leave in order); so does the
 -- budget (ARGV[3]): each read of a slot's window that the call has not made
 -- (an own rule's window; a capacity window's shared fields, and the
--- tenant's fields there) costs one, and a tenant whose next event's slot
--- would pass it moves no more. Besides, a call reads what admission reads
+-- tenant's fields there) costs one, and so does the read of a tenant's
+-- record of takes (below); a tenant whose next event's slot would pass it
+-- moves no more. Besides, a call reads what admission reads
 -- (the current windows: each tenant's own, the capacity's with the call's
 -- tenants' fields) and its tenants' q: there, one HMGET: at most its
 -- budget and one read per tenant and own rule, plus a few.
@@ -307,6 +308,11 @@ do
         break
       end
       if held == nil then
+        -- One HMGET, against the budget as a window's read.
+        if budget < 1 then
+          break
+        end
+        budget = budget - 1
         held = taken_at(ti, rules, n, dues)
       end
       if not held or held[num(dues[j])] then
