@@ -42,6 +42,7 @@ type advResult struct {
 // what to do before them (not measured).
 type advCase struct {
 	name, rules string
+	capacity    string // CAPACITY, or none
 	horizon     time.Duration
 	setup       func(ctx context.Context, a *advRun) error
 	// batch returns the i-th batch to measure and its costs, or nil when
@@ -143,6 +144,17 @@ func adversarialCases(n int) []advCase {
 	},
 		far("events fit only 15 min ahead, 20 tenants", "*=1/1s", 1, 0),
 		far("bytes fit only 15 min ahead, 20 tenants", "*=1000B/1s", 500, 600),
+		{
+			// Every tenant's search reads the capacity windows that those
+			// before it in the call filled (TestBoundedCapacityManyTenants).
+			name: "made-up tenants under CAPACITY=10/1s", rules: "*=1000000/1m", capacity: "10/1s", horizon: 15 * time.Minute,
+			batch: func(i int, _ []limit.Decision) ([]string, []limit.Cost) {
+				if i == 10 {
+					return nil, nil
+				}
+				return madeUp(100+i, n), nil
+			},
+		},
 	}
 }
 
@@ -182,8 +194,14 @@ func (d *driver) runAdversarial(ctx context.Context, c advCase, prefix string) (
 	defer rdb.Close()
 	defer deletePrefix(context.WithoutCancel(ctx), d.rdb, prefix)
 	now := time.Now().Truncate(time.Hour)
+	var capacity limit.Capacity
+	if c.capacity != "" {
+		if capacity, err = limit.ParseCapacity(c.capacity); err != nil {
+			return res, err
+		}
+	}
 	l, err := limit.New(ctx, rdb, rules, limit.Options{Prefix: prefix, Horizon: c.horizon, Clock: func() time.Time { return now },
-		Timeout: time.Minute})
+		Timeout: time.Minute, Capacity: capacity})
 	if err != nil {
 		return res, err
 	}
