@@ -114,7 +114,8 @@
 -- no booking (the late event is the same tenant's and uses the slot its
 -- claim booked), and the displaced claim is placed again as any event,
 -- booked in the capacity where it goes. A capacity window's read costs
--- the budget two (scan.need). A backlog's moves into idle capacity
+-- the budget one for its shared fields and one for the tenant's there,
+-- which a full window does not need (scan.need). A backlog's moves into idle capacity
 -- (87_advance.lua) leave an event whose slot was taken where it is, and
 -- its tenant's events after it.
 --
