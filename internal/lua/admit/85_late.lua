@@ -641,8 +641,11 @@ end
 -- several rules, against scan.left and what it leaves to the tenants after
 -- it, keep), or nil when the scan may read it no more.
 -- For a capacity rule it returns the tenant's room there for its pos-th
--- event (room_of), as reserve reads it; a read costs scan.need.
-local function take_read(r, rs, several, keep, pos)
+-- event (room_of), as reserve reads it; a read costs scan.need, less the
+-- tenant's fields of a full window that room_of did not read, unless the
+-- caller reads them (booked: take_slots, where a capacity rule is the
+-- finest, reads what the tenant booked there).
+local function take_read(r, rs, several, keep, pos, booked)
   local need, key = scan.need(r, rs)
   if need > 0 then
     if budget < need or (several and (scan.left < need or budget - need < keep)) then
@@ -652,7 +655,7 @@ local function take_read(r, rs, several, keep, pos)
   end
   if r.cap then
     local room = room_of(r, rs, pos)
-    if need > 0 and hc[key].v[r.tf] == nil then
+    if need > 0 and not booked and hc[key].v[r.tf] == nil then
       -- A full window: cap_room did not read the tenant's fields.
       budget, scan.left = budget + 1, scan.left + 1
     end
@@ -748,7 +751,7 @@ local function take_slots(ti, rules, rest, first, pos, keep)
     if f.cap then
       -- A capacity rule is the finest: its window's count of the tenant's
       -- reservations is what the tenant booked there.
-      local cr = take_read(f, s, several, keep, pos)
+      local cr = take_read(f, s, several, keep, pos, true)
       if not cr then
         break
       end
