@@ -3,7 +3,6 @@ package limit
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"testing"
 	"time"
 )
@@ -113,16 +112,7 @@ func TestBoundedCapacityLateTakes(t *testing.T) {
 	}
 	l := newTestLimiter(t, rdb, "*=1000/1m", Options{Clock: func() time.Time { return t0 }, Capacity: c, Horizon: 15 * time.Minute})
 	const ahead = 300
-	p := rdb.Pipeline()
-	for i := range ahead {
-		s := t0.Add(time.Duration(i) * time.Second)
-		key := l.keys.capacity(c[0]) + WindowSep + strconv.FormatInt(s.UnixMilli(), 10)
-		p.HSet(ctx, key, "count", 10, "t:filler", 10, "expire", s.Add(time.Second).UnixMilli())
-		p.PExpire(ctx, key, time.Hour)
-	}
-	if _, err := p.Exec(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fullCapacity(t, l, c[0], "filler", ahead)
 	tenants := madeUp(boundedBatch, "late")
 	evs := make([]Event, len(tenants))
 	for i, tn := range tenants {

@@ -313,13 +313,11 @@ func TestBoundedLateTakeCapacity(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ahead = 200 // seconds, every slot taken
+	fullCapacity(t, l, c[0], "hot", ahead)
 	p := rdb.Pipeline()
 	record := l.keys.taken("hot")
 	for i := range ahead {
 		s := t0.Add(time.Duration(i) * time.Second)
-		key := l.keys.capacity(c[0]) + WindowSep + strconv.FormatInt(s.UnixMilli(), 10)
-		p.HSet(ctx, key, "count", 10, "t:hot", 10, "expire", s.Add(time.Second).UnixMilli())
-		p.PExpire(ctx, key, time.Hour)
 		if i%60 == 0 {
 			key := l.keys.window("hot", own, s)
 			p.HSet(ctx, key, "count", 600, "expire", s.Add(time.Minute).UnixMilli())
@@ -429,6 +427,24 @@ func capLimiter(t *testing.T, capacity, limits string) (*Limiter, *fakeClock, *r
 		t.Fatal(err)
 	}
 	return newTestLimiter(t, rdb, limits, Options{Clock: clk.Now, Capacity: c}), clk, rdb
+}
+
+// fullCapacity fills the windows of capacity rule r (of 1s) from t0 on,
+// for secs seconds, with tenant's bookings: count and t:<tenant> at the
+// limit.
+func fullCapacity(t *testing.T, l *Limiter, r Rule, tenant string, secs int) {
+	t.Helper()
+	ctx := context.Background()
+	p := l.rdb.Pipeline()
+	for i := range secs {
+		s := t0.Add(time.Duration(i) * time.Second)
+		key := l.keys.capacity(r) + WindowSep + strconv.FormatInt(s.UnixMilli(), 10)
+		p.HSet(ctx, key, "count", r.Limit, "t:"+tenant, r.Limit, "expire", s.Add(time.Second).UnixMilli())
+		p.PExpire(ctx, key, time.Hour)
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // inSlot returns evs as claims: back inside their slot, due at due.
