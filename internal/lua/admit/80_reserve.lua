@@ -26,12 +26,10 @@ local near = 2
 local function reserve(rules, fkey, rest, first, pos, costs, keep)
   local res = none
   local t = first
-  local mine = near * #rules -- reads taken without regard to keep
-  for _, r in ipairs(rules) do
-    if r.cap then
-      mine = mine + near -- a capacity window: its and the tenant's fields
-    end
-  end
+  -- Reads taken without regard to keep: a capacity rule's (every tenant
+  -- has the ncap of them, rules_of) count twice, its and the tenant's
+  -- fields.
+  local mine = near * (#rules + ncap)
   local got = pos > 1 -- the tenant got something in the call
   if rest > 0 then
     res = {}
