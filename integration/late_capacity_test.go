@@ -20,25 +20,41 @@ import (
 // the default), ahead of what it deferred after them. Every event arrives
 // once, none before its gk-due, no capacity window books more than the
 // capacity, and the tenant's own windows count each event once.
-func TestLateKeepsPlaceCapacity(t *testing.T) {
+func TestLateKeepsPlaceCapacity(t *testing.T) { lateKeepsPlaceCapacity(t, false) }
+
+// TestLateKeepsPlaceCapacityBytes is TestLateKeepsPlaceCapacity under a
+// capacity of bytes (eight of the largest events a second) beside the
+// tenant's rule of events: a capacity window's events are then known only
+// to be at least one where the tenant booked any bytes, and each window
+// gives one late event a slot (85_late.lua, "Lower bound").
+func TestLateKeepsPlaceCapacityBytes(t *testing.T) { lateKeepsPlaceCapacity(t, true) }
+
+func lateKeepsPlaceCapacity(t *testing.T, bytes bool) {
 	t.Parallel()
 	const (
-		n        = 200
-		capacity = 8 // events a second
-		pause    = 10 * time.Second
+		n     = 200
+		pause = 10 * time.Second
 	)
+	msgs := make([]kafka.Message, n)
+	var size, total int64 // the largest event's bytes (key and value), and all of them
+	for i := range msgs {
+		msgs[i] = kafka.Message{Partition: 0, Key: []byte("acme"), Value: ev{ID: i, Part: 0, Seq: i}.value()}
+		b := int64(len(msgs[i].Key) + len(msgs[i].Value))
+		size, total = max(size, b), total+b
+	}
+	capacity, spec, counter, want := int64(8), "8/1s", "1s", int64(n) // 8 events a second
+	if bytes {
+		capacity, counter, want = 8*size, "1s/bytes", total
+		spec = fmt.Sprintf("%dB/1s", capacity)
+	}
 	f := newFlow(t, 1)
 	prefix := keyPrefix(t)
-	env := f.env(t, "GATEKEEPER_LIMITS", "acme=1000/1m", "GATEKEEPER_CAPACITY", fmt.Sprintf("%d/1s", capacity),
+	env := f.env(t, "GATEKEEPER_LIMITS", "acme=1000/1m", "GATEKEEPER_CAPACITY", spec,
 		"GATEKEEPER_REDIS_KEY_PREFIX", prefix)
 	gk := startGatekeeper(t, "gk", env)
 	gk.waitReady(90 * time.Second)
 	rtWaitAssigned(t, rtGroups(f, 1), gk)
 
-	msgs := make([]kafka.Message, n)
-	for i := range msgs {
-		msgs[i] = kafka.Message{Partition: 0, Key: []byte("acme"), Value: ev{ID: i, Part: 0, Seq: i}.value()}
-	}
 	// Pause it while the backlog's head is due.
 	r := pausedLate(t, gk, f, msgs, 3*time.Second, pause)
 	tookSlot, slotTaken := r.checkTook(t, gk, false,
@@ -52,7 +68,7 @@ func TestLateKeepsPlaceCapacity(t *testing.T) {
 	defer rdb.Close()
 	var booked, fullest int64
 	var over []string
-	for _, w := range readCapWindows(t, rdb, prefix, "1s") {
+	for _, w := range readCapWindows(t, rdb, prefix, counter) {
 		booked += w.count
 		fullest = max(fullest, w.count)
 		if w.count > capacity {
@@ -62,8 +78,8 @@ func TestLateKeepsPlaceCapacity(t *testing.T) {
 	if len(over) > 0 {
 		t.Errorf("capacity windows over %d: %v (G12)", capacity, over)
 	}
-	if booked < n {
-		t.Errorf("the capacity's windows booked %d, want at least the %d events", booked, n)
+	if booked < want {
+		t.Errorf("the capacity's windows booked %d, want at least the events' %d", booked, want)
 	}
 	var counted int64
 	for _, w := range readWindows(t, redisAddr(), prefix) {
@@ -74,9 +90,9 @@ func TestLateKeepsPlaceCapacity(t *testing.T) {
 	if counted != n {
 		t.Errorf("acme's own windows counted %d, want the %d events once", counted, n)
 	}
-	t.Logf("%d events, capacity %d/1s; paused %v, resumed %v after the load; %v took a slot, %v found theirs taken, "+
+	t.Logf("%d events (%d bytes), capacity %s; paused %v, resumed %v after the load; %v took a slot, %v found theirs taken, "+
 		"%v advanced; the capacity booked %d (+%d: missed slots stay booked there), the fullest window %d; acme's "+
 		"windows counted %d; the last took-slot event appended %v before the backlog's last due time",
-		n, capacity, pause, r.resumed.Sub(r.start).Round(100*time.Millisecond), tookSlot, slotTaken, advanced, booked, booked-n,
+		n, total, spec, pause, r.resumed.Sub(r.start).Round(100*time.Millisecond), tookSlot, slotTaken, advanced, booked, booked-want,
 		fullest, counted, r.lastDue.Sub(r.tookAt).Round(100*time.Millisecond))
 }

@@ -48,7 +48,15 @@ const replayKeep = 5
 // rules count: a capacity of 1m beside 100/1m or 1000/1s qualifies, and
 // one of 1s beside 50/5s is then the finest rule (a slot is a capacity
 // window, its reservations what the tenant booked there); one of 4s
-// beside 6s does not, nor one of bytes beside rules of events alone. With bytes or units, a late event takes its cost of
+// beside 6s does not. A capacity of another measure qualifies when its
+// windows are the tenant's finest (400B/1m beside 100/1m: the tenant's
+// booking is then what it reserved in a slot), or when it counts bytes or
+// units in shorter windows beside rules of events alone (10MiB/1s beside
+// 1000/1m): a capacity window where the tenant booked any bytes holds at
+// least one reserved event (costs are never negative), and gives one late
+// event a slot. By the same bound, rules whose finest counts bytes or
+// units qualify beside coarser rules of events (10000B/1m with 100/1h).
+// With bytes or units, a late event takes its cost of
 // what is reserved in that window in each measure, and the window's claims
 // give up their slots, the last first, until they have given up at least
 // as much in every measure (the last ones may give up more than was taken:

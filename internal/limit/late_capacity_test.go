@@ -70,6 +70,16 @@ var capSpecs = []struct {
 	{"4/10s", "acme=100/1m", 10 * time.Second},
 	{"400B/10s", "acme=10000B/1m,100000B/1h", 10 * time.Second},
 	{"4/10s,100/1m", "acme=100/1m", 10 * time.Second},
+	// Bytes beside rules of events: the capacity's windows acme's finest
+	// (a take counts the bytes acme booked there); shorter (the finest, its
+	// windows' events at least one where acme booked any); acme's rules
+	// of two measures without one of events of the finest windows; and
+	// events beside acme's rule of bytes (at least one where it reserved any).
+	{"400B/1m", "acme=100/1m", time.Minute},
+	{"400B/10s", "acme=100/1m", 10 * time.Second},
+	{"400B/10s", "acme=100/1m,1000/1h", 10 * time.Second},
+	{"400B/1m", "acme=10000B/1m,100/1h", time.Minute},
+	{"4/1m", "acme=10000B/1m", time.Minute},
 }
 
 // capAt returns the count of l's capacity window at t0+at and what acme
@@ -217,34 +227,23 @@ func TestAdvanceKeepsTakenSlot(t *testing.T) {
 				t.Errorf("capacity window t0+4w: count %d, acme %d, want %d and %d (unmoved)", n, b, n4, b4)
 			}
 			// Back in their slot, t0+4w's events: the last gives up its slot.
-			clk.Set(t0.Add(4*w + w/6))
-			claims := inSlot(t0.Add(4*w), ev(10), ev(11))
-			got, err = l.AdmitLate(ctx, retry, claims, true)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got[0].Kind != Keep || got[1].Kind == Keep {
-				t.Errorf("claims of t0+4w: got %v and %v, want keep, then placed again", got[0].Kind, got[1].Kind)
-			}
-			if tk := takenAt(t, rdb, l, 4*w); tk != 0 {
-				t.Errorf("record of takes at t0+4w after the claims: %d left, want 0", tk)
-			}
+			lastGivesUp(t, l, rdb, clk, 4*w, w/6, ev(10), ev(11))
 		})
 	}
 }
 
 // No slot is taken under a capacity whose windows and the tenant's do not
 // nest (4s beside 6s: a capacity window may cross a bound of the
-// tenant's), nor under one of a measure that no rule of the finest
-// windows counts (bytes beside a rule of events, the capacity's windows
-// coarser or the same: the bytes reserved in a window of the tenant's are
-// not known; 10s beside a rule of 1m of bytes: the capacity's rule is the
-// finest, and the events reserved in its windows are not known). The late
-// event is then deferred as a new one.
+// tenant's), nor under one of a measure whose cost reserved in a slot is
+// not known: bytes in windows coarser than the tenant's finest rule, of
+// events (the bytes reserved in a window of 1m are not known from an
+// hour's booking); events in windows of 10s beside a rule of 1m of bytes
+// (the capacity's rule is the finest, and the bytes reserved in its
+// windows are not known). The late event is then deferred as a new one.
 func TestLateCapacityNoTake(t *testing.T) {
 	for _, tc := range []struct{ capacity, limits string }{
 		{"2/4s", "acme=100/6s"},
-		{"400B/1m", "acme=100/1m"},
+		{"400B/1h", "acme=100/1m"},
 		{"2/10s", "acme=10000B/1m"},
 	} {
 		t.Run(tc.capacity+" "+tc.limits, func(t *testing.T) {
@@ -299,11 +298,28 @@ func TestLateCapacityNoTake(t *testing.T) {
 // capacity window read costs two, its shared fields and the tenant's, one
 // HMGET each), reserve goes on from there to the free windows after the
 // 200 seconds, nothing is taken or counted there, and no call answers BUSY.
+// The same under a capacity of bytes beside rules of events, each window's
+// one event taken (see Lower bound): the scan also reads its pools of
+// each measure.
 func TestBoundedLateTakeCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		capacity string
+		cost     int64             // each event's bytes
+		taken    map[string]string // a window's record of takes: field suffix -> value
+	}{
+		{"10/1s", 0, map[string]string{"": "10"}},
+		// Bytes beside events: one event a window (see Lower bound), taken.
+		{"1000B/1s", 100, map[string]string{"": "101", "/m": "3", "/0": "1", "/1": "100"}},
+	} {
+		t.Run(tc.capacity, func(t *testing.T) { boundedLateTakeCapacity(t, tc.capacity, tc.cost, tc.taken) })
+	}
+}
+
+func boundedLateTakeCapacity(t *testing.T, capacity string, cost int64, taken map[string]string) {
 	ctx := context.Background()
 	rdb := privateRedis(t)
 	m := newWorkMeter(t, rdb)
-	c, err := ParseCapacity("10/1s")
+	c, err := ParseCapacity(capacity)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +339,9 @@ func TestBoundedLateTakeCapacity(t *testing.T) {
 			p.HSet(ctx, key, "count", 600, "expire", s.Add(time.Minute).UnixMilli())
 			p.PExpire(ctx, key, time.Hour)
 		}
-		p.HSet(ctx, record, strconv.FormatInt(s.UnixMilli(), 10), 10)
+		for suffix, v := range taken {
+			p.HSet(ctx, record, strconv.FormatInt(s.UnixMilli(), 10)+suffix, v)
+		}
 	}
 	p.PExpire(ctx, record, time.Hour)
 	if _, err := p.Exec(ctx); err != nil {
@@ -331,7 +349,7 @@ func TestBoundedLateTakeCapacity(t *testing.T) {
 	}
 	evs := make([]Event, boundedBatch)
 	for i := range evs {
-		evs[i] = Event{Tenant: "hot", Offset: int64(i)}
+		evs[i] = Event{Tenant: "hot", Offset: int64(i), Cost: Cost{Bytes: cost}}
 	}
 	m.reset()
 	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, evs, true)
@@ -341,7 +359,7 @@ func TestBoundedLateTakeCapacity(t *testing.T) {
 	// The windows up to the first free one (200, two HMGETs each), and the
 	// free ones the 500 events fill (at most 100: half the capacity each,
 	// two HMGETs each, and one of the next window's histogram).
-	m.check("500 late events under a capacity of 10/1s, every slot of 200 s ahead taken", 1, 2*(ahead+100)+8)
+	m.check("500 late events under a capacity of "+capacity+", every slot of 200 s ahead taken", 1, 2*(ahead+100)+8)
 	for i, d := range ds {
 		if d.Kind != Defer || d.Took || d.Due.Before(t0.Add(ahead*time.Second)) {
 			t.Fatalf("event %d: got %+v, want deferred after the slots taken (t0+%ds)", i, d, ahead)
@@ -350,8 +368,9 @@ func TestBoundedLateTakeCapacity(t *testing.T) {
 	for _, i := range []int{1, 199} {
 		s := t0.Add(time.Duration(i) * time.Second)
 		n, _, booked := capWindow(t, l, c[0], s)
-		if tk := takenOf(t, rdb, l, "hot", time.Duration(i)*time.Second); n != 10 || booked["hot"] != 10 || tk != 10 {
-			t.Errorf("t0+%ds: capacity count %d, hot %d, taken %d; want 10, 10 and 10 (unchanged)", i, n, booked["hot"], tk)
+		want, _ := strconv.ParseInt(taken[""], 10, 64)
+		if tk := takenOf(t, rdb, l, "hot", time.Duration(i)*time.Second); n != c[0].Limit || booked["hot"] != c[0].Limit || tk != want {
+			t.Errorf("t0+%ds: capacity count %d, hot %d, taken %d; want %d, %d and %d (unchanged)", i, n, booked["hot"], tk, c[0].Limit, c[0].Limit, want)
 		}
 	}
 }
@@ -453,4 +472,70 @@ func inSlot(due time.Time, evs ...Event) []Event {
 		evs[i].InSlot, evs[i].Due = true, due
 	}
 	return evs
+}
+
+// Under a capacity of bytes whose windows are the finest (10s beside
+// acme's 100/1m of events), the events reserved in a capacity window are
+// known only to be at least one where acme booked any: each window gives
+// one late event a slot, what it takes of the bytes within what acme
+// booked there. Two late events take the slots of t0+3w and t0+4w (not two
+// of t0+3w's); one larger than what a window holds takes none and is
+// deferred as a new one. A claim of a window whose slot was taken gives
+// up its bytes (the capacity's cost list), and one claim gives up the
+// whole take: the window's other claim keeps its slot.
+func TestLateCapacityLowerBound(t *testing.T) {
+	ctx := context.Background()
+	rdb := privateRedis(t)
+	w := 10 * time.Second
+	l, clk, c, ev, _ := capBacklog(t, rdb, false, "400B/10s", "acme=100/1m", w)
+	n3, b3 := capAt(t, l, c, 3*w)
+	n4, b4 := capAt(t, l, c, 4*w)
+	retry := Source{Topic: "events.retry"}
+	big := Event{Tenant: "acme", Offset: 102, Cost: Cost{Bytes: 300}}
+	late := []Event{ev(100), ev(101), big}
+	ds, err := l.AdmitLate(ctx, retry, late, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := dues(ds[:2]); got != fmt.Sprintf("d@%s! d@%s!", 3*w, 4*w) {
+		t.Fatalf("late events: got %s, want d@%s! d@%s!", got, 3*w, 4*w)
+	}
+	if ds[2].Kind != Defer || ds[2].Took {
+		t.Errorf("late event of 300 bytes: got %s, want deferred as a new one (no window holds 300 bytes of acme's)", dues(ds[2:]))
+	}
+	if n, b := capAt(t, l, c, 3*w); n != n3 || b != b3 {
+		t.Errorf("capacity window t0+3w after the take: count %d, acme %d, want %d and %d (unmoved)", n, b, n3, b3)
+	}
+	if n, b := capAt(t, l, c, 4*w); n != n4 || b != b4 {
+		t.Errorf("capacity window t0+4w after the take: count %d, acme %d, want %d and %d (unmoved)", n, b, n4, b4)
+	}
+	f := strconv.FormatInt(t0.Add(3*w).UnixMilli(), 10)
+	rec, err := rdb.HGetAll(ctx, l.keys.taken("acme")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec[f] != "101" || rec[f+"/0"] != "1" || rec[f+"/1"] != "100" || rec[f+"/m"] != "3" {
+		t.Errorf("record of takes at t0+3w: %v, want 101 (1 event and 100 bytes), marked 3", rec)
+	}
+	replaysSame(t, l, retry, late, ds, "replayed late events")
+
+	lastGivesUp(t, l, rdb, clk, 3*w, w/6, ev(8), ev(9))
+}
+
+// lastGivesUp sends acme's two events reserved at t0+at back inside their
+// slot (the clock at t0+at+in) and checks that the first keeps its slot and
+// the last gives it up to the take recorded there, which it uses up.
+func lastGivesUp(t *testing.T, l *Limiter, rdb redis.UniversalClient, clk *fakeClock, at, in time.Duration, first, last Event) {
+	t.Helper()
+	clk.Set(t0.Add(at + in))
+	got, err := l.AdmitLate(context.Background(), Source{Topic: "events.retry"}, inSlot(t0.Add(at), first, last), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].Kind != Keep || got[1].Kind == Keep {
+		t.Errorf("claims of t0+%s: got %v and %v, want keep, then placed again", at, got[0].Kind, got[1].Kind)
+	}
+	if tk := takenAt(t, rdb, l, at); tk != 0 {
+		t.Errorf("record of takes at t0+%s after the claims: %d left, want 0", at, tk)
+	}
 }

@@ -88,12 +88,30 @@
 -- between them). Rules of several measures (2/1m and 100B/1m) qualify when
 -- each measure has a rule of the finest windows (each window of one nests
 -- in the other's): what is reserved in a finest window is known in each
--- measure only from such a rule (not from 100B/1m beside 2/10s). A late
+-- measure only from such a rule (not from 100B/1m beside 2/10s), or, for
+-- events, from a finest rule of bytes or units (see Lower bound). A late
 -- event then takes where every measure has its cost left, each measure's
 -- take is recorded in its own pool, f/0, f/1 or f/2, f holds their sum
 -- and is marked 3, and a claim gives up its cost in each measure (1 for
 -- events) while f holds any: the last claims may give up more than was
 -- taken, in one measure or both.
+--
+-- Lower bound. Where a finest window's count of bytes or units is not 0,
+-- at least one event is reserved there (costs are never negative: a
+-- count above 0 holds a reservation): a take there may count one event,
+-- though more may be reserved. So a tenant whose finest
+-- rule counts bytes or units qualifies with rules of events that are not
+-- of the finest windows (10000B/1m beside 100/1h) or under a capacity of
+-- events as long as its finest rule or longer (1000/1m beside 10MiB/1m),
+-- and under a capacity of bytes or units whose windows are the finest
+-- beside rules of events alone (10MiB/1s beside 1000/1m): its late events
+-- take one slot of
+-- events in each window, where their bytes fit what was reserved there
+-- (by[0] = 0, the pool of events counted by the bound, in take_slots).
+-- Its claims give up their cost of each measure as under Costs, the
+-- capacity's cost list giving the bytes of a tenant whose rules count
+-- none. The bound does not hold the other way: an event's bytes may be 0,
+-- so the bytes reserved in a window are never known from its events.
 --
 -- Capacity. Under a capacity (35_capacity.lua: one rule more per capacity
 -- rule, on shared keys, whose count of a tenant in a window is what it
@@ -101,12 +119,16 @@
 -- cases (cap_finest). When the capacity's windows are as long as its
 -- finest rule's or longer, every capacity rule nests in the finest rule
 -- and counts a measure that a rule of the tenant's of the finest windows
--- counts: a slot is then a finest window of the tenant's, whose count
+-- counts, or has the finest rule's windows (a finest window's
+-- reservations in its measure are then what the tenant booked there: 400B/1m
+-- beside 100/1m), or counts events where the finest rule counts bytes or
+-- units (see Lower bound): a slot is then a finest window of the tenant's, whose count
 -- holds its reservations, each booked in the capacity window holding it
 -- by the same cost. When the capacity's finest rule has shorter windows,
 -- it is the finest of all: every other rule, the tenant's and the
 -- capacity's, nests in it, and all the tenant's rules count the
--- capacity's measure; a slot is then a capacity window, and its count of
+-- capacity's measure, or events where it counts bytes or units (see Lower
+-- bound); a slot is then a capacity window, and its count of
 -- the tenant's reservations is what the tenant booked there (in a window
 -- not yet current, reservations alone). Either way the take scan's room
 -- in a capacity window is the tenant's (room_of, as reserve reads it: a
@@ -269,34 +291,42 @@ end
 -- tenant's rules, as rules_of appends it: see cap_finest), the measure
 -- every one of its rules counts (measure_of), or 3 for rules of several
 -- measures, and then by: for each measure, a rule of it whose windows are
--- the finest rule's (see Costs); else nil.
+-- the finest rule's (see Costs; under a capacity, one of the capacity's
+-- rules after the tenant's; 0 for events counted by the Lower bound);
+-- else nil.
 local qualifies
 do
   -- cap_finest returns, for a tenant whose finest rule has descriptor df and
-  -- counts measure m (3: several, by[mu] its rule of measure mu of the
-  -- finest windows), whether the call's capacity rules let it take slots
-  -- (see Capacity), and then the number of the capacity rule that is the
-  -- finest of all (nil: df's rule is): a capacity rule whose windows are
-  -- shorter than df's is the finest when every other rule, the tenant's and
-  -- the capacity's, nests in it and the tenant's rules all count the
-  -- capacity's measure (a finest window's reservations are then the
-  -- tenant's booking there, t:<tenant>); else every capacity rule nests in
-  -- df and counts a measure that a rule of the tenant of the finest windows
-  -- counts. own lists the descriptors of the tenant's rules. Kept per rule
-  -- set and measures (key).
+  -- counts measure fm (m: what all its rules count, 3 for several, by[mu]
+  -- its rule of measure mu of the finest windows, 0 for events known from
+  -- the finest rule's count alone: see Lower bound), whether the call's
+  -- capacity rules let it take slots (see Capacity), the number of the
+  -- capacity rule that is the finest of all (nil: df's rule is), and the
+  -- measures a take then counts besides the tenant's (add[mu]: the number of
+  -- the rule, after the tenant's, that counts it, or 0, see Lower bound).
+  -- A capacity rule whose windows are shorter than df's is the finest when
+  -- every other rule, the tenant's and the capacity's, nests in it and
+  -- counts its measure, or events when it counts bytes or units (a finest
+  -- window's reservations are then the tenant's booking there, t:<tenant>,
+  -- and at least one event where that is not 0); else every capacity rule
+  -- nests in df and counts a measure that a rule of the tenant of the
+  -- finest windows counts, or has df's windows (a take then counts its
+  -- measure by the tenant's booking there), or counts events when df's rule
+  -- counts bytes or units. own lists the descriptors of the tenant's rules.
+  -- Kept per rule set and measures (key).
   local cap_finest
   do
     local known = {}
     local function desc_of(d)
       return {kind = "a", step = d.step, base = d.cs, cur_start = d.cs, cur_end = d.ce}
     end
-    cap_finest = function(key, df, own, m, by)
-      local v = known[key] -- false: no; 0: yes, no capacity rule finest; else that rule
+    cap_finest = function(key, df, own, m, by, fm, nr)
+      local v = known[key] -- false: no; else {the finest capacity rule or 0, add}
       if v ~= nil then
-        if v == 0 then
-          return true, nil
+        if not v then
+          return false
         end
-        return v ~= false, v or nil
+        return true, v[1] ~= 0 and v[1] or nil, v[2]
       end
       local cf = 1
       for ci = 2, ncap do
@@ -304,25 +334,45 @@ do
           cf = ci
         end
       end
-      local ok, fine = true, nil
+      local ok, fine, add = true, nil, {}
       if capd[cf].step < df.cur_end - df.cur_start then
         fine = cf
-        local dc = desc_of(capd[cf])
-        ok = m == capd[cf].mu
+        local dc, mf = desc_of(capd[cf]), capd[cf].mu
+        -- Events beside bytes or units: at least one a window with any.
+        local function counts(mu)
+          if mu == 0 and mf > 0 then
+            add[0] = 0
+          end
+          return mu == mf or mu == 0
+        end
+        ok = counts(m) -- (a capacity's rules count one measure)
         for ci = 1, ncap do
           ok = ok and (ci == cf or nested(desc_of(capd[ci]), dc))
         end
         for _, d in ipairs(own) do
           ok = ok and nested(d, dc)
         end
+        if add[0] then
+          add[mf] = nr + cf
+        end
       else
         for ci = 1, ncap do
           local d = capd[ci]
-          ok = ok and (d.mu == m or (by and by[d.mu] ~= nil)) and nested(desc_of(d), df)
+          local dd = desc_of(d)
+          ok = ok and nested(dd, df)
+          if ok and not (d.mu == m or (by and by[d.mu] ~= nil) or add[d.mu]) then
+            if nested(df, dd) then
+              add[d.mu] = nr + ci -- df's windows: the tenant's booking there
+            elseif d.mu == 0 and fm > 0 then
+              add[0] = 0
+            else
+              ok = false
+            end
+          end
         end
       end
-      known[key] = ok and (fine or 0) or false
-      return ok, ok and fine or nil
+      known[key] = ok and {fine or 0, add} or false
+      return ok, ok and fine or nil, add
     end
   end
 
@@ -356,8 +406,10 @@ do
       return nil
     end
     local df = descs[recs[p - 1 + 3 * fi]]
+    local fm = m
     local by = nil
     if m == 3 then
+      fm = measure_of(KEYS[key_at[ti] + fi])
       local need = {}
       by = {}
       for ri = 1, nr do
@@ -369,23 +421,42 @@ do
       end
       for mu in pairs(need) do
         if not by[mu] then
-          return nil
+          if mu == 0 and fm > 0 then
+            by[0] = 0 -- see Lower bound
+          else
+            return nil
+          end
         end
       end
     end
     if ncap > 0 then
-      local key, own = {m}, {}
+      local key, own = {m, fm}, {}
       for ri = 1, nr do
-        key[ri + 1], own[ri] = recs[p - 1 + 3 * ri], descs[recs[p - 1 + 3 * ri]]
+        key[ri + 2], own[ri] = recs[p - 1 + 3 * ri], descs[recs[p - 1 + 3 * ri]]
       end
       for mu = 0, 2 do
-        key[#key + 1] = by and by[mu] or 0
+        key[#key + 1] = by and by[mu] or -1
       end
-      local ok, cf = cap_finest(table.concat(key, ","), df, own, m, by)
+      local ok, cf, add = cap_finest(table.concat(key, ","), df, own, m, by, fm, nr)
       if not ok then
         return nil
-      elseif cf then
-        return nr + cf, m -- (one measure: the capacity's)
+      end
+      if next(add) then
+        -- A take counts the capacity's measure, or events, too.
+        if cf then
+          by = {}
+        elseif not by then
+          by = {[m] = fi}
+        end
+        for mu, ri in pairs(add) do
+          if by[mu] == nil then
+            by[mu] = ri
+          end
+        end
+        m = 3
+      end
+      if cf then
+        return nr + cf, m, by -- (one measure, the capacity's, unless by)
       end
     end
     return fi, m, by
@@ -481,9 +552,17 @@ local function claim_phase()
     local per = {}
     local lists_of = costs_of(ti)
     if lists_of then
-      for ri = 1, recs[rec_at[ti]] do
+      local nr = recs[rec_at[ti]]
+      for ri = 1, nr do
         if lists_of[ri] then
           per[measure_of(KEYS[key_at[ti] + ri])] = lists_of[ri]
+        end
+      end
+      for ci = 1, ncap do
+        -- A capacity's measure that no rule of the tenant counts.
+        local mu = capd[ci].mu
+        if lists_of[nr + ci] and not per[mu] then
+          per[mu] = lists_of[nr + ci]
         end
       end
     end
@@ -678,7 +757,7 @@ local function coarser(rules, fi, t, e, c, pos, first, seen_at, seen, several, k
     if ri ~= fi and r.cap then
       -- A capacity rule: the tenant's room in its window (never skipped).
       local rs = win(r, t)
-      local cr = take_read(r, rs, several, keep, pos)
+      local cr = take_read(r, rs, several, keep, pos, r.pool)
       if not cr then
         return nil
       end
@@ -729,14 +808,20 @@ local function take_slots(ti, rules, rest, first, pos, keep)
   local f = rules[fi]
   -- What a take counts, by measure: mus[i] and the rule of its finest
   -- windows, ms[i] (one for a tenant of one measure).
-  local mus, ms = {m}, {f}
+  -- (lb: events known only to be at least one where f counts any, see
+  -- Lower bound.)
+  local mus, ms, lb = {m}, {f}, {}
   if by then
     mus, ms = {}, {}
     for mu, ri in pairs(by) do
-      mus[#mus + 1], ms[#ms + 1] = mu, rules[ri]
+      mus[#mus + 1], ms[#ms + 1] = mu, ri == 0 and lb or rules[ri]
     end
     for _, r in ipairs(rules) do
-      r.mu = measure_of(r.key)
+      r.mu = r.cap and r.cap.mu or measure_of(r.key)
+      r.pool = false
+    end
+    for _, r in ipairs(ms) do
+      r.pool = true -- (take_read: coarser reads what the tenant booked)
     end
   end
   local several = #rules > 1
@@ -802,7 +887,15 @@ local function take_slots(ti, rules, rest, first, pos, keep)
           ok = ok and (tks[mu] == 0 or by[mu] ~= nil)
         end
         for i, r in ipairs(ms) do
-          cs[i] = r == f and c or count_of(wkey(r.key, s)) -- read by coarser
+          if r == f then
+            cs[i] = c
+          elseif r == lb then
+            cs[i] = c > 0 and 1 or 0
+          elseif r.cap then
+            cs[i] = cap_booked(r, cap_win(r, s)) or 0 -- (its window is df's)
+          else
+            cs[i] = count_of(wkey(r.key, s)) -- read by coarser
+          end
         end
       else
         tks[m], cs[1] = tk + pool, c
