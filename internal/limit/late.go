@@ -51,7 +51,7 @@ const replayKeep = 5
 // beside 6s does not. A capacity of another measure qualifies when its
 // windows are the tenant's finest (400B/1m beside 100/1m: the tenant's
 // booking is then what it reserved in a slot), or when it counts bytes or
-// units in shorter windows beside rules of events alone (10MiB/1s beside
+// units in shorter windows beside rules of events (10MiB/1s beside
 // 1000/1m): a capacity window where the tenant booked any bytes holds at
 // least one reserved event (costs are never negative), and gives one late
 // event a slot. By the same bound, rules whose finest counts bytes or

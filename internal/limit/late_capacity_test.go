@@ -80,6 +80,7 @@ var capSpecs = []struct {
 	{"400B/10s", "acme=100/1m,1000/1h", 10 * time.Second},
 	{"400B/1m", "acme=10000B/1m,100/1h", time.Minute},
 	{"4/1m", "acme=10000B/1m", time.Minute},
+	{"400B/10s", "acme=10000B/1m,100/1h", 10 * time.Second},
 }
 
 // capAt returns the count of l's capacity window at t0+at and what acme
@@ -537,5 +538,26 @@ func lastGivesUp(t *testing.T, l *Limiter, rdb redis.UniversalClient, clk *fakeC
 	}
 	if tk := takenAt(t, rdb, l, at); tk != 0 {
 		t.Errorf("record of takes at t0+%s after the claims: %d left, want 0", at, tk)
+	}
+}
+
+// A capacity of two rules of bytes, one of acme's finest windows and one
+// coarser, beside acme=100/1m: the same capacity in either order lets the
+// late event take a slot (the rule of the finest windows gives the bytes
+// reserved in a slot, and the coarser one nests). Found by a review: the
+// coarser rule written first made the tenant not qualify.
+func TestLateCapacityRuleOrder(t *testing.T) {
+	for _, capacity := range []string{"400B/1m,100000B/1h", "100000B/1h,400B/1m"} {
+		t.Run(capacity, func(t *testing.T) {
+			w := time.Minute
+			l, _, _, ev, _ := capBacklog(t, privateRedis(t), false, capacity, "acme=100/1m", w)
+			ds, err := l.AdmitLate(context.Background(), Source{Topic: "events.retry"}, []Event{ev(100)}, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := dues(ds), fmt.Sprintf("d@%s!", 3*w); got != want {
+				t.Errorf("late event: got %s, want %s", got, want)
+			}
+		})
 	}
 }

@@ -104,7 +104,8 @@
 -- of the finest windows (10000B/1m beside 100/1h) or under a capacity of
 -- events as long as its finest rule or longer (1000/1m beside 10MiB/1m),
 -- and under a capacity of bytes or units whose windows are the finest
--- beside rules of events alone (10MiB/1s beside 1000/1m): its late events
+-- beside rules of events (10MiB/1s beside 1000/1m), or of events and its
+-- measure (400B/10s beside 10000B/1m,100/1h): its late events
 -- take one slot of
 -- events in each window, where their bytes fit what was reserved there
 -- (by[0] = 0, the pool of events counted by the bound, in take_slots).
@@ -345,7 +346,13 @@ do
           end
           return mu == mf or mu == 0
         end
-        ok = counts(m) -- (a capacity's rules count one measure)
+        if m == 3 then
+          for mu in pairs(by) do
+            ok = ok and counts(mu)
+          end
+        else
+          ok = counts(m) -- (a capacity's rules count one measure)
+        end
         for ci = 1, ncap do
           ok = ok and (ci == cf or nested(desc_of(capd[ci]), dc))
         end
@@ -356,17 +363,24 @@ do
           add[mf] = nr + cf
         end
       else
-        for ci = 1, ncap do
-          local d = capd[ci]
-          local dd = desc_of(d)
-          ok = ok and nested(dd, df)
-          if ok and not (d.mu == m or (by and by[d.mu] ~= nil) or add[d.mu]) then
-            if nested(df, dd) then
-              add[d.mu] = nr + ci -- df's windows: the tenant's booking there
-            elseif d.mu == 0 and fm > 0 then
-              add[0] = 0
-            else
-              ok = false
+        -- The rules of df's windows first: a take counts their measure by
+        -- the tenant's booking there, and a coarser rule of it then nests.
+        for pass = 1, 2 do
+          for ci = 1, ncap do
+            local d = capd[ci]
+            local dd = desc_of(d)
+            local same = nested(dd, df) and nested(df, dd)
+            if same == (pass == 1) then
+              ok = ok and nested(dd, df)
+              if ok and not (d.mu == m or (by and by[d.mu] ~= nil) or add[d.mu]) then
+                if same then
+                  add[d.mu] = nr + ci
+                elseif d.mu == 0 and fm > 0 then
+                  add[0] = 0
+                else
+                  ok = false
+                end
+              end
             end
           end
         end
