@@ -239,12 +239,16 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 	var wg sync.WaitGroup
 	var parts []string
 	oc := newOffsetCommitter(m.client, gen, m.cfg.Timeout)
+	// The fence of the generation's writes (fence.go), its first heartbeat
+	// sent while the metadata of the last commits is read: after a broker
+	// restart each took 0.1 to 0.6 s (TestBrokerRestart, 2026-12-04).
+	kc := make(chan *fenceKeeper, 1)
+	go func() { kc <- m.newFenceKeeper(ctx, gen) }()
 	var metas map[tp]string
 	if m.handover {
 		metas = m.fetchMetadata(ctx, gen)
 	}
-	// The fence of the generation's writes (fence.go).
-	keeper := m.newFenceKeeper(ctx, gen)
+	keeper := <-kc
 	for _, topic := range slices.Sorted(maps.Keys(gen.Assignments)) {
 		for _, pa := range gen.Assignments[topic] {
 			parts = append(parts, fmt.Sprintf("%s/%d", topic, pa.ID))
