@@ -240,8 +240,10 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 	var parts []string
 	oc := newOffsetCommitter(m.client, gen, m.cfg.Timeout)
 	// The fence of the generation's writes (fence.go), its first heartbeat
-	// sent while the metadata of the last commits is read: after a broker
-	// restart each took 0.1 to 0.6 s (TestBrokerRestart, 2026-12-04).
+	// sent, and the partitions' topic IDs read, while the metadata of the
+	// last commits is read: after a broker restart each took 0.1 to 0.6 s
+	// (TestBrokerRestart, 2026-12-04).
+	ids := m.readTopicIDs(ctx, gen)
 	kc := make(chan *fenceKeeper, 1)
 	go func() { kc <- m.newFenceKeeper(ctx, gen) }()
 	var metas map[tp]string
@@ -254,9 +256,9 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 			parts = append(parts, fmt.Sprintf("%s/%d", topic, pa.ID))
 			wg.Add(1)
 			commit := func(c offsetCommit) error { return oc.commit(topic, pa.ID, c) }
-			meta := metas[tp{topic, pa.ID}]
+			meta, id := metas[tp{topic, pa.ID}], ids[tp{topic, pa.ID}]
 			gen.Start(func(gctx context.Context) {
-				replaced := m.runPartition(ctx, gctx, gen, topic, pa, meta, commit, keeper.fence)
+				replaced := m.runPartition(ctx, gctx, gen, topic, pa, meta, id, commit, keeper.fence)
 				wg.Done()
 				if replaced {
 					return // end the generation: the member rejoins with the new topic
@@ -288,7 +290,9 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 // runPartition consumes one partition until ctx is cancelled (shutdown) or
 // gctx is done (the generation ended).
 //
-// meta is the metadata of the partition's last commit; fence is the
+// meta is the metadata of the partition's last commit; id delivers its
+// topic's ID as read when the generation started ("" if that failed: it is
+// read again); fence is the
 // generation's WriteFence, carried by every Handle call's context. Commits made after
 // gctx is done still go out: the coordinator refuses them if the group has
 // moved on without this member, and accepts them otherwise (see
@@ -297,7 +301,7 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 // It reports whether it stopped because the topic was deleted and created
 // again under it (topicid.go): the partition then commits nothing more,
 // and the caller ends the generation.
-func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, topic string, pa kafka.PartitionAssignment, meta string, commit func(c offsetCommit) error, fence *WriteFence) (replaced bool) {
+func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, topic string, pa kafka.PartitionAssignment, meta string, read <-chan string, commit func(c offsetCommit) error, fence *WriteFence) (replaced bool) {
 	stop, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(gctx, cancel)()
@@ -306,7 +310,7 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 	hctx = WithFence(hctx, fence)
 
 	log := m.log.With("topic", topic, "partition", pa.ID)
-	id, ok := m.assignedTopicID(stop, topic, pa.ID, log)
+	id, ok := m.assignedTopicID(stop, topic, pa.ID, read, log)
 	if !ok {
 		return false
 	}
@@ -367,11 +371,22 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 	return gone.Load()
 }
 
-// assignedTopicID reads the ID of an assigned partition's topic, trying
-// again with backoff until it has it or stop is done (false): a partition
+// assignedTopicID returns the ID of an assigned partition's topic: the one
+// read delivers, else read again with backoff until it has it or stop is
+// done (false); read may be nil. A partition
 // is never consumed without it, since what a Handler remembers of its
 // offsets is known by it (topicid.go).
-func (m *member) assignedTopicID(stop context.Context, topic string, partition int, log *slog.Logger) (string, bool) {
+func (m *member) assignedTopicID(stop context.Context, topic string, partition int, read <-chan string, log *slog.Logger) (string, bool) {
+	if read != nil {
+		select {
+		case id := <-read:
+			if id != "" {
+				return id, true
+			}
+		case <-stop.Done():
+			return "", false
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		id, err := topicID(stop, m.cfg.Transport, m.client.Addr, m.cfg.Timeout, topic, partition)
 		if err == nil {
@@ -439,6 +454,27 @@ func (m *member) fetchMetadata(ctx context.Context, gen *kafka.Generation) map[t
 	m.log.Warn("reading the offset metadata failed; finished offsets beyond the committed ones will be handled again",
 		"generation", gen.ID, "err", err)
 	return metas
+}
+
+// readTopicIDs reads, each in a goroutine of its own, the topic ID of every
+// partition gen assigns, and returns where each one is delivered once ("" if
+// the read failed: assignedTopicID reads it again).
+func (m *member) readTopicIDs(ctx context.Context, gen *kafka.Generation) map[tp]<-chan string {
+	out := map[tp]<-chan string{}
+	for topic, pas := range gen.Assignments {
+		for _, pa := range pas {
+			ch := make(chan string, 1)
+			out[tp{topic, pa.ID}] = ch
+			go func() {
+				id, err := topicID(ctx, m.cfg.Transport, m.client.Addr, m.cfg.Timeout, topic, pa.ID)
+				if err != nil {
+					id = ""
+				}
+				ch <- id
+			}()
+		}
+	}
+	return out
 }
 
 // assigned returns the offset gen assigned to a partition (its committed
