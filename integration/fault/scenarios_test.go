@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -313,8 +314,14 @@ func firstAnswer(ctx context.Context, addr string) time.Time {
 // flowServed returns when the broker at addr first serves the flow: every
 // partition of its downstream, retry tier and dead letter topics answers
 // ListOffsets at its leader, and the offsets of its group and retry group
-// can be fetched (their coordinators have loaded them), tried every 50ms
-// with a 1s timeout each; or the zero time when ctx ends first.
+// can be fetched (their coordinators have loaded them); or the zero time
+// when ctx ends first. A probe of all that starts every 50ms, each in a
+// goroutine of its own with a 1s timeout, so that one the broker holds back
+// while it loads delays none after it (one probe after another, the mark
+// came up to a second after the gatekeepers had forwarded). It returns the
+// start of the earliest probe answered in full: the broker served the flow
+// by its end, so lateness measured from its start is never less than from
+// when the broker served.
 func flowServed(ctx context.Context, addr string, f flow) time.Time {
 	topics := append([]string{f.Downstream, f.DLQ}, f.Tiers()...)
 	ask := map[string][]kafka.OffsetRequest{}
@@ -350,14 +357,39 @@ func flowServed(ctx context.Context, addr string, f flow) time.Time {
 		}
 		return true
 	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first time.Time // the earliest start of a probe answered in full
+	)
+	answered := make(chan struct{}, 1)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
 	for {
-		if served() {
-			return time.Now()
-		}
+		start := time.Now()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if served() {
+				mu.Lock()
+				if first.IsZero() || start.Before(first) {
+					first = start
+				}
+				mu.Unlock()
+				select {
+				case answered <- struct{}{}:
+				default:
+				}
+			}
+		}()
 		select {
+		case <-answered:
+			wg.Wait() // the probes started before it may have been answered too
+			return first
 		case <-ctx.Done():
+			wg.Wait()
 			return time.Time{}
-		case <-time.After(50 * time.Millisecond):
+		case <-tick.C:
 		}
 	}
 }
