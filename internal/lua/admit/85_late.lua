@@ -365,15 +365,19 @@ do
       else
         -- The rules of df's windows first: a take counts their measure by
         -- the tenant's booking there, and a coarser rule of it then nests.
+        local inside, same = {}, {}
+        for ci = 1, ncap do
+          local dd = desc_of(capd[ci])
+          inside[ci] = nested(dd, df)
+          same[ci] = inside[ci] and nested(df, dd)
+        end
         for pass = 1, 2 do
           for ci = 1, ncap do
             local d = capd[ci]
-            local dd = desc_of(d)
-            local same = nested(dd, df) and nested(df, dd)
-            if same == (pass == 1) then
-              ok = ok and nested(dd, df)
+            if same[ci] == (pass == 1) then
+              ok = ok and inside[ci]
               if ok and not (d.mu == m or (by and by[d.mu] ~= nil) or add[d.mu]) then
-                if same then
+                if same[ci] then
                   add[d.mu] = nr + ci
                 elseif d.mu == 0 and fm > 0 then
                   add[0] = 0
