@@ -107,6 +107,13 @@ func produce(t *testing.T, broker, topic string, msgs []kafka.Message) {
 // produceWith is produce with the partitions chosen by balancer.
 func produceWith(t *testing.T, broker, topic string, balancer kafka.Balancer, msgs []kafka.Message) {
 	t.Helper()
+	if err := tryProduce(broker, topic, balancer, msgs); err != nil {
+		t.Fatalf("produce %d messages to %s: %v", len(msgs), topic, err)
+	}
+}
+
+// tryProduce is produceWith returning the write's error.
+func tryProduce(broker, topic string, balancer kafka.Balancer, msgs []kafka.Message) error {
 	transport := &kafka.Transport{}
 	defer transport.CloseIdleConnections()
 	w := &kafka.Writer{
@@ -122,9 +129,7 @@ func produceWith(t *testing.T, broker, topic string, balancer kafka.Balancer, ms
 	defer w.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
-		t.Fatalf("produce %d messages to %s: %v", len(msgs), topic, err)
-	}
+	return w.WriteMessages(ctx, msgs...)
 }
 
 func values(n int, prefix string) []kafka.Message {
