@@ -103,9 +103,7 @@ func (f *committedFetcher) FetchMessage(ctx context.Context) (kafka.Message, err
 			if err := ctx.Err(); err != nil {
 				return kafka.Message{}, err
 			}
-			ch := make(chan error, 1)
-			f.pending = ch
-			go func() { ch <- f.fill(f.life) }()
+			f.prefetch()
 		}
 		select {
 		case err := <-f.pending:
@@ -122,6 +120,17 @@ func (f *committedFetcher) FetchMessage(ctx context.Context) (kafka.Message, err
 	f.buf = f.buf[1:]
 	f.offset = m.Offset + 1
 	return m, nil
+}
+
+// prefetch sends the next fetch, if none is in flight and nothing fetched
+// is left, without waiting for it: the next FetchMessage takes its answer.
+func (f *committedFetcher) prefetch() {
+	if f.pending != nil || len(f.buf) > 0 {
+		return
+	}
+	ch := make(chan error, 1)
+	f.pending = ch
+	go func() { ch <- f.fill(f.life) }()
 }
 
 // seek makes the next FetchMessage start at offset: the fetch in flight,
