@@ -211,19 +211,40 @@ func (c *Config) heartbeatOrDefault() time.Duration {
 }
 
 // newFenceKeeper sends a first heartbeat and returns the keeper of a fence
-// open for the session from then (or for one heartbeat interval if the
-// heartbeat went unanswered: the join that made the generation has just
-// reset the session).
+// open for the session from then (or for one heartbeat interval if no
+// heartbeat was answered: the join that made the generation has just reset
+// the session). A first heartbeat that fails without an answer (a connection
+// a broker restart left dead) is sent again within that interval, with
+// backoff: the keeper's next one would go out only as the fence ends.
 func (m *member) newFenceKeeper(ctx context.Context, gen *kafka.Generation) *fenceKeeper {
 	k := &fenceKeeper{hb: m.client, gen: gen, session: m.cfg.sessionOrDefault(),
 		every: m.cfg.heartbeatOrDefault(), timeout: min(m.cfg.Timeout, m.cfg.heartbeatOrDefault())}
 	k.fence = newWriteFence(time.Now().Add(k.every))
-	k.beat(ctx)
+	k.first(ctx, m.cfg.retryWait, m.refreshRoutes)
 	return k
 }
 
+// first sends the first heartbeat, and again after wait while it gets no
+// answer and the fence is open; refresh drops the routes after a stale one.
+func (k *fenceKeeper) first(ctx context.Context, wait func(attempt int, err error) time.Duration, refresh func()) {
+	for attempt := 0; ; attempt++ {
+		err := k.beat(ctx)
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		if staleRoute(err) {
+			refresh()
+		}
+		if !sleep(k.fence.Context(), wait(attempt, err)) {
+			return // the fence ended
+		}
+	}
+}
+
 // beat sends one heartbeat and extends or closes the fence by its answer.
-func (k *fenceKeeper) beat(ctx context.Context) {
+// It returns the error of a heartbeat that got no answer about the
+// generation, nil otherwise.
+func (k *fenceKeeper) beat(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, k.timeout)
 	defer cancel()
 	sent := time.Now()
@@ -238,9 +259,14 @@ func (k *fenceKeeper) beat(ctx context.Context) {
 	case errors.Is(err, kafka.IllegalGeneration), errors.Is(err, kafka.UnknownMemberId),
 		errors.Is(err, kafka.FencedInstanceID):
 		k.fence.Close("the coordinator ended the generation: " + err.Error())
+	case errors.Is(err, kafka.RebalanceInProgress):
+		// The generation is ending: the fence ends at its time.
+	default:
+		// No answer about the generation (a network error, a coordinator
+		// moved or loading): the fence ends at its time.
+		return err
 	}
-	// Anything else (a rebalance in progress, a network error) leaves
-	// the fence to end at its time.
+	return nil
 }
 
 // run heartbeats every interval until the generation has ended (gctx) and

@@ -49,6 +49,61 @@ func testKeeper(hb heartbeater, session, every time.Duration) *fenceKeeper {
 	return k
 }
 
+// failingFirst is a heartbeater whose first fails heartbeats get no answer
+// (a connection the broker's restart left dead); the later ones are
+// answered. Safe for concurrent use.
+type failingFirst struct {
+	mu          sync.Mutex
+	fails, sent int
+}
+
+func (h *failingFirst) Heartbeat(context.Context, *kafka.HeartbeatRequest) (*kafka.HeartbeatResponse, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.sent++
+	if h.sent <= h.fails {
+		return nil, io.ErrUnexpectedEOF
+	}
+	return &kafka.HeartbeatResponse{}, nil
+}
+
+// A generation's first heartbeat that gets no answer is sent again while the
+// fence is open: the keeper's next one would go out only as the fence ends,
+// which ends the generation (seen once after a broker restart: the member
+// rejoined and its partitions started about 0.5 s later). A heartbeat that
+// says the generation is over is not sent again.
+func TestFirstHeartbeatRetriedWhileTheFenceIsOpen(t *testing.T) {
+	session, every := 6*time.Second, 300*time.Millisecond
+	wait := func(int, error) time.Duration { return 20 * time.Millisecond }
+	hb := &failingFirst{fails: 2}
+	k := &fenceKeeper{hb: hb, gen: &kafka.Generation{ID: 7, GroupID: "g", MemberID: "m"},
+		session: session, every: every, timeout: every, fence: newWriteFence(time.Now().Add(every))}
+	k.first(context.Background(), wait, func() {})
+	time.Sleep(2 * every)
+	if err := k.fence.Err(); err != nil {
+		t.Errorf("after %d heartbeats, the last answered: got %v, want the fence open", hb.sent, err)
+	}
+	if hb.sent != 3 {
+		t.Errorf("sent %d heartbeats, want 3", hb.sent)
+	}
+
+	never := &failingFirst{fails: 1 << 30}
+	k = &fenceKeeper{hb: never, gen: k.gen, session: session, every: every, timeout: every,
+		fence: newWriteFence(time.Now().Add(every))}
+	k.first(context.Background(), wait, func() {})
+	if err := k.fence.Err(); !errors.Is(err, ErrFenced) || never.sent < 2 {
+		t.Errorf("with no heartbeat answered: sent %d, fence %v; want more than one, and ErrFenced once first returns", never.sent, err)
+	}
+
+	gone := &fakeHeartbeater{code: kafka.UnknownMemberId}
+	k = &fenceKeeper{hb: gone, gen: k.gen, session: session, every: every, timeout: every,
+		fence: newWriteFence(time.Now().Add(every))}
+	k.first(context.Background(), wait, func() {})
+	if gone.beats != 1 || k.fence.Err() == nil {
+		t.Errorf("the generation over: sent %d heartbeats, fence %v; want 1 and ended", gone.beats, k.fence.Err())
+	}
+}
+
 // The fence of a generation stays open while the coordinator answers its
 // heartbeats and ends three quarters of a session after the last heartbeat
 // answered once the coordinator is out of reach (a member cut off from
