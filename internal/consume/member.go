@@ -371,7 +371,7 @@ func (m *member) runPartition(ctx, gctx context.Context, gen *kafka.Generation, 
 	}
 	r.prefetch()
 	if !start.wait(stop) {
-		return false
+		return gone.Load() // the prefetch's verify may have found the topic replaced
 	}
 	hctx = WithFence(hctx, start.fence)
 	meta := start.metas[tp{topic, pa.ID}]
