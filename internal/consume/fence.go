@@ -211,9 +211,9 @@ func (c *Config) heartbeatOrDefault() time.Duration {
 }
 
 // newFenceKeeper sends a first heartbeat and returns the keeper of a fence
-// open for the session from then (or for one heartbeat interval if no
-// heartbeat was answered: the join that made the generation has just reset
-// the session). A first heartbeat that fails without an answer (a connection
+// open for three quarters of the session from then (see beat), or for one
+// heartbeat interval from the keeper's start if no heartbeat was answered
+// (the join that made the generation has just reset the session). A first heartbeat that fails without an answer (a connection
 // a broker restart left dead) is sent again within that interval, with
 // backoff: the keeper's next one would go out only as the fence ends.
 func (m *member) newFenceKeeper(ctx context.Context, gen *kafka.Generation) *fenceKeeper {

@@ -46,8 +46,8 @@ type committedFetcher struct {
 	maxWait   time.Duration // the socket deadline; the broker waits less
 	timeout   time.Duration // bound of ListOffsets
 
-	// offset and buf are written by the fetch goroutine while pending is
-	// set, and by the caller otherwise.
+	// offset, buf and store, and recheck and verified below, are written by
+	// the fetch goroutine while pending is set, and by the caller otherwise.
 	offset int64           // the next offset to hand out; negative: kafka.FirstOffset or kafka.LastOffset
 	buf    []kafka.Message // decoded and not handed out yet, in offset order
 	// store is buf's backing array, reused by every fill: a response of

@@ -249,20 +249,7 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 	ids := m.readTopicIDs(ctx, gen)
 	start := &generationStart{ready: make(chan struct{})}
 	drained := make(chan struct{})
-	go func() {
-		kc := make(chan *fenceKeeper, 1)
-		go func() { kc <- m.newFenceKeeper(ctx, gen) }()
-		if m.handover {
-			start.metas = m.fetchMetadata(ctx, gen)
-		}
-		keeper := <-kc
-		start.fence = keeper.fence
-		close(start.ready)
-		gen.Start(func(gctx context.Context) { keeper.run(gctx, drained, m.log, m.cfg.OnLeaseFenced) })
-		if m.cfg.Leases != nil {
-			gen.Start(func(gctx context.Context) { m.watchLeases(gctx, gen, keeper.fence) })
-		}
-	}()
+	gen.Start(func(gctx context.Context) { m.setUpGeneration(gctx, gen, start, drained) })
 	for _, topic := range slices.Sorted(maps.Keys(gen.Assignments)) {
 		for _, pa := range gen.Assignments[topic] {
 			parts = append(parts, fmt.Sprintf("%s/%d", topic, pa.ID))
@@ -294,6 +281,43 @@ func (m *member) startGeneration(ctx context.Context, gen *kafka.Generation) *sy
 	return &wg
 }
 
+// setUpGeneration reads the metadata of the last commits while it sets up
+// the generation's fence (fence.go) with its first heartbeat, and closes
+// start.ready once both are in. The fence is kept (fenceKeeper.run) from
+// the moment it exists, and the lease watched: a read of the metadata that
+// outlasts the fence's first end (a coordinator still loading its groups)
+// leaves the fence open. Everything it starts ends with the generation
+// (gctx), which its return ends; it returns once the generation has ended
+// and its partitions drained (drained), or the fence has ended.
+func (m *member) setUpGeneration(gctx context.Context, gen *kafka.Generation, start *generationStart, drained <-chan struct{}) {
+	began := time.Now()
+	var metas map[tp]string
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		if m.handover {
+			metas = m.fetchMetadata(gctx, gen)
+		}
+	}()
+	keeper := m.newFenceKeeper(gctx, gen)
+	if m.cfg.Leases != nil {
+		gen.Start(func(gctx context.Context) { m.watchLeases(gctx, gen, keeper.fence) })
+	}
+	go func() {
+		select {
+		case <-read:
+		case <-gctx.Done():
+		}
+		if gctx.Err() != nil {
+			return // the partitions stop unstarted
+		}
+		start.fence, start.metas = keeper.fence, metas
+		close(start.ready)
+		m.log.Debug("consumer group generation ready", "generation", gen.ID, "after", time.Since(began).Round(time.Millisecond))
+	}()
+	keeper.run(gctx, drained, m.log, m.cfg.OnLeaseFenced)
+}
+
 // generationStart is what a generation's partitions wait for before they
 // handle their first batch, set up while they start fetching.
 type generationStart struct {
@@ -305,11 +329,12 @@ type generationStart struct {
 	metas map[tp]string
 }
 
-// wait returns once start is ready (true) or stop is done (false).
+// wait returns once start is ready (true) or stop is done (false): false
+// when both are.
 func (start *generationStart) wait(stop context.Context) bool {
 	select {
 	case <-start.ready:
-		return true
+		return stop.Err() == nil
 	case <-stop.Done():
 		return false
 	}
@@ -482,6 +507,9 @@ func (m *member) fetchMetadata(ctx context.Context, gen *kafka.Generation) map[t
 		if ctx.Err() != nil || time.Now().Add(d).After(until) || !sleep(ctx, d) {
 			break
 		}
+	}
+	if ctx.Err() != nil {
+		return metas // the generation ended: nothing will use them
 	}
 	m.log.Warn("reading the offset metadata failed; finished offsets beyond the committed ones will be handled again",
 		"generation", gen.ID, "err", err)
