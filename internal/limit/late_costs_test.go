@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -499,45 +500,77 @@ func TestLateZeroCostClaim(t *testing.T) {
 	}
 }
 
-// A failure while claims use up takes (a pool that holds no integer) takes
-// back what the call used up of other tenants' pools: their claims, checked
-// again, find their slots still taken.
-func TestLateClaimFailureUndone(t *testing.T) {
-	ctx := context.Background()
-	rdb := testRedis(t)
-	clk := newFakeClock(t0)
-	l := newTestLimiter(t, rdb, "*=100B/1m", Options{Clock: clk.Now})
-	for _, tenant := range []string{"beta", "acme"} {
-		if _, err := l.AdmitFrom(ctx, Source{Topic: "events." + tenant}, costEvents(tenant, 0, 50, 50, 60, 40)); err != nil {
-			t.Fatal(err)
-		}
+// A record of takes that holds no integer where a claim uses it up fails
+// that tenant alone, as a broken window key does: its events go to the
+// dead-letter topic with a reason naming the record, what its claims used
+// up is taken back, and the batch's other tenants are decided (before, the
+// whole call failed, every time the batch was tried: under
+// ON_REDIS_ERROR=pause the retry partition waited for good).
+func TestLateClaimFailureIsolated(t *testing.T) {
+	for _, tc := range []struct {
+		name, why string
+		breaks    func(ctx context.Context, rdb redis.UniversalClient, record, field string) error
+	}{
+		{"pool not an integer", "not an integer", func(ctx context.Context, rdb redis.UniversalClient, record, field string) error {
+			return rdb.HSet(ctx, record, field, "1.5").Err()
+		}},
+		{"record of the wrong type", "wrong type", func(ctx context.Context, rdb redis.UniversalClient, record, _ string) error {
+			return rdb.Set(ctx, record, "1.5", time.Hour).Err()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := testRedis(t)
+			clk := newFakeClock(t0)
+			l := newTestLimiter(t, rdb, "*=100B/1m", Options{Clock: clk.Now})
+			for _, tenant := range []string{"beta", "acme"} {
+				if _, err := l.AdmitFrom(ctx, Source{Topic: "events." + tenant}, costEvents(tenant, 0, 50, 50, 60, 40)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			retry := Source{Topic: "events.retry"}
+			clk.Set(t0.Add(30 * time.Second))
+			if _, err := l.AdmitLate(ctx, retry, append(costEvents("beta", 100, 30), costEvents("acme", 101, 30)...), true); err != nil {
+				t.Fatal(err)
+			}
+			slot := t0.Add(time.Minute)
+			record, field := l.keys.taken("acme"), strconv.FormatInt(slot.UnixMilli(), 10)
+			if err := tc.breaks(ctx, rdb, record, field); err != nil {
+				t.Fatal(err)
+			}
+			before := dump(t, rdb, record)
+			clk.Set(t0.Add(time.Minute + 5*time.Second))
+			claims := []Event{{Tenant: "acme", Offset: 4, InSlot: true, Due: slot, Cost: Cost{Bytes: 40}},
+				{Tenant: "beta", Offset: 3, InSlot: true, Due: slot, Cost: Cost{Bytes: 40}},
+				{Tenant: "acme", Offset: 5, InSlot: true, Due: slot, Cost: Cost{Bytes: 60}}}
+			ds, err := l.AdmitLate(ctx, retry, claims, true)
+			if err != nil {
+				t.Fatalf("claims' call: %v, want acme's events failed alone", err)
+			}
+			for _, i := range []int{0, 2} {
+				if ds[i].Kind != Fail || !strings.Contains(ds[i].Reason, record) || !strings.Contains(ds[i].Reason, tc.why) {
+					t.Errorf("acme's claim %d: %v %q, want fail naming %s, %q", i, ds[i].Kind, ds[i].Reason, record, tc.why)
+				}
+			}
+			if ds[1].Kind == Keep || ds[1].Kind == Fail {
+				t.Errorf("beta's claim: %v, want given up (its slot was taken)", ds[1].Kind)
+			}
+			if _, tk := bytesState(t, rdb, l, "beta", "100B/1m", slot); tk != 0 {
+				t.Errorf("beta's take after its claim: %d bytes, want 0 (used up)", tk)
+			}
+			if after := dump(t, rdb, record); after != before {
+				t.Errorf("acme's record after the call: %q, want it untouched (%q)", after, before)
+			}
+		})
 	}
-	retry := Source{Topic: "events.retry"}
-	clk.Set(t0.Add(30 * time.Second))
-	if _, err := l.AdmitLate(ctx, retry, append(costEvents("beta", 100, 30), costEvents("acme", 101, 30)...), true); err != nil {
-		t.Fatal(err)
-	}
-	slot := t0.Add(time.Minute)
-	// acme's pool now holds no integer: the claims' call fails.
-	if err := rdb.HSet(ctx, l.keys.taken("acme"), strconv.FormatInt(slot.UnixMilli(), 10), "1.5").Err(); err != nil {
-		t.Fatal(err)
-	}
-	clk.Set(t0.Add(time.Minute + 5*time.Second))
-	claims := []Event{{Tenant: "beta", Offset: 3, InSlot: true, Due: slot, Cost: Cost{Bytes: 40}},
-		{Tenant: "acme", Offset: 4, InSlot: true, Due: slot, Cost: Cost{Bytes: 40}}}
-	if _, err := l.AdmitLate(ctx, retry, claims, true); err == nil {
-		t.Fatal("claims' call: no error, want the broken pool's")
-	} else {
-		t.Logf("claims' call: %v", err)
-	}
-	if _, tk := bytesState(t, rdb, l, "beta", "100B/1m", slot); tk != 30 {
-		t.Errorf("beta's take after the failed call: %d bytes, want 30 (taken back)", tk)
-	}
-	ds, err := l.AdmitLate(ctx, retry, claims[:1], true)
+}
+
+// dump returns key's value as DUMP serializes it.
+func dump(t *testing.T, rdb redis.UniversalClient, key string) string {
+	t.Helper()
+	v, err := rdb.Dump(context.Background(), key).Result()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("DUMP %s: %v", key, err)
 	}
-	if ds[0].Kind == Keep {
-		t.Errorf("beta's claim checked again: kept, want given up (its slot was taken)")
-	}
+	return v
 }

@@ -2,6 +2,7 @@ package limit
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -138,5 +139,41 @@ func TestReleaseOfTakenSlot(t *testing.T) {
 				t.Errorf("release of an untaken slot: %d, %v; want 1", n, err)
 			}
 		})
+	}
+}
+
+// A record of takes whose pool at the missed slot holds no integer holds no
+// take: the slot is given back, and the release does not fail (before, it
+// failed after setting its marker, and the slot was never given back).
+func TestReleaseWithBrokenTakes(t *testing.T) {
+	ctx := context.Background()
+	l, clk, rdb := capLimiter(t, "", "*=1/10s")
+	ds, err := l.AdmitFrom(ctx, Source{Topic: "events"}, []Event{{Tenant: "b", Offset: 0}, {Tenant: "b", Offset: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "a d@10s"; got != want {
+		t.Fatalf("source batch: got %s, want %s", got, want)
+	}
+	due := t0.Add(10 * time.Second)
+	if err := rdb.HSet(ctx, l.keys.taken("b"), strconv.FormatInt(due.UnixMilli(), 10), "1.5").Err(); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(t0.Add(25 * time.Second))
+	window := l.keys.window("b", l.Rules().For("b")[0], due)
+	count := func() int64 {
+		c, err := rdb.HGet(ctx, window, "count").Int64()
+		if err != nil {
+			t.Fatalf("count of %s: %v", window, err)
+		}
+		return c
+	}
+	before := count()
+	n, err := l.Release(ctx, []MissedSlot{{Tenant: "b", Due: due, Trip: "c"}})
+	if err != nil || n != 1 {
+		t.Fatalf("release: %d, %v; want 1, nil", n, err)
+	}
+	if after := count(); after != before-1 {
+		t.Errorf("window at t0+10s: counts %d after the release, want %d", after, before-1)
 	}
 }

@@ -27,20 +27,25 @@
 -- Reply     1 if the slot was taken back, 2 if it gave up a take instead, 0
 --           if the marker was already set. A window that is gone, holds no
 --           integer count, or counts less than the event is left as it is;
---           a record that cannot be read holds no take.
+--           a record that cannot be read, or a pool that holds no integer,
+--           holds no take.
 if not redis.call("SET", KEYS[1], "1", "NX", "PX", ARGV[1]) then
   return 0
 end
 local f = ARGV[2]
 local ok, v = pcall(redis.call, "HMGET", KEYS[2], f, f .. "/m", f .. "/0", f .. "/1", f .. "/2")
-local pool = ok and tonumber(v[1]) or 0
+-- int reads a field of the record: 0 unless it holds an integer.
+local function int(x)
+  return x and string.find(x, "^%-?%d+$") and tonumber(x) or 0
+end
+local pool = ok and int(v[1]) or 0
 if pool > 0 then
   local cost = {[0] = 1, tonumber(ARGV[3]) or 0, tonumber(ARGV[4]) or 0}
-  local mark = tonumber(v[2]) or 0
+  local mark = int(v[2])
   local used = 0
   if mark == 3 then
     for mu = 0, 2 do
-      local sub = tonumber(v[mu + 3]) or 0
+      local sub = int(v[mu + 3])
       local c = math.min(cost[mu], sub)
       if c > 0 then
         redis.call("HINCRBY", KEYS[2], f .. "/" .. mu, -c)

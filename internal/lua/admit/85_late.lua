@@ -70,7 +70,10 @@
 -- replayed list with code 5 (keep: forward uncounted). Claims cost one
 -- HMGET of the record per tenant and call (and a second one, of the pools'
 -- marks, when a pool holds some), and one HGET of a window for a
--- qualifying tenant.
+-- qualifying tenant. A record (or a window's "taken") that is not a hash,
+-- or holds a value that is not an integer where a claim reads it, fails
+-- the tenant alone, as a broken window key does (claim_failed): what its
+-- claims used up is taken back and all its events fail.
 --
 -- Costs. A tenant whose rules count bytes (or units), all of them, takes
 -- and gives up slots in that measure: a future finest window's count is
@@ -157,6 +160,11 @@ local claim_due = {}
 -- displaced[ti]: how many of tenant ti's claims had their slot taken (the
 -- last of its events in the call; they do not take slots in turn).
 local displaced = {}
+-- claim_failed[ti]: {key, fault} when tenant ti's claims met a broken record
+-- of takes (a pool that holds no integer): its claims' writes are taken
+-- back and every event of the tenant fails, as on a broken window key
+-- (90_run.lua), while the batch's other tenants are decided.
+local claim_failed = {}
 do
   local at = arg_recs + 1
   if rkey then
@@ -532,28 +540,38 @@ local function claim_pools(ti, fi, dues)
     end
   end
   local pools, marks = {}, {}
-  -- A broken key keeps the claims: the tenant's decision meets it.
-  local v = #fields > 0 and redis.pcall("HMGET", rk, unpack(fields))
+  -- A value that is not an integer, or a key of the wrong type, fails the
+  -- tenant (claim_failed).
+  local function int_of(x, key)
+    if not x then
+      return 0
+    end
+    if not string.find(x, "^%-?%d+$") then
+      error({key = key, why = "holds a count that is not an integer"})
+    end
+    return tonumber(x)
+  end
+  cur = rk
+  local v = #fields > 0 and redis.call("HMGET", rk, unpack(fields))
   -- The marks and pools by measure of the fields that hold some (most hold
   -- none): f/m, f/0, f/1, f/2 for each.
   local held, subs = {}, {}
   for i, f in ipairs(fields) do
-    pools[f], marks[f] = type(v) == "table" and not v.err and tonumber(v[i]) or 0, 0
+    pools[f], marks[f] = int_of(v[i], rk), 0
     if pools[f] > 0 then
       held[#held + 1], held[#held + 2], held[#held + 3], held[#held + 4] = f .. "/m", f .. "/0", f .. "/1", f .. "/2"
     end
   end
-  v = #held > 0 and redis.pcall("HMGET", rk, unpack(held))
-  local ok = type(v) == "table" and not v.err
+  v = #held > 0 and redis.call("HMGET", rk, unpack(held))
   for i = 1, #held, 4 do
     local f = string.sub(held[i], 1, -3)
-    marks[f] = ok and tonumber(v[i]) or 0
-    subs[f] = {[0] = ok and tonumber(v[i + 1]) or 0, ok and tonumber(v[i + 2]) or 0, ok and tonumber(v[i + 3]) or 0}
+    marks[f] = int_of(v[i], rk)
+    subs[f] = {[0] = int_of(v[i + 1], rk), int_of(v[i + 2], rk), int_of(v[i + 3], rk)}
   end
   local legacy = 0
   if wk then
-    local l = redis.pcall("HGET", wk, "taken")
-    legacy = type(l) == "string" and tonumber(l) or 0
+    cur = wk
+    legacy = int_of(redis.call("HGET", wk, "taken"), wk)
   end
   return pools, marks, subs, legacy, rk, wk, ws
 end
@@ -585,6 +603,75 @@ local function claim_phase()
       end
     end
     return per
+  end
+
+  -- use_up takes from tenant's record of takes rk (and its finest window
+  -- wk, for a take of an earlier version) what its claims used up.
+  local function use_up(rk, used, wk, used_legacy)
+    for f, k in pairs(used) do
+      if k > 0 then -- (-0 is "-0" to Redis: not an integer)
+        cur = rk
+        redis.call("HINCRBY", rk, f, -k)
+        note(4, rk, {f, k})
+      end
+    end
+    if used_legacy > 0 then
+      cur = wk
+      redis.call("HINCRBY", wk, "taken", -used_legacy)
+      note(4, wk, {"taken", used_legacy})
+    end
+  end
+
+  -- settle decides tenant ti's live claims (live: their numbers among its
+  -- events, dues: their due times, at: their places in its cost lists): it
+  -- marks in gone those whose slot was taken, uses up the takes they find
+  -- (use_up), and returns how many they are.
+  local function settle(ti, p, live, dues, at, gone)
+    local pools, marks, subs, legacy, rk, wk, ws = claim_pools(ti, qualifies(ti, p), dues)
+    local d = 0
+    local used, used_legacy = {}, 0
+    local own = ws and num(ws)
+    local per = claim_costs(ti)
+    for x = #live, 1, -1 do
+      -- The pool of the claim's due time, else of the finest window that
+      -- holds now, gives up what the claim costs its measure (at most
+      -- what it holds; 1 for events, or for a measure the tenant counts
+      -- no more): the claim is gone.
+      local f = dues[x] > 0 and num(dues[x]) or own
+      if not (f and pools[f] > 0) then
+        f = own
+      end
+      if f and pools[f] > 0 and marks[f] == 3 then
+        -- Takes of several measures: each pool gives up what the claim
+        -- costs it, and f holds their sum.
+        local sub, left = subs[f], 0
+        for mu = 0, 2 do
+          if sub[mu] > 0 then
+            local c = per[mu]
+            c = math.min(mu > 0 and c and c[at[live[x]]] or 1, sub[mu])
+            local sf = f .. "/" .. mu
+            sub[mu], used[sf] = sub[mu] - c, (used[sf] or 0) + c
+          end
+          left = left + sub[mu]
+        end
+        left = math.min(left, pools[f]) -- (pools that outgrew f: a record an older replica used)
+        pools[f], used[f] = left, (used[f] or 0) + pools[f] - left
+      elseif f and pools[f] > 0 then
+        local c = per[marks[f]]
+        c = math.min(c and c[at[live[x]]] or 1, pools[f])
+        pools[f], used[f] = pools[f] - c, (used[f] or 0) + c
+      elseif legacy > 0 then
+        f, legacy, used_legacy = false, legacy - 1, used_legacy + 1
+      else
+        f = nil
+      end
+      if f ~= nil then
+        gone[live[x]] = true
+        d = d + 1
+      end
+    end
+    use_up(rk, used, wk, used_legacy)
+    return d
   end
 
   if not claims then
@@ -621,60 +708,18 @@ local function claim_phase()
       end
     end
     if #live > 0 then
-      local fi = qualifies(ti, p)
-      local pools, marks, subs, legacy, rk, wk, ws = claim_pools(ti, fi, dues)
-      local used, used_legacy = {}, 0
-      local own = ws and num(ws)
-      local per = claim_costs(ti)
-      for x = #live, 1, -1 do
-        -- The pool of the claim's due time, else of the finest window that
-        -- holds now, gives up what the claim costs its measure (at most
-        -- what it holds; 1 for events, or for a measure the tenant counts
-        -- no more): the claim is gone.
-        local f = dues[x] > 0 and num(dues[x]) or own
-        if not (f and pools[f] > 0) then
-          f = own
+      local mark = jn
+      local ok, e = pcall(settle, ti, p, live, dues, at, gone)
+      if ok then
+        d = e
+      else
+        local key, why = failure(e)
+        if not key then
+          error(e, 0) -- not the tenant's own: the call fails
         end
-        if f and pools[f] > 0 and marks[f] == 3 then
-          -- Takes of several measures: each pool gives up what the claim
-          -- costs it, and f holds their sum.
-          local sub, left = subs[f], 0
-          for mu = 0, 2 do
-            if sub[mu] > 0 then
-              local c = per[mu]
-              c = math.min(mu > 0 and c and c[at[live[x]]] or 1, sub[mu])
-              local sf = f .. "/" .. mu
-              sub[mu], used[sf] = sub[mu] - c, (used[sf] or 0) + c
-            end
-            left = left + sub[mu]
-          end
-          left = math.min(left, pools[f]) -- (pools that outgrew f: a record an older replica used)
-          pools[f], used[f] = left, (used[f] or 0) + pools[f] - left
-        elseif f and pools[f] > 0 then
-          local c = per[marks[f]]
-          c = math.min(c and c[at[live[x]]] or 1, pools[f])
-          pools[f], used[f] = pools[f] - c, (used[f] or 0) + c
-        elseif legacy > 0 then
-          f, legacy, used_legacy = false, legacy - 1, used_legacy + 1
-        else
-          f = nil
-        end
-        if f ~= nil then
-          gone[live[x]] = true
-          d = d + 1
-        end
-      end
-      for f, k in pairs(used) do
-        if k > 0 then -- (-0 is "-0" to Redis: not an integer)
-          cur = rk
-          redis.call("HINCRBY", rk, f, -k)
-          note(4, rk, {f, k})
-        end
-      end
-      if used_legacy > 0 then
-        cur = wk
-        redis.call("HINCRBY", wk, "taken", -used_legacy)
-        note(4, wk, {"taken", used_legacy})
+        undo(mark)
+        claim_failed[ti] = {key, why}
+        live, gone, c = {}, {}, 0 -- its claims are decided (failed) with it
       end
     end
     if d > 0 then

@@ -542,6 +542,10 @@ local function run(first)
     local nrules, n = recs[p], recs[p + 1]
     local mark, o = jn, #out
     out_at[ti] = o + 1
+    if claim_failed[ti] then
+      -- Its record of takes is broken (85_late.lua): the tenant fails.
+      error({key = claim_failed[ti][1], why = claim_failed[ti][2], at = {ti, mark, o}})
+    end
     local c, done = nil, false
     local costs = cost_at[ti] -- the tenant has costs (costs_of: its lists)
     if n == 0 then
@@ -732,8 +736,9 @@ if rkey then
   end
 end
 do
-  -- The claims' writes (the takes they use up) are journaled: a failure
-  -- there (a pool that holds no integer) takes them back and fails the call.
+  -- The claims' writes (the takes they use up) are journaled: a tenant
+  -- whose record of takes is broken fails alone (claim_failed), and any
+  -- other failure there takes them back and fails the call.
   local ok, e = pcall(claim_phase) -- 85_late.lua
   if not ok then
     undo(0)
