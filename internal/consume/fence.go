@@ -226,9 +226,15 @@ func (m *member) newFenceKeeper(ctx context.Context, gen *kafka.Generation) *fen
 
 // first sends the first heartbeat, and again after wait while it gets no
 // answer and the fence is open; refresh drops the routes after a stale one.
+// Each try is bounded by a third of the interval, but by no less than a
+// second (nor more than the interval): one that hangs on a connection a
+// broker restart left dead is cut, and sent again on a new connection
+// while the fence is still open; bounded by the interval, it was cut as
+// the fence ended.
 func (k *fenceKeeper) first(ctx context.Context, wait func(attempt int, err error) time.Duration, refresh func()) {
+	timeout := min(k.timeout, k.every, max(k.every/3, time.Second))
 	for attempt := 0; ; attempt++ {
-		err := k.beat(ctx)
+		err := k.beatWithin(ctx, timeout)
 		if err == nil || ctx.Err() != nil {
 			return
 		}
@@ -245,7 +251,12 @@ func (k *fenceKeeper) first(ctx context.Context, wait func(attempt int, err erro
 // It returns the error of a heartbeat that got no answer about the
 // generation, nil otherwise.
 func (k *fenceKeeper) beat(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, k.timeout)
+	return k.beatWithin(ctx, k.timeout)
+}
+
+// beatWithin is beat with its own timeout.
+func (k *fenceKeeper) beatWithin(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	sent := time.Now()
 	res, err := k.hb.Heartbeat(ctx, &kafka.HeartbeatRequest{GroupID: k.gen.GroupID,

@@ -285,3 +285,44 @@ func TestHandleStopsOnceFenced(t *testing.T) {
 		t.Errorf("Handle calls: got %d, want 2 (none after the fence ended)", calls)
 	}
 }
+
+// hangingFirst is a heartbeater whose first heartbeat hangs until its
+// context ends (a connection a broker restart left dead, no RST); the later
+// ones are answered. Safe for concurrent use.
+type hangingFirst struct {
+	mu   sync.Mutex
+	sent int
+}
+
+func (h *hangingFirst) Heartbeat(ctx context.Context, _ *kafka.HeartbeatRequest) (*kafka.HeartbeatResponse, error) {
+	h.mu.Lock()
+	h.sent++
+	first := h.sent == 1
+	h.mu.Unlock()
+	if first {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return &kafka.HeartbeatResponse{}, nil
+}
+
+// A first heartbeat that hangs is cut after a third of the interval (a
+// second at least) and sent again while the fence is open. Before, it was
+// bounded by the whole interval, the fence ended with it, and the
+// generation too.
+func TestFirstHeartbeatThatHangsIsSentAgain(t *testing.T) {
+	session, every := 10*time.Second, 3*time.Second
+	hb := &hangingFirst{}
+	k := &fenceKeeper{hb: hb, gen: &kafka.Generation{ID: 7, GroupID: "g", MemberID: "m"},
+		session: session, every: every, timeout: every, fence: newWriteFence(time.Now().Add(every))}
+	began := time.Now()
+	k.first(context.Background(), func(int, error) time.Duration { return 20 * time.Millisecond }, func() {})
+	took := time.Since(began)
+	t.Logf("first answered after %v, %d heartbeats", took.Round(time.Millisecond), hb.sent)
+	if err := k.fence.Err(); err != nil {
+		t.Fatalf("after the first heartbeat hung: fence %v, want open", err)
+	}
+	if hb.sent != 2 {
+		t.Errorf("sent %d heartbeats, want 2", hb.sent)
+	}
+}
