@@ -322,27 +322,98 @@ func testLateKeepsPlaceMixed(t *testing.T, rdb redis.UniversalClient) {
 	}
 }
 
-// Rules of two measures take no slot when one measure has no rule of the
-// finest windows (2/10s with 100B/1m: the bytes reserved in a 10s window
-// are not known). The late event is reserved as before.
-func TestLateMixedMeasuresNoTake(t *testing.T) {
+// Rules of two measures take slots when one measure has no rule of the
+// finest windows too (2/10s with 100B/1m): each reservation adds what it
+// costs in bytes to its 10s window's field r1 (the bytes reserved there,
+// which no rule counts), and a late event takes a slot where its bytes fit
+// what is reserved there, less what was taken. A missed slot given back
+// takes its bytes off r1 too. (Before, such a tenant took no slot: a late
+// event went behind everything the tenant had deferred.)
+func TestLateMixedMeasuresTakeByReserved(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		rdb  func(*testing.T) redis.UniversalClient
+	}{{"Redis", func(t *testing.T) redis.UniversalClient { return testRedis(t) }}, {"Cluster", func(t *testing.T) redis.UniversalClient { return testCluster(t) }}} {
+		t.Run(c.name, func(t *testing.T) { testLateMixedMeasuresTakeByReserved(t, c.rdb(t)) })
+	}
+}
+
+func testLateMixedMeasuresTakeByReserved(t *testing.T, rdb redis.UniversalClient) {
 	ctx := context.Background()
-	rdb := testRedis(t)
 	clk := newFakeClock(t0)
 	l := newTestLimiter(t, rdb, "acme=2/10s,100B/1m", Options{Clock: clk.Now})
-	if _, err := l.AdmitFrom(ctx, Source{Topic: "events"}, costEvents("acme", 0, 10, 10, 10, 10, 10, 10)); err != nil {
-		t.Fatal(err)
-	}
-	clk.Set(t0.Add(5 * time.Second))
-	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, costEvents("acme", 100, 10), true)
+	ds, err := l.AdmitFrom(ctx, Source{Topic: "events"}, costEvents("acme", 0, 10, 10, 10, 10, 15, 5))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := dues(ds), "d@30s"; got != want {
-		t.Fatalf("late event: got %s, want %s (behind the tenant's reservations, no take)", got, want)
+	if got, want := dues(ds), "a a d@10s d@10s d@20s d@20s"; got != want {
+		t.Fatalf("source batch: got %s, want %s", got, want)
 	}
-	if n, err := rdb.Exists(ctx, l.keys.taken("acme")).Result(); err != nil || n != 0 {
-		t.Errorf("record of takes: %d keys (%v), want none", n, err)
+	r := l.Rules().For("acme")[0]
+	reserved := func(at time.Duration) int64 {
+		t.Helper()
+		key := l.keys.window("acme", r, t0.Add(at))
+		v, err := rdb.HGet(ctx, key, "r1").Int64()
+		if err != nil && err != redis.Nil {
+			t.Fatalf("HGET %s r1: %v", key, err)
+		}
+		return v
+	}
+	if a, b := reserved(10*time.Second), reserved(20*time.Second); a != 20 || b != 20 {
+		t.Fatalf("bytes reserved at t0+10s, t0+20s: %d, %d; want 20, 20", a, b)
+	}
+	retry := Source{Topic: "events.retry"}
+	clk.Set(t0.Add(5 * time.Second))
+	// 25 bytes fit no window's 20 reserved: reserved as usual; 10 take a
+	// slot at t0+10s; the next 15 fit what is left there by bytes (10) no
+	// more, and take the slot of t0+20s.
+	late := costEvents("acme", 100, 10, 15)
+	ds, err = l.AdmitLate(ctx, retry, late, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "d@10s! d@20s!"; got != want {
+		t.Fatalf("late events: got %s, want %s", got, want)
+	}
+	replaysSame(t, l, retry, late, ds, "replayed late events")
+	big, err := l.AdmitLate(ctx, retry, costEvents("acme", 102, 25), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(big), "d@30s"; got != want {
+		t.Fatalf("late event of 25 bytes: got %s, want %s (no window holds 25 reserved)", got, want)
+	}
+	// The claims of t0+10s: the last gives up its slot (one event and its
+	// 10 bytes taken) and is placed again; the first keeps its slot.
+	clk.Set(t0.Add(10*time.Second + 500*time.Millisecond))
+	slot := t0.Add(10 * time.Second)
+	claims := []Event{{Tenant: "acme", Offset: 2, InSlot: true, Due: slot, Cost: Cost{Bytes: 10, Units: 10}},
+		{Tenant: "acme", Offset: 3, InSlot: true, Due: slot, Cost: Cost{Bytes: 10, Units: 10}}}
+	ds, err = l.AdmitLate(ctx, retry, claims, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ds[0].Kind != Keep || ds[1].Kind != Defer || ds[1].Took || !ds[1].Due.After(slot) {
+		t.Fatalf("claims of t0+10s: got %s, want the first kept, the second placed again later", dues(ds))
+	}
+	// A reservation of t0+30s missed (its slot given back): its bytes leave
+	// r1 with its count.
+	clk.Set(t0.Add(45 * time.Second))
+	before := reserved(30 * time.Second)
+	if n, err := l.Release(ctx, []MissedSlot{{Tenant: "acme", Due: t0.Add(30 * time.Second), Trip: "x", Cost: Cost{Bytes: 25, Units: 25}}}); err != nil || n != 1 {
+		t.Fatalf("release: %d, %v; want 1", n, err)
+	}
+	if after := reserved(30 * time.Second); after != max(before-25, 0) {
+		t.Errorf("bytes reserved at t0+30s after the release: %d, want %d", after, max(before-25, 0))
+	}
+	// Every window within its limits: events per 10s, bytes per minute.
+	for at := time.Duration(0); at < time.Minute; at += 10 * time.Second {
+		if c, _ := windowState(t, rdb, l, "acme", "2/10s", t0.Add(at)); c > 2 {
+			t.Errorf("events counted at t0+%s: %d, over 2", at, c)
+		}
+	}
+	if c, _ := bytesState(t, rdb, l, "acme", "100B/1m", t0); c > 100 {
+		t.Errorf("bytes counted in the first minute: %d, over 100", c)
 	}
 }
 
@@ -437,10 +508,7 @@ func TestBoundedLateTakeMixed(t *testing.T) {
 	if _, err := p.Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
-	evs := make([]Event, boundedBatch)
-	for i := range evs {
-		evs[i] = Event{Tenant: "hot", Offset: int64(i), Cost: Cost{Bytes: 10}}
-	}
+	evs := hotEvents(10)
 	m.reset()
 	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, evs, true)
 	if err != nil {

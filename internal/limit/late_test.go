@@ -168,16 +168,7 @@ func TestBoundedLateTake(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ahead = 2000
-	p := rdb.Pipeline()
-	for i := range ahead + 1 {
-		s := t0.Add(time.Duration(i) * time.Second)
-		key := l.keys.window("hot", r, s)
-		p.HSet(ctx, key, "count", 1, "taken", 1, "expire", s.Add(time.Second).UnixMilli())
-		p.PExpire(ctx, key, time.Hour)
-	}
-	if _, err := p.Exec(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fillAhead(t, rdb, l, r, ahead, "taken", 1)
 	ds := lateHotBatch(t, l, m, "500 late events, every slot ahead taken", int64(DefaultMaxScan)+1)
 	stop := t0.Add(time.Duration(DefaultMaxScan+1) * time.Second)
 	for i, d := range ds {
@@ -186,7 +177,7 @@ func TestBoundedLateTake(t *testing.T) {
 		}
 	}
 	// Nothing counted or taken: every window holds count 1 and taken 1.
-	p = rdb.Pipeline()
+	p := rdb.Pipeline()
 	cmds := make([]*redis.SliceCmd, ahead+1)
 	for i := range cmds {
 		cmds[i] = p.HMGet(ctx, l.keys.window("hot", r, t0.Add(time.Duration(i)*time.Second)), "count", "taken")
@@ -217,4 +208,66 @@ func lateHotBatch(t *testing.T, l *Limiter, m *workMeter, what string, reads int
 	}
 	m.check(what, 1, reads)
 	return ds
+}
+
+// The worst case of a take by what reservations recorded (85_late.lua,
+// Reserved): rules of events in 1s windows and of bytes in an hour, every
+// 1s window ahead full, and the bytes recorded in each too few for a late
+// event. The take scan reads each window's record (one HGET beside its
+// read) and stops at its bound of windows; the call's work stays bounded
+// and nothing is counted or taken.
+func TestBoundedLateTakeByReserved(t *testing.T) {
+	ctx := context.Background()
+	rdb := privateRedis(t)
+	m := newWorkMeter(t, rdb)
+	l := newTestLimiter(t, rdb, "*=1/1s,1000000B/1h", Options{Clock: func() time.Time { return t0 }})
+	r := l.Rules().For("hot")[0]
+	fillAhead(t, rdb, l, r, 2000, "r1", 5)
+	evs := hotEvents(10)
+	m.reset()
+	hget0 := m.calls("hget")
+	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, evs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.check("500 late events of 10 bytes, 5 bytes recorded in every full window ahead", 1, int64(DefaultMaxScan)+2)
+	hgets := m.calls("hget") - hget0
+	t.Logf("HGETs: %d", hgets)
+	if hgets > int64(DefaultMaxScan) {
+		t.Errorf("HGETs of the records: %d, want at most %d (one a window read)", hgets, DefaultMaxScan)
+	}
+	for i, d := range ds {
+		if d.Kind != Defer || d.Took || !d.Due.After(t0) {
+			t.Fatalf("event %d: got %+v, want deferred, no slot taken", i, d)
+		}
+	}
+	if n, err := rdb.Exists(ctx, l.keys.taken("hot")).Result(); err != nil || n != 0 {
+		t.Errorf("record of takes: %d keys (%v), want none", n, err)
+	}
+}
+
+// fillAhead fills tenant hot's windows of r (of 1s) from t0 on, ahead of
+// them: count 1 and fields.
+func fillAhead(t *testing.T, rdb redis.UniversalClient, l *Limiter, r Rule, ahead int, fields ...any) {
+	t.Helper()
+	ctx := context.Background()
+	p := rdb.Pipeline()
+	for i := range ahead + 1 {
+		s := t0.Add(time.Duration(i) * time.Second)
+		key := l.keys.window("hot", r, s)
+		p.HSet(ctx, key, append([]any{"count", 1, "expire", s.Add(time.Second).UnixMilli()}, fields...)...)
+		p.PExpire(ctx, key, time.Hour)
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// hotEvents returns a bounded batch of tenant hot's events of bytes each.
+func hotEvents(bytes int64) []Event {
+	evs := make([]Event, boundedBatch)
+	for i := range evs {
+		evs[i] = Event{Tenant: "hot", Offset: int64(i), Cost: Cost{Bytes: bytes}}
+	}
+	return evs
 }

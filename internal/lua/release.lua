@@ -61,11 +61,25 @@ if pool > 0 then
   end
   return 2
 end
+-- A window's fields r1 and r2 (the bytes and units reserved in a finest
+-- window whose rule counts events: internal/lua/admit/85_late.lua,
+-- Reserved) lose the event's cost too, down to 0 at most.
+local rcost = {r1 = int(ARGV[3]), r2 = int(ARGV[4])}
 for i = 3, #KEYS do
   local by = tonumber(ARGV[i + 2])
   local c
-  ok, c = pcall(redis.call, "HGET", KEYS[i], "count")
-  c = ok and tonumber(c)
+  ok, c = pcall(redis.call, "HMGET", KEYS[i], "count", "r1", "r2")
+  if ok then
+    for j, f in ipairs({"r1", "r2"}) do
+      local d = math.min(int(c[j + 1]), rcost[f])
+      if d > 0 then
+        redis.call("HINCRBY", KEYS[i], f, -d)
+      end
+    end
+    c = tonumber(c[1])
+  else
+    c = nil
+  end
   if c and by and c >= by and by > 0 then
     redis.call("HINCRBY", KEYS[i], "count", -by)
   end

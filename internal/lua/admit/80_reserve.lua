@@ -94,6 +94,19 @@ local function reserve(rules, fkey, rest, first, pos, costs, keep)
           add(r, r.at_start, r.at_end, by)
         end
       end
+      if rules.rec then
+        -- What the finest window now holds reserved of the measures that
+        -- no rule of its windows counts (85_late.lua, Reserved).
+        local key = wkey(rules[rules.rec[1]].key, rules[rules.rec[1]].at_start)
+        for _, fr in ipairs(rules.rec[2]) do
+          local by = rules[fr[2]].take
+          if by > 0 then
+            cur = key
+            redis.call("HINCRBY", key, fr[1], by)
+            note(4, key, {fr[1], -by})
+          end
+        end
+      end
       res[#res + 1] = t
       res[#res + 1] = take
       res[#res + 1] = untilt

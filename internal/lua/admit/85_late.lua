@@ -29,12 +29,12 @@
 -- would then hold slots of two 15s windows, and an event taking "a slot
 -- of the window" might use one counted in the other. Recording takes per
 -- due time would not help without a count of the reservations at each due
--- time, which nothing records.)
+-- time, which only Reserved records, and only in a finest window.)
 --
 -- Taking (take = 1). A qualifying tenant's late events that the current
 -- windows have no room for take, in order, the slots of the tenant's
 -- reservations in the earliest finest windows before its first time when
--- every rule has room that start at least take_margin_ms after now: they
+-- every rule has room that start at least late_ms.take_margin after now: they
 -- take at most the window's count less what was taken there, and what
 -- they take is added to the tenant's record of takes (record_key,
 -- limit.TakenSuffix: a hash of takes by due time, living until a minute
@@ -91,8 +91,9 @@
 -- between them). Rules of several measures (2/1m and 100B/1m) qualify when
 -- each measure has a rule of the finest windows (each window of one nests
 -- in the other's): what is reserved in a finest window is known in each
--- measure only from such a rule (not from 100B/1m beside 2/10s), or, for
--- events, from a finest rule of bytes or units (see Lower bound). A late
+-- measure from such a rule, or, for events, from a finest rule of bytes or
+-- units (see Lower bound), or, without a capacity, from what reserve
+-- records there (see Reserved: 100B/1m beside 2/10s). A late
 -- event then takes where every measure has its cost left, each measure's
 -- take is recorded in its own pool, f/0, f/1 or f/2, f holds their sum
 -- and is marked 3, and a claim gives up its cost in each measure (1 for
@@ -116,6 +117,23 @@
 -- capacity's cost list giving the bytes of a tenant whose rules count
 -- none. The bound does not hold the other way: an event's bytes may be 0,
 -- so the bytes reserved in a window are never known from its events.
+--
+-- Reserved. Without a capacity, a qualifying tenant whose finest rule
+-- counts events and some measure mu (bytes or units) only in coarser
+-- windows (2/10s beside 100B/1m; rec_of) has reserve add what each
+-- reservation costs in mu to the field r<mu> of the finest window holding
+-- it (beside its count: it lives and ends with that window). r<mu> is then
+-- what the window holds reserved in mu, and a take there counts it as a
+-- rule of mu of the finest windows would (ms: a {rec} in take_slots; the
+-- read is an HGET of a window the scan has read). A reservation that leaves
+-- its window before it starts gives its cost back with its count
+-- (internal/lua/release.lua: a slot given back after a raise, or missed);
+-- one placed elsewhere as a displaced claim leaves a window that holds now,
+-- where nothing is taken any more. A window reserved in before this (or by
+-- a replica of an earlier version) holds no r<mu>: nothing is taken there,
+-- as before. Rolling out from a version that does not write r<mu>, a slot
+-- given back early by an older replica leaves r<mu> higher than what is
+-- reserved: roll out with LATE_TAKES_SLOTS=check, as for Costs.
 --
 -- Capacity. Under a capacity (35_capacity.lua: one rule more per capacity
 -- rule, on shared keys, whose count of a tenant in a window is what it
@@ -145,11 +163,14 @@
 -- (87_advance.lua) leave an event whose slot was taken where it is, and
 -- its tenant's events after it.
 --
--- take_margin_ms keeps takes off windows about to start, so that a claim of
--- that window, read by a replica whose clock runs a little ahead, never
--- misses a take made after it.
+-- late_ms.take_margin keeps takes off windows about to start, so that a
+-- claim of that window, read by a replica whose clock runs a little ahead,
+-- never misses a take made after it; late_ms.record_life is how long the
+-- record of takes lives past the end of the last window taken in (as a
+-- window key's retention: a clock that lags, a claim a little late). (One
+-- table: the script's main chunk is near Lua's 200 locals.)
 
-local take_margin_ms = 1000
+local late_ms = {take_margin = 1000, record_life = 60000}
 
 -- The call's late argument: take, claims per tenant (0: none), and each
 -- tenant's claims' due times (claim_due[ti][j]: its j-th claim's, 0 when
@@ -440,15 +461,17 @@ do
       by = {}
       for ri = 1, nr do
         local mu = measure_of(KEYS[key_at[ti] + ri])
-        need[mu] = true
+        need[mu] = need[mu] or ri
         if not by[mu] and (ri == fi or nested(df, descs[recs[p - 1 + 3 * ri]])) then
           by[mu] = ri -- its windows are the finest's (each nests in the other)
         end
       end
-      for mu in pairs(need) do
+      for mu, ri in pairs(need) do
         if not by[mu] then
           if mu == 0 and fm > 0 then
             by[0] = 0 -- see Lower bound
+          elseif ncap == 0 then
+            by[mu] = -ri -- see Reserved
           else
             return nil
           end
@@ -489,6 +512,45 @@ do
   end
 end
 
+-- rec_of returns, for tenant ti (its record at recs[p]), what reserve
+-- records of its reservations (see Reserved): {fi, list of {field, rule
+-- number}}, fi its finest rule and each field "r<mu>" of a measure mu that
+-- no rule of the finest windows counts, with a rule of it whose costs it
+-- adds; false when nothing. Kept per rule set and measures.
+local rec_of
+do
+  local known = {}
+  rec_of = function(ti, p)
+    if ncap > 0 or recs[p] == 1 or not cost_at[ti] then
+      return false
+    end
+    local k = {}
+    for ri = 1, recs[p] do
+      k[#k + 1] = recs[p - 1 + 3 * ri]
+      k[#k + 1] = KEYS[key_at[ti] + ri]:match("}:([^}]*)$") or ""
+    end
+    k = table.concat(k, ",")
+    local v = known[k]
+    if v == nil then
+      v = false
+      local fi, _, by = qualifies(ti, p)
+      if fi and by then
+        local list = {}
+        for mu, ri in pairs(by) do
+          if ri < 0 then
+            list[#list + 1] = {"r" .. mu, -ri}
+          end
+        end
+        if #list > 0 then
+          v = {fi, list}
+        end
+      end
+      known[k] = v
+    end
+    return v
+  end
+end
+
 -- taken_key is the key of tenant ti's window that holds now of its rule
 -- number fi (its finest), and that window's start.
 local function taken_key(ti, fi)
@@ -508,10 +570,6 @@ local function record_key(ti)
   return string.match(KEYS[key_at[ti] + 1], "^(.*})") .. ":taken"
 end
 
--- record_life_ms is how long the record of takes lives past the end of the
--- last window taken in (as a window key's retention: a clock that lags, a
--- claim a little late).
-local record_life_ms = 60000
 
 -- claim_pools reads what the claims of tenant ti (fi: its finest rule
 -- when it qualifies, else nil) may find taken: pools[f] for the record's
@@ -877,7 +935,12 @@ local function take_slots(ti, rules, rest, first, pos, keep)
   if by then
     mus, ms = {}, {}
     for mu, ri in pairs(by) do
-      mus[#mus + 1], ms[#ms + 1] = mu, ri == 0 and lb or rules[ri]
+      local r = ri == 0 and lb or rules[ri]
+      if ri < 0 then
+        -- What the finest window holds reserved of mu (see Reserved).
+        r = {rec = "r" .. mu, costs = rules[-ri].costs}
+      end
+      mus[#mus + 1], ms[#ms + 1] = mu, r
     end
     for _, r in ipairs(rules) do
       r.mu = r.cap and r.cap.mu or measure_of(r.key)
@@ -923,7 +986,7 @@ local function take_slots(ti, rules, rest, first, pos, keep)
     if room then
       break -- room: reserve goes on from here
     end
-    if s >= now + take_margin_ms and c > 0 then
+    if s >= now + late_ms.take_margin and c > 0 then
       -- What was taken there: in the record, and in the window by an
       -- earlier version.
       local tk = 0
@@ -954,6 +1017,9 @@ local function take_slots(ti, rules, rest, first, pos, keep)
             cs[i] = c
           elseif r == lb then
             cs[i] = c > 0 and 1 or 0
+          elseif r.rec then
+            cur = wkey(f.key, s)
+            cs[i] = tonumber(redis.call("HGET", cur, r.rec)) or 0
           elseif r.cap then
             cs[i] = cap_booked(r, cap_win(r, s)) or 0 -- (its window is df's)
           else
@@ -1004,8 +1070,8 @@ local function take_slots(ti, rules, rest, first, pos, keep)
           redis.call("HINCRBY", rk, fs, u)
           note(4, rk, {fs, -u})
         end
-        if redis.call("PTTL", rk) < e - now + record_life_ms then
-          redis.call("PEXPIRE", rk, num(e - now + record_life_ms))
+        if redis.call("PTTL", rk) < e - now + late_ms.record_life then
+          redis.call("PEXPIRE", rk, num(e - now + late_ms.record_life))
         end
         res[#res + 1], res[#res + 2], res[#res + 3] = s, k, -e
         rest, pos = rest - k, pos + k
