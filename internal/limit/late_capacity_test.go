@@ -3,7 +3,9 @@ package limit
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -236,15 +238,15 @@ func TestAdvanceKeepsTakenSlot(t *testing.T) {
 // No slot is taken under a capacity whose windows and the tenant's do not
 // nest (4s beside 6s: a capacity window may cross a bound of the
 // tenant's), nor under one of a measure whose cost reserved in a slot is
-// not known: bytes in windows coarser than the tenant's finest rule, of
-// events (the bytes reserved in a window of 1m are not known from an
-// hour's booking); events in windows of 10s beside a rule of 1m of bytes
-// (the capacity's rule is the finest, and the bytes reserved in its
-// windows are not known). The late event is then deferred as a new one.
+// not known: events in windows of 10s beside a rule of 1m of bytes (the
+// capacity's rule is the finest, and the bytes reserved in its windows are
+// not known). The late event is then deferred as a new one. (Bytes in
+// windows coarser than the tenant's finest rule, of events, 400B/1h beside
+// 100/1m, are known since 2026-12-05 from what each reservation records:
+// TestLateTakeByReservedUnderCapacity.)
 func TestLateCapacityNoTake(t *testing.T) {
 	for _, tc := range []struct{ capacity, limits string }{
 		{"2/4s", "acme=100/6s"},
-		{"400B/1h", "acme=100/1m"},
 		{"2/10s", "acme=10000B/1m"},
 	} {
 		t.Run(tc.capacity+" "+tc.limits, func(t *testing.T) {
@@ -559,5 +561,89 @@ func TestLateCapacityRuleOrder(t *testing.T) {
 				t.Errorf("late event: got %s, want %s", got, want)
 			}
 		})
+	}
+}
+
+// Under a capacity of bytes coarser than a tenant's finest rule of events
+// (CAPACITY=1000B/4s beside acme=5/1s), a late event takes slots by what
+// each reservation recorded in its finest window (85_late.lua, Reserved;
+// before, it took none), and a reservation that leaves its window before
+// it starts takes its bytes off the record: given back (Release) or moved
+// into idle capacity (Advance).
+func TestLateTakeByReservedUnderCapacity(t *testing.T) {
+	ctx := context.Background()
+	l, clk, rdb := capLimiter(t, "1000B/4s", "acme=5/1s")
+	l.advanceEvery = 0
+	cs := make([]int64, 25)
+	for i := range cs {
+		cs[i] = 10
+	}
+	evs := costEvents("acme", 0, cs...)
+	ds, err := l.AdmitFrom(ctx, Source{Topic: "events"}, evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "a a a a a" + strings.Repeat(" d@1s", 5) + strings.Repeat(" d@2s", 5) + strings.Repeat(" d@3s", 5) + strings.Repeat(" d@4s", 5)
+	if got := dues(ds); got != want {
+		t.Fatalf("source batch: got %s, want %s", got, want)
+	}
+	r := l.Rules().For("acme")[0]
+	recorded := func() []int64 {
+		t.Helper()
+		out := make([]int64, 4)
+		for i := range out {
+			key := l.keys.window("acme", r, t0.Add(time.Duration(i+1)*time.Second))
+			v, err := rdb.HGet(ctx, key, "r1").Int64()
+			if err != nil && err != redis.Nil {
+				t.Fatalf("HGET %s r1: %v", key, err)
+			}
+			out[i] = v
+		}
+		return out
+	}
+	if got, want := recorded(), []int64{50, 50, 50, 50}; !slices.Equal(got, want) {
+		t.Fatalf("bytes recorded at t0+1s..4s: %v, want %v", got, want)
+	}
+	// A late event at t0+0.5s: t0+1s starts too soon, it takes a slot of
+	// t0+2s.
+	clk.Set(t0.Add(500 * time.Millisecond))
+	late, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, costEvents("acme", 100, 10), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := dues(late); got != "d@2s!" {
+		t.Fatalf("late event: got %s, want d@2s!", got)
+	}
+	// At t0+3.5s the slots of t0+3s are given back, and the events due at
+	// t0+4s move into the idle capacity of the current window.
+	clk.Set(t0.Add(3500 * time.Millisecond))
+	var slots []MissedSlot
+	var ws []Waiting
+	for i, d := range ds {
+		switch {
+		case d.Kind == Defer && d.Due.Equal(t0.Add(3*time.Second)):
+			slots = append(slots, MissedSlot{Tenant: "acme", Due: d.Due, Trip: strconv.Itoa(i), Cost: evs[i].Cost})
+		case d.Kind == Defer && d.Due.Equal(t0.Add(4*time.Second)):
+			ws = append(ws, Waiting{Tenant: "acme", Offset: int64(i), Due: d.Due, Cost: evs[i].Cost, Windows: d.Windows})
+		}
+	}
+	if n, err := l.Release(ctx, slots); err != nil || n != len(slots) {
+		t.Fatalf("release: %d, %v; want %d", n, err, len(slots))
+	}
+	moved, _, err := l.Advance(ctx, Source{Topic: "events.retry"}, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, m := range moved {
+		if m {
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatalf("advance moved none of %d, want some", len(ws))
+	}
+	if got, want := recorded(), []int64{50, 50, 0, 50 - 10*int64(n)}; !slices.Equal(got, want) {
+		t.Errorf("bytes recorded at t0+1s..4s after the release and %d moves: %v, want %v", n, got, want)
 	}
 }

@@ -118,16 +118,18 @@
 -- none. The bound does not hold the other way: an event's bytes may be 0,
 -- so the bytes reserved in a window are never known from its events.
 --
--- Reserved. Without a capacity, a qualifying tenant whose finest rule
--- counts events and some measure mu (bytes or units) only in coarser
--- windows (2/10s beside 100B/1m; rec_of) has reserve add what each
+-- Reserved. A qualifying tenant whose finest rule counts events and some
+-- measure mu (bytes or units) only in coarser windows, its own (2/10s
+-- beside 100B/1m) or a capacity's (400B/1h beside 100/1m, see Capacity;
+-- the capacity's cost list then gives the costs; rec_of) has reserve add what each
 -- reservation costs in mu to the field r<mu> of the finest window holding
 -- it (beside its count: it lives and ends with that window). r<mu> is then
 -- what the window holds reserved in mu, and a take there counts it as a
 -- rule of mu of the finest windows would (ms: a {rec} in take_slots; the
 -- read is an HGET of a window the scan has read). A reservation that leaves
 -- its window before it starts gives its cost back with its count
--- (internal/lua/release.lua: a slot given back after a raise, or missed);
+-- (internal/lua/release.lua: a slot given back after a raise, or missed;
+-- 87_advance.lua: a move into idle capacity);
 -- one placed elsewhere as a displaced claim leaves a window that holds now,
 -- where nothing is taken any more. A window reserved in before this (or by
 -- a replica of an earlier version) holds no r<mu>: nothing is taken there,
@@ -144,7 +146,8 @@
 -- counts, or has the finest rule's windows (a finest window's
 -- reservations in its measure are then what the tenant booked there: 400B/1m
 -- beside 100/1m), or counts events where the finest rule counts bytes or
--- units (see Lower bound): a slot is then a finest window of the tenant's, whose count
+-- units (see Lower bound), or bytes or units where it counts events (see
+-- Reserved): a slot is then a finest window of the tenant's, whose count
 -- holds its reservations, each booked in the capacity window holding it
 -- by the same cost. When the capacity's finest rule has shorter windows,
 -- it is the finest of all: every other rule, the tenant's and the
@@ -410,6 +413,8 @@ do
                   add[d.mu] = nr + ci
                 elseif d.mu == 0 and fm > 0 then
                   add[0] = 0
+                elseif fm == 0 then
+                  add[d.mu] = -(nr + ci) -- recorded in the finest window (see Reserved)
                 else
                   ok = false
                 end
@@ -470,7 +475,7 @@ do
         if not by[mu] then
           if mu == 0 and fm > 0 then
             by[0] = 0 -- see Lower bound
-          elseif ncap == 0 then
+          elseif fm == 0 then
             by[mu] = -ri -- see Reserved
           else
             return nil
@@ -521,7 +526,7 @@ local rec_of
 do
   local known = {}
   rec_of = function(ti, p)
-    if ncap > 0 or recs[p] == 1 or not cost_at[ti] then
+    if not cost_at[ti] then
       return false
     end
     local k = {}

@@ -341,6 +341,19 @@ do
           end
         end
       end
+      local rec = costs and rec_of(ti, rec_at[ti]) -- (85_late.lua, Reserved)
+      if rec and slot[rec[1]] ~= rules[rec[1]].cur_start then
+        -- Its slot's finest window no longer holds its cost reserved.
+        local key = wkey(rules[rec[1]].key, slot[rec[1]])
+        for _, fr in ipairs(rec[2]) do
+          local c = cost_of(rules[fr[2]], j)
+          if c > 0 then
+            cur = key
+            redis.call("HINCRBY", key, fr[1], -c)
+            note(4, key, {fr[1], c})
+          end
+        end
+      end
       m = m + 1
     end
     return m
