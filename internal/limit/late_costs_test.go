@@ -642,3 +642,30 @@ func dump(t *testing.T, rdb redis.UniversalClient, key string) string {
 	}
 	return v
 }
+
+// Reservations record bytes or units only in a finest window of events
+// (85_late.lua, Reserved): with a finest rule of bytes (100B/10s beside
+// 2/10s and 50u/1m) and events of 0 bytes, the bytes rule's windows are
+// never written, and a record there would have left keys that never
+// expire (found by a review of a993d7a).
+func TestReservedRecordOnlyInWindowsOfEvents(t *testing.T) {
+	ctx := context.Background()
+	rdb := privateRedis(t)
+	l := newTestLimiter(t, rdb, "acme=100B/10s,2/10s,50u/1m", Options{Clock: newFakeClock(t0).Now})
+	evs := make([]Event, 6)
+	for i := range evs {
+		evs[i] = Event{Tenant: "acme", Offset: int64(i), Cost: Cost{Units: 5}}
+	}
+	if _, err := l.AdmitFrom(ctx, Source{Topic: "events"}, evs); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := rdb.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if ttl, err := rdb.PTTL(ctx, k).Result(); err != nil || ttl < 0 {
+			t.Errorf("key %s: PTTL %v (%v), want one set", k, ttl, err)
+		}
+	}
+}

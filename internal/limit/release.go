@@ -42,7 +42,10 @@ const releaseMarkerTTL = ReplayRecordTTL
 // tenant's record of takes holds some under Due: AdmitLate) is not the
 // event's to give back, since the late event was forwarded in it
 // uncounted: the event gives it up instead, using up its cost of the take
-// (as a claim that finds its slot taken), and no window counts less. It
+// (as a claim that finds its slot taken), and no window counts less. A
+// slot given back before its Due (an event admitted or moved early) is
+// given back whatever the record holds: takes may still come to its window,
+// and would take the slot again. It
 // returns how many slots it took back (not those given up to a take). Slots of TTL windows are not taken back (their window
 // depends on the chain's anchor at the time of the deferral): Release
 // returns 0 for them without error. One round trip per Redis node; an
@@ -58,6 +61,7 @@ func (l *Limiter) Release(ctx context.Context, slots []MissedSlot) (int, error) 
 		args []any
 	}
 	var calls []call
+	now := l.opts.Clock()
 	for _, s := range slots {
 		rs := rules.For(s.Tenant)
 		if s.Rules != nil {
@@ -66,8 +70,12 @@ func (l *Limiter) Release(ctx context.Context, slots []MissedSlot) (int, error) 
 		if len(rs) == 0 || s.Trip == "" {
 			continue
 		}
+		early := 0
+		if s.Due.After(now) {
+			early = 1
+		}
 		c := call{keys: []string{l.keys.tenant(s.Tenant) + ":released:" + s.Trip, l.keys.taken(s.Tenant)},
-			args: []any{releaseMarkerTTL.Milliseconds(), s.Due.UnixMilli(), s.Cost.Bytes, s.Cost.Units}}
+			args: []any{releaseMarkerTTL.Milliseconds(), s.Due.UnixMilli(), s.Cost.Bytes, s.Cost.Units, early}}
 		for _, r := range rs {
 			c.keys = append(c.keys, l.keys.window(s.Tenant, r, alignedStart(r, s.Due, l.opts.Location)))
 			c.args = append(c.args, s.Cost.of(r.Measure))

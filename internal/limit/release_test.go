@@ -177,3 +177,59 @@ func TestReleaseWithBrokenTakes(t *testing.T) {
 		t.Errorf("window at t0+10s: counts %d after the release, want %d", after, before-1)
 	}
 }
+
+// A slot given back before its window starts (an event admitted early
+// after a raise) is given back even when a late event took a slot of that
+// window: using up the take instead left the window's count looking free
+// to take again while the late event used the slot, and two more late
+// events took it (found by a review: three forwarded in a window of 2).
+func TestEarlyReleaseBesideATake(t *testing.T) {
+	ctx := context.Background()
+	l, clk, rdb := capLimiter(t, "", "*=2/10s")
+	ds, err := l.AdmitFrom(ctx, Source{Topic: "events"}, []Event{{Tenant: "b", Offset: 0}, {Tenant: "b", Offset: 1},
+		{Tenant: "b", Offset: 2}, {Tenant: "b", Offset: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := dues(ds), "a a d@10s d@10s"; got != want {
+		t.Fatalf("source batch: got %s, want %s", got, want)
+	}
+	clk.Set(t0.Add(5 * time.Second))
+	retry := Source{Topic: "events.retry"}
+	late, err := l.AdmitLate(ctx, retry, []Event{{Tenant: "b", Offset: 10}}, true)
+	if err != nil || dues(late) != "d@10s!" {
+		t.Fatalf("late event: %s, %v; want d@10s!", dues(late), err)
+	}
+	// Event 3, not taken, is admitted early: its slot is given back.
+	due := t0.Add(10 * time.Second)
+	n, err := l.Release(ctx, []MissedSlot{{Tenant: "b", Due: due, Trip: "early"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Errorf("early release: %d slots given back, want 1", n)
+	}
+	more, err := l.AdmitLate(ctx, retry, []Event{{Tenant: "b", Offset: 11}, {Tenant: "b", Offset: 12}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := 0
+	for _, d := range more {
+		if d.Took && d.Due.Equal(due) {
+			took++
+		}
+	}
+	// t0+10s: event 2's reservation, the late event in event 3's old slot
+	// or 2's: one slot reserved there is left to take at most.
+	window := l.keys.window("b", l.Rules().For("b")[0], due)
+	count, err := rdb.HGet(ctx, window, "count").Int64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took > 0 {
+		t.Errorf("two more late events: %s, want none taking a slot at t0+10s (count %d, one late event already in it)", dues(more), count)
+	}
+	if count != 1 {
+		t.Errorf("t0+10s counts %d after the early release, want 1", count)
+	}
+}

@@ -22,7 +22,12 @@
 -- ARGV[1]   the marker's time to live, ms
 -- ARGV[2]   the slot's due time (unix ms): its field in the record of takes
 -- ARGV[3], ARGV[4]  the event's bytes and units (its cost to a take of them)
--- ARGV[5..] what the event counted in each window, index-aligned with
+-- ARGV[5]   1 when the slot's window has not started (an event admitted or
+--           moved early): it is given back whatever the record holds, since
+--           takes may still come there (used up, the take would leave the
+--           window's count looking free to take again while the taker uses
+--           the slot)
+-- ARGV[6..] what the event counted in each window, index-aligned with
 --           KEYS[3..]
 -- Reply     1 if the slot was taken back, 2 if it gave up a take instead, 0
 --           if the marker was already set. A window that is gone, holds no
@@ -39,7 +44,7 @@ local function int(x)
   return x and string.find(x, "^%-?%d+$") and tonumber(x) or 0
 end
 local pool = ok and int(v[1]) or 0
-if pool > 0 then
+if pool > 0 and ARGV[5] ~= "1" then
   local cost = {[0] = 1, tonumber(ARGV[3]) or 0, tonumber(ARGV[4]) or 0}
   local mark = int(v[2])
   local used = 0
@@ -66,7 +71,7 @@ end
 -- Reserved) lose the event's cost too, down to 0 at most.
 local rcost = {r1 = int(ARGV[3]), r2 = int(ARGV[4])}
 for i = 3, #KEYS do
-  local by = tonumber(ARGV[i + 2])
+  local by = tonumber(ARGV[i + 3])
   local c
   ok, c = pcall(redis.call, "HMGET", KEYS[i], "count", "r1", "r2")
   if ok then
