@@ -85,10 +85,22 @@ func (f *WriteFence) Done() <-chan struct{} { return f.ctx.Done() }
 func (f *WriteFence) Context() context.Context { return f.ctx }
 
 // Err is nil while the fence is open, and an error wrapping ErrFenced, saying
-// why, once it has ended.
+// why, once it has ended. It reads the clock too: a fence whose end has
+// passed ends now, although its timer has not run yet (a process stopped
+// and resumed past the end finds every timer overdue, and a write may be
+// sent before the timer's goroutine runs).
 func (f *WriteFence) Err() error {
 	if f.ctx.Err() == nil {
-		return nil
+		f.mu.Lock()
+		due := f.timer != nil && !time.Now().Before(f.end())
+		f.mu.Unlock()
+		if !due {
+			return nil
+		}
+		f.expire()
+		if f.ctx.Err() == nil {
+			return nil
+		}
 	}
 	return context.Cause(f.ctx)
 }

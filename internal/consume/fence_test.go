@@ -326,3 +326,30 @@ func TestFirstHeartbeatThatHangsIsSentAgain(t *testing.T) {
 		t.Errorf("sent %d heartbeats, want 2", hb.sent)
 	}
 }
+
+// A fence whose end has passed is ended for Err although its timer has not
+// run yet: after a SIGSTOP every timer is overdue, and a writer that checks
+// Err first could send a batch before the timer's goroutine ran (seen in
+// CI on 2026-12-05: TestLateKeepsPlaceCapacityBytes paused the process
+// 10s, and 9 events went downstream twice).
+func TestWriteFenceEndedByTheClock(t *testing.T) {
+	f := newWriteFence(time.Now().Add(20 * time.Millisecond))
+	f.mu.Lock()
+	f.timer.Stop() // as if its goroutine had not run yet
+	f.mu.Unlock()
+	if err := f.Err(); err != nil {
+		t.Fatalf("before its end: %v, want open", err)
+	}
+	time.Sleep(40 * time.Millisecond)
+	if err := f.Err(); !errors.Is(err, ErrFenced) {
+		t.Fatalf("past its end, its timer not run: %v, want ErrFenced", err)
+	}
+	select {
+	case <-f.Done():
+	default:
+		t.Error("Done not closed once Err found the fence ended")
+	}
+	if err := NewOpenWriteFence().Err(); err != nil {
+		t.Errorf("an open fence: %v, want nil", err)
+	}
+}
