@@ -43,9 +43,11 @@ const releaseMarkerTTL = ReplayRecordTTL
 // event's to give back, since the late event was forwarded in it
 // uncounted: the event gives it up instead, using up its cost of the take
 // (as a claim that finds its slot taken), and no window counts less. A
-// slot given back before its Due (an event admitted or moved early) is
-// given back whatever the record holds: takes may still come to its window,
-// and would take the slot again. It
+// slot given back before its Due (an event admitted or moved early) uses up
+// no take, since takes may still come to its window and would take the
+// slot again; beside a take it is not given back either (given back, the
+// window could count fewer than its takes hold): the window is stricter by
+// one. It
 // returns how many slots it took back (not those given up to a take). Slots of TTL windows are not taken back (their window
 // depends on the chain's anchor at the time of the deferral): Release
 // returns 0 for them without error. One round trip per Redis node; an

@@ -179,10 +179,14 @@ func TestReleaseWithBrokenTakes(t *testing.T) {
 }
 
 // A slot given back before its window starts (an event admitted early
-// after a raise) is given back even when a late event took a slot of that
-// window: using up the take instead left the window's count looking free
-// to take again while the late event used the slot, and two more late
-// events took it (found by a review: three forwarded in a window of 2).
+// after a raise), beside a late event's take in that window, is neither
+// given back nor used up against the take: using up the take left the
+// window's count looking free to take again while the late event used the
+// slot, and two more late events took it (found by a review: three
+// forwarded in a window of 2); giving it back could leave the window
+// counting fewer than its takes, and a displaced claim placed again there
+// (found by a second review). So at most one more late event takes a slot
+// there, displacing the last reservation's event: two forwarded.
 func TestEarlyReleaseBesideATake(t *testing.T) {
 	ctx := context.Background()
 	l, clk, rdb := capLimiter(t, "", "*=2/10s")
@@ -206,8 +210,8 @@ func TestEarlyReleaseBesideATake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 1 {
-		t.Errorf("early release: %d slots given back, want 1", n)
+	if n != 0 {
+		t.Errorf("early release: %d slots given back, want 0 (a take in its window)", n)
 	}
 	more, err := l.AdmitLate(ctx, retry, []Event{{Tenant: "b", Offset: 11}, {Tenant: "b", Offset: 12}}, true)
 	if err != nil {
@@ -219,17 +223,15 @@ func TestEarlyReleaseBesideATake(t *testing.T) {
 			took++
 		}
 	}
-	// t0+10s: event 2's reservation, the late event in event 3's old slot
-	// or 2's: one slot reserved there is left to take at most.
 	window := l.keys.window("b", l.Rules().For("b")[0], due)
 	count, err := rdb.HGet(ctx, window, "count").Int64()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if took > 0 {
-		t.Errorf("two more late events: %s, want none taking a slot at t0+10s (count %d, one late event already in it)", dues(more), count)
+	if took > 1 {
+		t.Errorf("two more late events: %s, want one at most taking a slot at t0+10s (count %d, one late event already in it)", dues(more), count)
 	}
-	if count != 1 {
-		t.Errorf("t0+10s counts %d after the early release, want 1", count)
+	if count != 2 {
+		t.Errorf("t0+10s counts %d after the early release, want 2 (kept)", count)
 	}
 }

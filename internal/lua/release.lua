@@ -23,14 +23,13 @@
 -- ARGV[2]   the slot's due time (unix ms): its field in the record of takes
 -- ARGV[3], ARGV[4]  the event's bytes and units (its cost to a take of them)
 -- ARGV[5]   1 when the slot's window has not started (an event admitted or
---           moved early): it is given back whatever the record holds, since
---           takes may still come there (used up, the take would leave the
---           window's count looking free to take again while the taker uses
---           the slot)
+--           moved early): takes may still come there, so it uses up no take;
+--           when its pool holds one, nothing is given back either (reply 3)
 -- ARGV[6..] what the event counted in each window, index-aligned with
 --           KEYS[3..]
--- Reply     1 if the slot was taken back, 2 if it gave up a take instead, 0
---           if the marker was already set. A window that is gone, holds no
+-- Reply     1 if the slot was taken back, 2 if it gave up a take instead, 3
+--           if it was left as it was (early, beside a take), 0 if the marker
+--           was already set. A window that is gone, holds no
 --           integer count, or counts less than the event is left as it is;
 --           a record that cannot be read, or a pool that holds no integer,
 --           holds no take.
@@ -44,7 +43,13 @@ local function int(x)
   return x and string.find(x, "^%-?%d+$") and tonumber(x) or 0
 end
 local pool = ok and int(v[1]) or 0
-if pool > 0 and ARGV[5] ~= "1" then
+if pool > 0 and ARGV[5] == "1" then
+  -- Early, beside a take: given back, the window could count fewer than
+  -- its takes hold; used up, its count would look free to take again
+  -- while the taker uses the slot. Kept as it is, it is only stricter.
+  return 3
+end
+if pool > 0 then
   local cost = {[0] = 1, tonumber(ARGV[3]) or 0, tonumber(ARGV[4]) or 0}
   local mark = int(v[2])
   local used = 0
