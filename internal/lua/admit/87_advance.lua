@@ -303,6 +303,7 @@ do
     end
     local slot, m = {}, 0
     local held = nil -- taken_at, read at the first event that may move
+    local rec = costs and rec_of(ti, rec_at[ti]) -- (85_late.lua, Reserved)
     for j = 1, n do
       if not movable(rules, j, dues[j], slot) then
         break
@@ -341,7 +342,6 @@ do
           end
         end
       end
-      local rec = costs and rec_of(ti, rec_at[ti]) -- (85_late.lua, Reserved)
       if rec and slot[rec[1]] ~= rules[rec[1]].cur_start then
         -- Its slot's finest window no longer holds its cost reserved.
         local key = wkey(rules[rec[1]].key, slot[rec[1]])
