@@ -47,8 +47,7 @@ const replayKeep = 5
 // rules and the tenant's must nest too, and count what the tenant's finest
 // rules count: a capacity of 1m beside 100/1m or 1000/1s qualifies, and
 // one of 1s beside 50/5s is then the finest rule (a slot is a capacity
-// window, its reservations what the tenant booked there); one of 4s
-// beside 6s does not. A capacity of another measure qualifies when its
+// window, its reservations what the tenant booked there). A capacity of another measure qualifies when its
 // windows are the tenant's finest (400B/1m beside 100/1m: the tenant's
 // booking is then what it reserved in a slot), or when it counts bytes or
 // units in shorter windows beside rules of events (10MiB/1s beside
@@ -56,6 +55,11 @@ const replayKeep = 5
 // least one reserved event (costs are never negative), and gives one late
 // event a slot. By the same bound, rules whose finest counts bytes or
 // units qualify beside coarser rules of events (10000B/1m with 100/1h).
+// Every other tenant of aligned windows takes by segments (2/10s with
+// 3/15s; a capacity of 4s beside 6s, or of events in 10s beside 10000B/1m):
+// a slot is then the time between two bounds of any rule's windows, its
+// own or the capacity's, and each reservation records what it holds there
+// beside its home window's count (admit/85_late.lua, Segments).
 // With bytes or units, a late event takes its cost of
 // what is reserved in that window in each measure, and the window's claims
 // give up their slots, the last first, until they have given up at least

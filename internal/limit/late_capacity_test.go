@@ -83,6 +83,17 @@ var capSpecs = []struct {
 	{"400B/1m", "acme=10000B/1m,100/1h", time.Minute},
 	{"4/1m", "acme=10000B/1m", time.Minute},
 	{"400B/10s", "acme=10000B/1m,100/1h", 10 * time.Second},
+	// Windows that do not nest, or a measure no rule of the finest
+	// windows knows (85_late.lua, Segments): the capacity's beside acme's
+	// (4s beside 6s, 10s beside 15s: a slot is the time between two
+	// bounds of either), events in the capacity's shorter windows beside
+	// acme's rule of bytes (the bytes reserved in a capacity window are
+	// recorded), and both.
+	{"4/4s", "acme=100/6s", 4 * time.Second},
+	{"4/10s", "acme=100/15s", 10 * time.Second},
+	{"400B/10s", "acme=100/15s", 10 * time.Second},
+	{"4/10s", "acme=10000B/1m", 10 * time.Second},
+	{"4/10s", "acme=10000B/15s,100/1h", 10 * time.Second},
 }
 
 // capAt returns the count of l's capacity window at t0+at and what acme
@@ -231,65 +242,6 @@ func TestAdvanceKeepsTakenSlot(t *testing.T) {
 			}
 			// Back in their slot, t0+4w's events: the last gives up its slot.
 			lastGivesUp(t, l, rdb, clk, 4*w, w/6, ev(10), ev(11))
-		})
-	}
-}
-
-// No slot is taken under a capacity whose windows and the tenant's do not
-// nest (4s beside 6s: a capacity window may cross a bound of the
-// tenant's), nor under one of a measure whose cost reserved in a slot is
-// not known: events in windows of 10s beside a rule of 1m of bytes (the
-// capacity's rule is the finest, and the bytes reserved in its windows are
-// not known). The late event is then deferred as a new one. (Bytes in
-// windows coarser than the tenant's finest rule, of events, 400B/1h beside
-// 100/1m, are known since 2026-12-05 from what each reservation records:
-// TestLateTakeByReservedUnderCapacity.)
-func TestLateCapacityNoTake(t *testing.T) {
-	for _, tc := range []struct{ capacity, limits string }{
-		{"2/4s", "acme=100/6s"},
-		{"2/10s", "acme=10000B/1m"},
-	} {
-		t.Run(tc.capacity+" "+tc.limits, func(t *testing.T) {
-			ctx := context.Background()
-			l, clk, rdb := capLimiter(t, tc.capacity, tc.limits)
-			var evs []Event
-			for i := range 40 {
-				evs = append(evs, Event{Tenant: "acme", Offset: int64(i), Cost: Cost{Bytes: 100}})
-			}
-			ds, err := l.AdmitFrom(ctx, Source{Topic: "events"}, evs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			// The late event comes when acme's share of the current window
-			// is spent and reservations lie ahead.
-			var last time.Time
-			for _, d := range ds {
-				if d.Kind == Defer {
-					last = d.Due
-				}
-			}
-			clk.Set(t0.Add(time.Minute + 5*time.Second))
-			if !last.After(clk.Now().Add(time.Minute)) {
-				t.Fatalf("acme's reservations end at t0+%s: none a minute ahead to take", last.Sub(t0))
-			}
-			// New events spend acme's share of the current window first.
-			more, err := l.AdmitFrom(ctx, Source{Topic: "events"}, costEvents("acme", 40, 100, 100, 100, 100, 100))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if more[len(more)-1].Kind != Defer {
-				t.Fatalf("new events: got %s, want the last deferred", dues(more))
-			}
-			got, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, []Event{{Tenant: "acme", Offset: 100, Cost: Cost{Bytes: 100}}}, true)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got[0].Kind != Defer || got[0].Took {
-				t.Errorf("late event: got %s, want deferred as a new one (no take)", dues(got))
-			}
-			if n, err := rdb.Exists(ctx, l.keys.taken("acme")).Result(); err != nil || n != 0 {
-				t.Errorf("acme's record of takes exists (%d, %v), want none", n, err)
-			}
 		})
 	}
 }

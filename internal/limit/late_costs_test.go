@@ -647,25 +647,37 @@ func dump(t *testing.T, rdb redis.UniversalClient, key string) string {
 // (85_late.lua, Reserved): with a finest rule of bytes (100B/10s beside
 // 2/10s and 50u/1m) and events of 0 bytes, the bytes rule's windows are
 // never written, and a record there would have left keys that never
-// expire (found by a review of a993d7a).
+// expire (found by a review of a993d7a). (That tenant's rules do not
+// qualify: its record is by due time, in its window of events, Segments.)
+// The same for a tenant of rules of bytes and units that do not nest
+// (100B/10s beside 50u/15s): its record is by due time in a window of
+// bytes, which reservations of 0 bytes open with an expiry.
 func TestReservedRecordOnlyInWindowsOfEvents(t *testing.T) {
-	ctx := context.Background()
-	rdb := privateRedis(t)
-	l := newTestLimiter(t, rdb, "acme=100B/10s,2/10s,50u/1m", Options{Clock: newFakeClock(t0).Now})
-	evs := make([]Event, 6)
-	for i := range evs {
-		evs[i] = Event{Tenant: "acme", Offset: int64(i), Cost: Cost{Units: 5}}
-	}
-	if _, err := l.AdmitFrom(ctx, Source{Topic: "events"}, evs); err != nil {
-		t.Fatal(err)
-	}
-	keys, err := rdb.Keys(ctx, "*").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, k := range keys {
-		if ttl, err := rdb.PTTL(ctx, k).Result(); err != nil || ttl < 0 {
-			t.Errorf("key %s: PTTL %v (%v), want one set", k, ttl, err)
-		}
+	for _, limits := range []string{"acme=100B/10s,2/10s,50u/1m", "acme=100B/10s,50u/15s"} {
+		t.Run(limits, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := privateRedis(t)
+			l := newTestLimiter(t, rdb, limits, Options{Clock: newFakeClock(t0).Now})
+			evs := make([]Event, 30)
+			for i := range evs {
+				evs[i] = Event{Tenant: "acme", Offset: int64(i), Cost: Cost{Units: 5}}
+			}
+			ds, err := l.AdmitFrom(ctx, Source{Topic: "events"}, evs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ds[len(ds)-1].Kind != Defer {
+				t.Fatalf("source batch: got %s, want the last ones deferred", dues(ds))
+			}
+			keys, err := rdb.Keys(ctx, "*").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range keys {
+				if ttl, err := rdb.PTTL(ctx, k).Result(); err != nil || ttl < 0 {
+					t.Errorf("key %s: PTTL %v (%v), want one set", k, ttl, err)
+				}
+			}
+		})
 	}
 }

@@ -3,6 +3,7 @@ package limit
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -159,8 +160,14 @@ func TestLateTakesHourInDay(t *testing.T) {
 }
 
 // Rules whose windows do not nest (10s and 15s: a 10s window may hold slots
-// of two 15s windows) take no slot and give none up: the late event is
-// reserved as before, and claims keep their slots.
+// of two 15s windows) take the slot of a reservation at its due time, the
+// time between two bounds of either rule (85_late.lua, Segments; before,
+// they took none). acme's ten events at t0: two admitted, then reserved at
+// t0+10s, 15s, 20s (two), 30s (two), 40s and 45s. At t0+12s neither window
+// has room: the late event takes the slot of t0+15s (until t0+20s, the end
+// of the 10s window), and the reservation's event, back in its slot, finds
+// it taken and is placed again; no window counts more than its limit or
+// other than what was reserved in it.
 func TestLateRulesNotNested(t *testing.T) {
 	ctx := context.Background()
 	rdb := testRedis(t)
@@ -170,24 +177,69 @@ func TestLateRulesNotNested(t *testing.T) {
 	for i := range evs {
 		evs[i] = Event{Tenant: "acme", Offset: int64(i)}
 	}
-	if _, err := l.AdmitFrom(ctx, Source{Topic: "events"}, evs); err != nil {
+	ds, err := l.AdmitFrom(ctx, Source{Topic: "events"}, evs)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if got, want := dues(ds), "a a d@10s d@15s d@20s d@20s d@30s d@30s d@40s d@45s"; got != want {
+		t.Fatalf("source batch: got %s, want %s", got, want)
+	}
+	counts := func() []int64 {
+		t.Helper()
+		var out []int64
+		for _, w := range []struct {
+			r  int
+			at time.Duration
+		}{{0, 10 * time.Second}, {0, 20 * time.Second}, {1, 15 * time.Second}} {
+			r := l.Rules().For("acme")[w.r]
+			n, err := rdb.HGet(ctx, l.keys.window("acme", r, t0.Add(w.at)), "count").Int64()
+			if err != nil && err != redis.Nil {
+				t.Fatal(err)
+			}
+			out = append(out, n)
+		}
+		return out
+	}
+	before := counts() // 10s windows at t0+10s and 20s, 15s window at t0+15s
+	if want := []int64{2, 2, 3}; !slices.Equal(before, want) {
+		t.Fatalf("window counts: %v, want %v", before, want)
 	}
 	clk.Set(t0.Add(12 * time.Second))
-	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, []Event{{Tenant: "acme", Offset: 100}}, true)
+	retry := Source{Topic: "events.retry"}
+	late := []Event{{Tenant: "acme", Offset: 100}}
+	ds, err = l.AdmitLate(ctx, retry, late, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ds[0].Kind != Defer || ds[0].Took {
-		t.Fatalf("late event: got %s, want a deferral that took no slot", dues(ds))
+	if got, want := dues(ds), "d@15s!"; got != want {
+		t.Fatalf("late event: got %s, want %s", got, want)
 	}
-	key := l.keys.tenant("acme")
-	n, err := countTaken(ctx, rdb, key)
+	if got, want := ds[0].Until, t0.Add(20*time.Second); !got.Equal(want) {
+		t.Errorf("late event's slot ends at t0+%s, want t0+20s", got.Sub(t0))
+	}
+	if tk := takenOf(t, rdb, l, "acme", 15*time.Second); tk != 1 {
+		t.Errorf("record of takes at t0+15s: %d, want 1", tk)
+	}
+	replaysSame(t, l, retry, late, ds, "replayed late event")
+	if got := counts(); !slices.Equal(got, before) {
+		t.Errorf("window counts after the take: %v, want %v (unmoved)", got, before)
+	}
+	// Back in its slot at t0+15.5s, event 3 finds it taken: placed again,
+	// after what acme reserved (t0+45s is the last), and the take is used up.
+	clk.Set(t0.Add(15500 * time.Millisecond))
+	claims := inSlot(t0.Add(15*time.Second), Event{Tenant: "acme", Offset: 3})
+	ds, err = l.AdmitLate(ctx, retry, claims, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 0 {
-		t.Errorf("windows with a field taken: %d, want 0", n)
+	if ds[0].Kind != Defer || ds[0].Took || ds[0].Due.Before(t0.Add(45*time.Second)) {
+		t.Errorf("claim of t0+15s: got %s, want deferred after t0+45s", dues(ds))
+	}
+	if tk := takenOf(t, rdb, l, "acme", 15*time.Second); tk != 0 {
+		t.Errorf("record of takes at t0+15s after the claim: %d, want 0", tk)
+	}
+	if got := counts(); !slices.Equal(got, before) {
+		t.Errorf("window counts after the claim: %v, want %v (the late event forwarded in the claim's slot)", got, before)
 	}
 }
 

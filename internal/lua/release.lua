@@ -73,17 +73,20 @@ if pool > 0 then
 end
 -- A window's fields r1 and r2 (the bytes and units reserved in a finest
 -- window whose rule counts events: internal/lua/admit/85_late.lua,
--- Reserved) lose the event's cost too, down to 0 at most.
-local rcost = {r1 = int(ARGV[3]), r2 = int(ARGV[4])}
+-- Reserved), and s0, s1 and s2 at the slot's due time (what a home window
+-- holds reserved there in each measure: Segments), lose the event's cost
+-- too, down to 0 at most.
+local rf = {"r1", "r2", "s0:" .. f, "s1:" .. f, "s2:" .. f}
+local rcost = {int(ARGV[3]), int(ARGV[4]), 1, int(ARGV[3]), int(ARGV[4])}
 for i = 3, #KEYS do
   local by = tonumber(ARGV[i + 3])
   local c
-  ok, c = pcall(redis.call, "HMGET", KEYS[i], "count", "r1", "r2")
+  ok, c = pcall(redis.call, "HMGET", KEYS[i], "count", unpack(rf))
   if ok then
-    for j, f in ipairs({"r1", "r2"}) do
-      local d = math.min(int(c[j + 1]), rcost[f])
+    for j, x in ipairs(rf) do
+      local d = math.min(int(c[j + 1]), rcost[j])
       if d > 0 then
-        redis.call("HINCRBY", KEYS[i], f, -d)
+        redis.call("HINCRBY", KEYS[i], x, -d)
       end
     end
     c = tonumber(c[1])

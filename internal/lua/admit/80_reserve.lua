@@ -94,16 +94,23 @@ local function reserve(rules, fkey, rest, first, pos, costs, keep)
           add(r, r.at_start, r.at_end, by)
         end
       end
-      if rules.rec then
+      local rec = rules.rec
+      if rec then
         -- What the finest window now holds reserved of the measures that
-        -- no rule of its windows counts (85_late.lua, Reserved).
-        local key = wkey(rules[rules.rec[1]].key, rules[rules.rec[1]].at_start)
-        for _, fr in ipairs(rules.rec[2]) do
-          local by = rules[fr[2]].take
+        -- no rule of its windows counts (85_late.lua, Reserved), or what
+        -- the home window holds reserved at t (Segments).
+        local h = rules[rec[1]]
+        local key = wkey(h.key, h.at_start)
+        if rec.seg and count_of(key) == 0 then
+          add(h, h.at_start, h.at_end, 0) -- (a home of bytes: opened, to expire)
+        end
+        for _, fr in ipairs(rec[2]) do
+          local by = costs and rules[fr[2]].take or take
           if by > 0 then
+            local f = rec.seg and fr[1] .. num(t) or fr[1]
             cur = key
-            redis.call("HINCRBY", key, fr[1], by)
-            note(4, key, {fr[1], -by})
+            redis.call("HINCRBY", key, f, by)
+            note(4, key, {f, -by})
           end
         end
       end

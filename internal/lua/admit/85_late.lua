@@ -27,9 +27,8 @@
 -- one counted in a window of every rule that holds the whole finest window.
 -- (Rules that do not nest, e.g. 10s and 15s, do not qualify: a 10s window
 -- would then hold slots of two 15s windows, and an event taking "a slot
--- of the window" might use one counted in the other. Recording takes per
--- due time would not help without a count of the reservations at each due
--- time, which only Reserved records, and only in a finest window.)
+-- of the window" might use one counted in the other. They take by
+-- segments instead: see Segments.)
 --
 -- Taking (take = 1). A qualifying tenant's late events that the current
 -- windows have no room for take, in order, the slots of the tenant's
@@ -166,6 +165,35 @@
 -- (87_advance.lua) leave an event whose slot was taken where it is, and
 -- its tenant's events after it.
 --
+-- Segments. A tenant that does not qualify, whose rules are all aligned,
+-- the capacity's too (its own rules do not nest, 2/10s beside 3/15s; a
+-- capacity's windows and its own do not, 2/4s beside 100/6s; or what a
+-- measure reserves in a slot is not known, 2/10s of a capacity beside
+-- 10000B/1m), takes by segments. A reservation's due time is always a
+-- bound of some rule's windows (a search stops only there), and its slot
+-- is the segment from there to the next bound of any rule, the tenant's or
+-- the capacity's (reserve's until: the earliest end of the windows
+-- holding it). A segment lies inside one window of every rule, so a late
+-- event forwarded in it uses the reserved slot in every rule. What a
+-- segment holds reserved reserve records, in each measure a rule counts
+-- (events: 1 each), in the fields s<mu>:<due> of the tenant's home window
+-- (rec_of: its own rule of events, else of the shortest windows; its
+-- window holds the whole segment; a reservation of 0 bytes opens a home
+-- of bytes, so that it expires). The take scan (seg_slots) walks the
+-- segments from first on, reading the window of every rule that holds
+-- each (as coarser does: each segment starts a window of one rule at
+-- least, so it walks at most scan.reads of them past what the call had
+-- read), and, where some rule has no room, the home window's fields at
+-- the segment's start and, when they hold any, the record of takes there
+-- (one HMGET each, not charged to the budget). Takes are recorded as
+-- under Costs, marked 3 with a pool of each measure, and a claim finds
+-- the take under its own due time. A reservation that leaves its slot
+-- before it starts takes its cost off the record (internal/lua/release.lua;
+-- 87_advance.lua's moves, which take off at most what it holds, even in
+-- the current window: takes come after now). Windows reserved in before
+-- this (or by a replica of an earlier version) hold no record, and
+-- nothing is taken there: roll out as for Reserved.
+--
 -- late_ms.take_margin keeps takes off windows about to start, so that a
 -- claim of that window, read by a replica whose clock runs a little ahead,
 -- never misses a take made after it; late_ms.record_life is how long the
@@ -212,16 +240,6 @@ do
   end
 end
 
--- is_bound reports whether time b is a boundary of the windows of
--- descriptor d (aligned: "a" or "e"); bset is d's boundaries as a set, for
--- "e" (made by nested).
-local function is_bound(d, bset, b)
-  if d.kind == "a" then
-    return (b - d.base) % d.step == 0
-  end
-  return bset[b] == true
-end
-
 -- nested reports whether every boundary of descriptor dr's windows, after
 -- the start of df's window that holds now and before the end of df's window
 -- that holds the horizon's end, is a boundary of df's windows: then each
@@ -229,45 +247,54 @@ end
 -- claim of the call may look at. Its work is bounded by the descriptors'
 -- boundaries (the call's arguments), or by as many steps of dr, which is
 -- at least as long as df's current window (see finest_of).
-local function nested(dr, df)
-  if dr.kind == "a" and df.kind == "a" then
-    return dr.step % df.step == 0 and (dr.base - df.base) % df.step == 0
-  end
-  local bset = nil
-  local lim
-  if df.kind == "e" then
-    bset = {}
-    for _, b in ipairs(df.bounds) do
-      bset[b] = true
+local nested
+do
+  -- is_bound reports whether time b is a boundary of the windows of
+  -- descriptor d (aligned: "a" or "e"); bset is d's boundaries as a set, for
+  -- "e" (made by nested).
+  local function is_bound(d, bset, b)
+    if d.kind == "a" then
+      return (b - d.base) % d.step == 0
     end
-    lim = df.bounds[#df.bounds]
-  else
-    lim = df.base + (math.floor((hend - df.base) / df.step) + 1) * df.step
+    return bset[b] == true
   end
-  if dr.kind == "a" then
-    if dr.step < df.cur_end - df.cur_start then
-      return false
+
+  nested = function(dr, df)
+    if dr.kind == "a" and df.kind == "a" then
+      return dr.step % df.step == 0 and (dr.base - df.base) % df.step == 0
     end
-    local b = dr.cur_start
-    while b < lim do
-      if b > df.cur_start and not is_bound(df, bset, b) then
+    local bset = nil
+    local lim
+    if df.kind == "e" then
+      bset = {}
+      for _, b in ipairs(df.bounds) do
+        bset[b] = true
+      end
+      lim = df.bounds[#df.bounds]
+    else
+      lim = df.base + (math.floor((hend - df.base) / df.step) + 1) * df.step
+    end
+    if dr.kind == "a" then
+      if dr.step < df.cur_end - df.cur_start then
         return false
       end
-      b = b + dr.step
+      local b = dr.cur_start
+      while b < lim do
+        if b > df.cur_start and not is_bound(df, bset, b) then
+          return false
+        end
+        b = b + dr.step
+      end
+      return true
+    end
+    for _, b in ipairs(dr.bounds) do
+      if b > df.cur_start and b < lim and not is_bound(df, bset, b) then
+        return false
+      end
     end
     return true
   end
-  for _, b in ipairs(dr.bounds) do
-    if b > df.cur_start and b < lim and not is_bound(df, bset, b) then
-      return false
-    end
-  end
-  return true
 end
-
--- finest[set]: the finest rule of a rule set (its descriptor indices, as
--- "d1,d2,..."), or false when the set's rules do not nest in it.
-local finest = {}
 
 -- finest_of returns, for the tenant whose record is at recs[p], the number
 -- (1-based, in its record's order) of its rule with the shortest current
@@ -275,34 +302,41 @@ local finest = {}
 -- that rule then lies inside one window of each other rule: the slot of a
 -- reservation is the finest window of its due time, and the finest window
 -- is all the slots it counts.
-local function finest_of(p)
-  local nrules = recs[p]
-  if nrules == 1 then
-    return 1
-  end
-  local ds = {}
-  for ri = 1, nrules do
-    ds[ri] = recs[p - 1 + 3 * ri]
-  end
-  local set = table.concat(ds, ",")
-  local fi = finest[set]
-  if fi == nil then
-    fi = 1
-    for ri = 2, nrules do
-      local d, f = descs[ds[ri]], descs[ds[fi]]
-      if d.cur_end - d.cur_start < f.cur_end - f.cur_start then
-        fi = ri
-      end
+local finest_of
+do
+  -- finest[set]: the finest rule of a rule set (its descriptor indices, as
+  -- "d1,d2,..."), or false when the set's rules do not nest in it.
+  local finest = {}
+
+  finest_of = function(p)
+    local nrules = recs[p]
+    if nrules == 1 then
+      return 1
     end
+    local ds = {}
     for ri = 1, nrules do
-      if ri ~= fi and not nested(descs[ds[ri]], descs[ds[fi]]) then
-        fi = false
-        break
-      end
+      ds[ri] = recs[p - 1 + 3 * ri]
     end
-    finest[set] = fi
+    local set = table.concat(ds, ",")
+    local fi = finest[set]
+    if fi == nil then
+      fi = 1
+      for ri = 2, nrules do
+        local d, f = descs[ds[ri]], descs[ds[fi]]
+        if d.cur_end - d.cur_start < f.cur_end - f.cur_start then
+          fi = ri
+        end
+      end
+      for ri = 1, nrules do
+        if ri ~= fi and not nested(descs[ds[ri]], descs[ds[fi]]) then
+          fi = false
+          break
+        end
+      end
+      finest[set] = fi
+    end
+    return fi or nil
   end
-  return fi or nil
 end
 
 -- measure_of returns the measure the rule of key counts, as a record of
@@ -518,19 +552,26 @@ do
 end
 
 -- rec_of returns, for tenant ti (its record at recs[p]), what reserve
--- records of its reservations (see Reserved): {fi, list of {field, rule
--- number}}, fi its finest rule and each field "r<mu>" of a measure mu that
--- no rule of the finest windows counts, with a rule of it whose costs it
--- adds; false when nothing. Kept per rule set and measures.
+-- records of its reservations: {fi, list of {field, rule number,
+-- measure}}, with each field a measure's and a rule of that measure whose
+-- costs it adds (events: 1 each), in the window of rule fi that holds the
+-- reservation; false when nothing. For a qualifying tenant (see Reserved)
+-- fi is its finest rule and each field "r<mu>" of a measure mu that no rule
+-- of the finest windows counts; for one that does not qualify, of aligned
+-- windows (see Segments), seg is true, fi is its home rule (its own rule
+-- of events, else of bytes or units, of the shortest windows) and each field "s<mu>:" of a measure mu that a
+-- rule of its own or the capacity's counts, to which reserve appends the
+-- reservation's due time. Kept per rule set and measures.
 local rec_of
 do
   local known = {}
   rec_of = function(ti, p)
-    if not cost_at[ti] then
-      return false
+    local nr = recs[p]
+    if nr == 1 and ncap == 0 then
+      return false -- (one rule qualifies, of one measure)
     end
-    local k = {}
-    for ri = 1, recs[p] do
+    local k = {cost_at[ti] and 1 or 0}
+    for ri = 1, nr do
       k[#k + 1] = recs[p - 1 + 3 * ri]
       k[#k + 1] = KEYS[key_at[ti] + ri]:match("}:([^}]*)$") or ""
     end
@@ -539,15 +580,50 @@ do
     if v == nil then
       v = false
       local fi, _, by = qualifies(ti, p)
-      if fi and by then
+      if fi and by and cost_at[ti] then
         local list = {}
         for mu, ri in pairs(by) do
           if ri < 0 then
-            list[#list + 1] = {"r" .. mu, -ri}
+            list[#list + 1] = {"r" .. mu, -ri, mu}
           end
         end
         if #list > 0 then
           v = {fi, list}
+        end
+      elseif not fi then
+        -- Segments: every rule aligned, a measure once each.
+        local home, list, seen = nil, {}, {}
+        local function count(mu, ri)
+          if not seen[mu] then
+            seen[mu] = true
+            list[#list + 1] = {"s" .. mu .. ":", ri, mu}
+          end
+        end
+        for ri = 1, nr do
+          local d = descs[recs[p - 1 + 3 * ri]]
+          if d.kind == "t" then
+            list = nil
+            break
+          end
+          -- The home rule: of events if any (every reservation writes
+          -- its window), then of the shortest windows.
+          local mu, len = measure_of(KEYS[key_at[ti] + ri]), d.cur_end - d.cur_start
+          local better = not home
+          if home and (mu == 0) ~= home[3] then
+            better = mu == 0
+          elseif home then
+            better = len < home[2]
+          end
+          if better then
+            home = {ri, len, mu == 0}
+          end
+          count(mu, ri)
+        end
+        if list then
+          for ci = 1, ncap do
+            count(capd[ci].mu, nr + ci)
+          end
+          v = {home[1], list, seg = true}
         end
       end
       known[k] = v
@@ -913,6 +989,134 @@ local function coarser(rules, fi, t, e, c, pos, first, seen_at, seen, several, k
   return room, next_t
 end
 
+-- record_take adds a take to tenant's record of takes rk under the field
+-- fs of its due time: marked m (its field fs/m held mk), us[i] of measure
+-- mus[i] in that measure's pool when mus is given (m is then 3), else us[1]
+-- of measure m, and their sum in fs; the record lives record_life past the
+-- end e of the slot (see Taking, Costs).
+local function record_take(rk, fs, mk, m, mus, us, e)
+  local fm = fs .. "/m"
+  if mk ~= m then
+    redis.call("HINCRBY", rk, fm, m - mk)
+    note(4, rk, {fm, mk - m})
+  end
+  local u = us[1]
+  if mus then
+    u = 0
+    for i, mu in ipairs(mus) do
+      if us[i] > 0 then
+        local sf = fs .. "/" .. mu
+        redis.call("HINCRBY", rk, sf, us[i])
+        note(4, rk, {sf, -us[i]})
+        u = u + us[i]
+      end
+    end
+  end
+  if u > 0 then
+    redis.call("HINCRBY", rk, fs, u)
+    note(4, rk, {fs, -u})
+  end
+  if redis.call("PTTL", rk) < e - now + late_ms.record_life then
+    redis.call("PEXPIRE", rk, num(e - now + late_ms.record_life))
+  end
+end
+
+-- seg_slots is take_slots for a tenant that does not qualify, whose rules
+-- are aligned (see Segments; rec: rec_of's, with seg): from first on,
+-- before its first time when every rule has room, each segment [t, e)
+-- whose windows are all read within the budget (as coarser reads them)
+-- gives its reservations at t, what the home window records there less
+-- what was taken there, to the late events, in order, as many as fit in
+-- every measure. Takes are recorded as under Costs (f/m 3, a pool of each
+-- measure, f their sum). It returns what take_slots returns.
+local function seg_slots(ti, rules, rest, first, pos, keep, rec)
+  local home, list = rules[rec[1]], rec[2]
+  scan.left = scan.reads
+  local res, rk = {}, nil
+  local t = first
+  while rest > 0 and t <= hend do
+    -- The windows of every rule that hold t: their room for the pos-th
+    -- event, and the segment's end e, the earliest of their ends.
+    local room, e, hs = true, math.huge, nil
+    for _, r in ipairs(rules) do
+      local s, we = win(r, t)
+      local c = s and take_read(r, s, true, keep, pos, false)
+      if not c then
+        return res, rest, t
+      end
+      local cost = r.costs and r.costs[pos] or 1
+      if (r.cap and c < cost) or (not r.cap and c + cost > r.limit) then
+        room = false
+      end
+      if we < e then
+        e = we
+      end
+      if r == home then
+        hs = s
+      end
+    end
+    if room then
+      break -- room: reserve goes on from here
+    end
+    if t >= now + late_ms.take_margin then
+      -- Reserved at t in each measure (ins), then what was taken there.
+      local fs, fields = num(t), {}
+      for i, fr in ipairs(list) do
+        fields[i] = fr[1] .. fs
+      end
+      cur = wkey(home.key, hs)
+      local v = redis.call("HMGET", cur, unpack(fields))
+      local ins, any = {}, false
+      for i = 1, #list do
+        ins[i] = tonumber(v[i]) or 0
+        any = any or ins[i] > 0
+      end
+      local w = nil
+      if any then
+        rk = rk or record_key(ti)
+        cur = rk
+        w = redis.call("HMGET", rk, fs, fs .. "/m", fs .. "/0", fs .. "/1", fs .. "/2")
+      end
+      local pool = w and tonumber(w[1]) or 0
+      local mk = w and tonumber(w[2]) or 0
+      -- (Takes of one measure alone there: the tenant's rules changed.)
+      if any and not (pool > 0 and mk ~= 3) then
+        local left, us = {}, {}
+        for i, fr in ipairs(list) do
+          left[i], us[i] = ins[i] - (pool > 0 and tonumber(w[3 + fr[3]]) or 0), 0
+        end
+        local k, ok = 0, true
+        while ok and k < rest do
+          for i, fr in ipairs(list) do
+            local r = rules[fr[2]]
+            if us[i] + (r.costs and r.costs[pos + k] or 1) > left[i] then
+              ok = false
+            end
+          end
+          if ok then
+            for i, fr in ipairs(list) do
+              local r = rules[fr[2]]
+              us[i] = us[i] + (r.costs and r.costs[pos + k] or 1)
+            end
+            k = k + 1
+          end
+        end
+        if k > 0 then
+          local mus = {}
+          for i, fr in ipairs(list) do
+            mus[i] = fr[3]
+          end
+          record_take(rk, fs, mk, 3, mus, us, e)
+          res[#res + 1], res[#res + 2], res[#res + 3] = t, k, -e
+          rest, pos = rest - k, pos + k
+        end
+      end
+    end
+    t = e
+  end
+  return res, rest, t
+end
+
 -- take_slots gives the late events of tenant ti (rest of them, the pos-th
 -- on, after admission; not its displaced claims, which follow them) the
 -- slots of the tenant's reservations in its finest rule's windows from
@@ -927,6 +1131,9 @@ local function take_slots(ti, rules, rest, first, pos, keep)
   local fi, m, by = nil, 0, nil
   if take and rest > 0 then
     fi, m, by = qualifies(ti, rec_at[ti])
+    if not fi and rules.rec and rules.rec.seg then
+      return seg_slots(ti, rules, rest, first, pos, keep, rules.rec)
+    end
   end
   if not fi then
     return none, rest, first
@@ -1055,29 +1262,7 @@ local function take_slots(ti, rules, rest, first, pos, keep)
       end
       if k > 0 then
         mk = mk or tonumber(redis.call("HGET", rk, fm)) or 0
-        if mk ~= m then
-          redis.call("HINCRBY", rk, fm, m - mk)
-          note(4, rk, {fm, mk - m})
-        end
-        local u = us[1]
-        if by then
-          u = 0
-          for i, mu in ipairs(mus) do
-            local sf = fs .. "/" .. mu
-            if us[i] > 0 then
-              redis.call("HINCRBY", rk, sf, us[i])
-              note(4, rk, {sf, -us[i]})
-            end
-            u = u + us[i]
-          end
-        end
-        if u > 0 then
-          redis.call("HINCRBY", rk, fs, u)
-          note(4, rk, {fs, -u})
-        end
-        if redis.call("PTTL", rk) < e - now + late_ms.record_life then
-          redis.call("PEXPIRE", rk, num(e - now + late_ms.record_life))
-        end
+        record_take(rk, fs, mk, m, by and mus, us, e)
         res[#res + 1], res[#res + 2], res[#res + 3] = s, k, -e
         rest, pos = rest - k, pos + k
       end

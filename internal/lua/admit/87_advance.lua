@@ -303,7 +303,7 @@ do
     end
     local slot, m = {}, 0
     local held = nil -- taken_at, read at the first event that may move
-    local rec = costs and rec_of(ti, rec_at[ti]) -- (85_late.lua, Reserved)
+    local rec = rec_of(ti, rec_at[ti]) -- (85_late.lua, Reserved, Segments)
     for j = 1, n do
       if not movable(rules, j, dues[j], slot) then
         break
@@ -342,15 +342,30 @@ do
           end
         end
       end
-      if rec and slot[rec[1]] ~= rules[rec[1]].cur_start then
-        -- Its slot's finest window no longer holds its cost reserved.
+      if rec and (rec.seg or slot[rec[1]] ~= rules[rec[1]].cur_start) then
+        -- Its slot's finest window no longer holds its cost reserved; nor
+        -- does its home window at its due time (a segment's take comes
+        -- after now, even in the current window: Segments).
         local key = wkey(rules[rec[1]].key, slot[rec[1]])
-        for _, fr in ipairs(rec[2]) do
+        local v = nil -- (Segments: what each field holds, the least it loses)
+        if rec.seg then
+          local fs = {}
+          for i, fr in ipairs(rec[2]) do
+            fs[i] = fr[1] .. num(dues[j])
+          end
+          cur = key
+          v = redis.call("HMGET", key, unpack(fs))
+        end
+        for i, fr in ipairs(rec[2]) do
           local c = cost_of(rules[fr[2]], j)
+          local f = fr[1]
+          if v then
+            f, c = f .. num(dues[j]), math.min(c, tonumber(v[i]) or 0)
+          end
           if c > 0 then
             cur = key
-            redis.call("HINCRBY", key, fr[1], -c)
-            note(4, key, {fr[1], c})
+            redis.call("HINCRBY", key, f, -c)
+            note(4, key, {f, c})
           end
         end
       end

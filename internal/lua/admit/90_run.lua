@@ -64,7 +64,7 @@ local function decide(ti, n, c, costs)
   -- 2. reserve the rest in the earliest future windows with room, leaving
   -- the tenants after it their near reads (see Budget).
   local keep = math.min(keep_most, near * (ntenants - ti))
-  rules.rec = costs and rec_of(ti, rec_at[ti]) -- (85_late.lua, Reserved)
+  rules.rec = rec_of(ti, rec_at[ti]) -- (85_late.lua, Reserved, Segments)
   -- Late events first take the slots of later reservations (85_late.lua).
   local took, left, from = take_slots(ti, rules, n - admitted, first, admitted + 1, keep)
   local taken = 0

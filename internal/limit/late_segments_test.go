@@ -1,0 +1,188 @@
+package limit
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// segRecorded returns what acme's home window (of its one rule) records as reserved at each due time t0+at (85_late.lua,
+// Segments): events (s0), then bytes (s1).
+func segRecorded(t *testing.T, l *Limiter, rdb redis.UniversalClient, ats ...time.Duration) (evs, bytes []int64) {
+	t.Helper()
+	ctx := context.Background()
+	home := l.Rules().For("acme")[0] // (one rule: its home)
+	for _, at := range ats {
+		due := t0.Add(at)
+		key := l.keys.window("acme", home, alignedStart(home, due, l.opts.Location))
+		f := strconv.FormatInt(due.UnixMilli(), 10)
+		v, err := rdb.HMGet(ctx, key, "s0:"+f, "s1:"+f).Result()
+		if err != nil {
+			t.Fatalf("HMGET %s: %v", key, err)
+		}
+		n := make([]int64, 2)
+		for i, x := range v {
+			if x != nil {
+				n[i], _ = strconv.ParseInt(x.(string), 10, 64)
+			}
+		}
+		evs, bytes = append(evs, n[0]), append(bytes, n[1])
+	}
+	return evs, bytes
+}
+
+// Under rules that do not nest with the capacity's (4s beside 6s), or an
+// events capacity of shorter windows than acme's rule of bytes (10s beside
+// 1m), each reservation records what it holds at its due time in acme's
+// home window, in each measure that a rule counts (the events, and the
+// bytes where a rule counts them). A reservation that leaves its slot
+// before it starts takes its cost off: given back (Release) or moved into
+// idle capacity (Advance).
+func TestSegmentRecordFollowsReservations(t *testing.T) {
+	for _, tc := range []struct {
+		capacity, limits string
+		w                time.Duration
+	}{
+		{"4/4s", "acme=100/6s", 4 * time.Second},
+		{"4/10s", "acme=10000B/1m", 10 * time.Second},
+	} {
+		t.Run(tc.capacity+" "+tc.limits, func(t *testing.T) {
+			ctx := context.Background()
+			rdb := privateRedis(t)
+			w := tc.w
+			l, clk, _, _, ds := capBacklog(t, rdb, false, tc.capacity, tc.limits, w)
+			byBytes := int64(0)
+			if strings.Contains(tc.limits, "B/") {
+				byBytes = 100
+			}
+			ats := []time.Duration{w, 2 * w, 3 * w, 4 * w, 5 * w, 6 * w}
+			want := []int64{2, 2, 2, 2, 2, 1}
+			check := func(what string) {
+				t.Helper()
+				evs, bytes := segRecorded(t, l, rdb, ats...)
+				wantBytes := make([]int64, len(want))
+				for i, n := range want {
+					wantBytes[i] = n * byBytes
+				}
+				if !slices.Equal(evs, want) || !slices.Equal(bytes, wantBytes) {
+					t.Errorf("%s: recorded at t0+w..6w: events %v, bytes %v; want %v and %v", what, evs, bytes, want, wantBytes)
+				}
+			}
+			check("reserved")
+			// At t0+3.5w the slots of t0+3w are given back.
+			clk.Set(t0.Add(3*w + w/2))
+			var slots []MissedSlot
+			for i, d := range ds {
+				if d.Kind == Defer && d.Due.Equal(t0.Add(3*w)) {
+					slots = append(slots, MissedSlot{Tenant: "acme", Due: d.Due, Trip: strconv.Itoa(i), Cost: Cost{Bytes: 100}})
+				}
+			}
+			if n, err := l.Release(ctx, slots); err != nil || n != 2 {
+				t.Fatalf("release: %d, %v; want 2", n, err)
+			}
+			want[2] = 0
+			check("after the release of t0+3w")
+			// At t0+4w+7w/8 the events due at t0+5w on move into the idle
+			// capacity of the current window.
+			clk.Set(t0.Add(4*w + 7*w/8))
+			var waiting []Waiting
+			for i, d := range ds {
+				if d.Kind == Defer && d.Due.After(t0.Add(4*w)) {
+					waiting = append(waiting, Waiting{Tenant: "acme", Offset: int64(i), Due: d.Due, Cost: Cost{Bytes: 100}, Windows: d.Windows})
+				}
+			}
+			moved, _, err := l.Advance(ctx, Source{Topic: "events.retry"}, waiting)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for i, m := range moved {
+				if m {
+					want[waiting[i].Due.Sub(t0)/w-1]--
+					n++
+				}
+			}
+			if n == 0 {
+				t.Fatalf("advance moved none of %d, want some", len(waiting))
+			}
+			check(fmt.Sprintf("after %d moves", n))
+		})
+	}
+}
+
+// The worst case of a take by segments (85_late.lua, Segments): rules whose
+// windows do not nest (1/2s beside 1/3s), every window ahead full, each
+// segment (the time between two bounds of either rule) holding one
+// reservation that a late event took already. The take scan reads the home
+// window's record of each segment and the record of takes, and stops at
+// its bound of windows; the call's work stays bounded and nothing is
+// counted or taken.
+func TestBoundedLateTakeBySegments(t *testing.T) {
+	ctx := context.Background()
+	rdb := privateRedis(t)
+	m := newWorkMeter(t, rdb)
+	l := newTestLimiter(t, rdb, "*=1/2s,1/3s", Options{Clock: func() time.Time { return t0 }})
+	rs := l.Rules().For("hot")
+	const ahead = 4000 // seconds
+	p := rdb.Pipeline()
+	taken := l.keys.taken("hot")
+	for sec := 0; sec <= ahead; sec++ {
+		s := t0.Add(time.Duration(sec) * time.Second)
+		f := strconv.FormatInt(s.UnixMilli(), 10)
+		for i, r := range rs {
+			w := time.Duration(2+i) * time.Second
+			if sec%(2+i) != 0 {
+				continue
+			}
+			key := l.keys.window("hot", r, s)
+			p.HSet(ctx, key, "count", 1, "expire", s.Add(w).UnixMilli())
+			p.PExpire(ctx, key, time.Hour)
+		}
+		if sec%2 == 0 || sec%3 == 0 { // a segment's start: recorded in the 2s window
+			home := l.keys.window("hot", rs[0], t0.Add(time.Duration(sec-sec%2)*time.Second))
+			p.HSet(ctx, home, "s0:"+f, 1)
+			p.HSet(ctx, taken, f, 1, f+"/m", 3, f+"/0", 1)
+		}
+	}
+	p.PExpire(ctx, taken, time.Hour)
+	if _, err := p.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before, err := rdb.HGetAll(ctx, taken).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.reset()
+	hmget0 := m.calls("hmget")
+	ds, err := l.AdmitLate(ctx, Source{Topic: "events.retry"}, hotEvents(0), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Window reads (its bound and the current windows), and two HMGETs a
+	// segment at most, each segment starting a window of one rule.
+	m.check("500 late events, every segment ahead taken", 1, 3*int64(DefaultMaxScan)+4)
+	t.Logf("HMGETs: %d", m.calls("hmget")-hmget0)
+	for i, d := range ds {
+		if d.Kind != Defer || d.Took || !d.Due.After(t0) {
+			t.Fatalf("event %d: got %+v, want deferred, no slot taken", i, d)
+		}
+	}
+	after, err := rdb.HGetAll(ctx, taken).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before) {
+		t.Errorf("record of takes: %d fields, want %d (unchanged)", len(after), len(before))
+	}
+	for f, v := range before {
+		if after[f] != v {
+			t.Fatalf("record of takes, field %s: %q, want %q (unchanged)", f, after[f], v)
+		}
+	}
+}
