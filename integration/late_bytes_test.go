@@ -39,6 +39,16 @@ func TestLateKeepsPlaceMixedRules(t *testing.T) {
 	testLateKeepsPlaceCosts(t, "acme=7/2s,2000B/4s", map[string]int64{"2s": 7, "4s/bytes": 2000})
 }
 
+// TestLateKeepsPlaceRulesNotNested is TestLateKeepsPlaceBytes with rules of
+// events in 2s windows and of bytes in 3s windows, which do not nest: a
+// slot is then the time between two bounds of either rule, and what each
+// holds reserved is known only from what each reservation records
+// (85_late.lua, Segments).
+func TestLateKeepsPlaceRulesNotNested(t *testing.T) {
+	t.Parallel()
+	testLateKeepsPlaceCosts(t, "acme=7/2s,1500B/3s", map[string]int64{"2s": 7, "3s/bytes": 1500})
+}
+
 // testLateKeepsPlaceCosts runs TestLateKeepsPlaceBytes under limits, whose
 // windows (by readWindows' name) each count at most limits[window].
 func testLateKeepsPlaceCosts(t *testing.T, limits string, windows map[string]int64) {

@@ -20,16 +20,28 @@ import (
 // the default), ahead of what it deferred after them. Every event arrives
 // once, none before its gk-due, no capacity window books more than the
 // capacity, and the tenant's own windows count each event once.
-func TestLateKeepsPlaceCapacity(t *testing.T) { lateKeepsPlaceCapacity(t, false) }
+func TestLateKeepsPlaceCapacity(t *testing.T) { lateKeepsPlaceCapacity(t, false, "1s", 8, "1m") }
 
 // TestLateKeepsPlaceCapacityBytes is TestLateKeepsPlaceCapacity under a
 // capacity of bytes (eight of the largest events a second) beside the
 // tenant's rule of events: a capacity window's events are then known only
 // to be at least one where the tenant booked any bytes, and each window
 // gives one late event a slot (85_late.lua, "Lower bound").
-func TestLateKeepsPlaceCapacityBytes(t *testing.T) { lateKeepsPlaceCapacity(t, true) }
+func TestLateKeepsPlaceCapacityBytes(t *testing.T) { lateKeepsPlaceCapacity(t, true, "1s", 8, "1m") }
 
-func lateKeepsPlaceCapacity(t *testing.T, bytes bool) {
+// TestLateKeepsPlaceCapacityNotNested is TestLateKeepsPlaceCapacity under
+// a capacity whose windows and the tenant's do not nest (CAPACITY=16/2s
+// beside acme=1000/3s): a slot is then the time between two bounds of
+// either, and what each holds reserved is known only from what each
+// reservation records (85_late.lua, Segments).
+func TestLateKeepsPlaceCapacityNotNested(t *testing.T) {
+	lateKeepsPlaceCapacity(t, false, "2s", 16, "3s")
+}
+
+// lateKeepsPlaceCapacity runs TestLateKeepsPlaceCapacity under a capacity
+// of perWin events (or as many of the largest events' bytes) a window of
+// capWin, beside acme=1000/ownWin.
+func lateKeepsPlaceCapacity(t *testing.T, bytes bool, capWin string, perWin int64, ownWin string) {
 	t.Parallel()
 	const (
 		n     = 200
@@ -42,14 +54,15 @@ func lateKeepsPlaceCapacity(t *testing.T, bytes bool) {
 		b := int64(len(msgs[i].Key) + len(msgs[i].Value))
 		size, total = max(size, b), total+b
 	}
-	capacity, spec, counter, want := int64(8), "8/1s", "1s", int64(n) // 8 events a second
+	capacity, counter, want := perWin, capWin, int64(n)
+	spec := fmt.Sprintf("%d/%s", capacity, capWin)
 	if bytes {
-		capacity, counter, want = 8*size, "1s/bytes", total
-		spec = fmt.Sprintf("%dB/1s", capacity)
+		capacity, counter, want = perWin*size, capWin+"/bytes", total
+		spec = fmt.Sprintf("%dB/%s", capacity, capWin)
 	}
 	f := newFlow(t, 1)
 	prefix := keyPrefix(t)
-	env := f.env(t, "GATEKEEPER_LIMITS", "acme=1000/1m", "GATEKEEPER_CAPACITY", spec,
+	env := f.env(t, "GATEKEEPER_LIMITS", "acme=1000/"+ownWin, "GATEKEEPER_CAPACITY", spec,
 		"GATEKEEPER_REDIS_KEY_PREFIX", prefix)
 	gk := startGatekeeper(t, "gk", env)
 	gk.waitReady(90 * time.Second)
@@ -83,7 +96,7 @@ func lateKeepsPlaceCapacity(t *testing.T, bytes bool) {
 	}
 	var counted int64
 	for _, w := range readWindows(t, redisAddr(), prefix) {
-		if w.Tenant == "acme" && w.Window == "1m" {
+		if w.Tenant == "acme" && w.Window == ownWin {
 			counted += w.Count
 		}
 	}
