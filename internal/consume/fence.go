@@ -39,8 +39,9 @@ import (
 // drained, the fence is closed: nothing more is written in its name.
 //
 // A writer that honours fences (route.FencedWriter) sends no produce request
-// for a fence that has ended and cancels those in flight when it ends, so
-// that none of a zombie's writes is sent after a new owner may have started.
+// for a fence that has ended and cancels those in flight shortly after it
+// ends (an answer already on its way is read: the write landed), so that
+// none of a zombie's writes is sent after a new owner may have started.
 // What a fence cannot stop is a request the network delays by more than the
 // quarter session: Kafka's own fencing (transactions, producer epochs) would,
 // and kafka-go has none.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 	produceAPI "github.com/segmentio/kafka-go/protocol/produce"
@@ -120,8 +121,21 @@ func (w *FencedWriter) Close() error {
 	return err
 }
 
+// inFlightGrace is how long a produce request in flight when its fence ends
+// may still get its answer before it is cancelled. A process resumed from a
+// pause (SIGSTOP, a starved CPU) finds its fence ended and the answer to a
+// request it sent before the pause already on its way: read, the write is
+// done and its batch commits at the generation's end (a commit of a
+// generation that ended is accepted until the member rejoins); cancelled
+// at once, the write had landed but its batch was handled again by the next
+// owner (TestLateKeepsPlaceRulesNotNested had 7 duplicates so). It is short
+// beside the margin a fence leaves for a write sent just before it ends to
+// land (a quarter of the lease, 0.5 s by default; a quarter of the session).
+const inFlightGrace = 100 * time.Millisecond
+
 // fenceTransport sends produce requests only while its fence is open, and
-// cancels those in flight when it ends; other requests (metadata) pass.
+// cancels those in flight inFlightGrace after it ends; other requests
+// (metadata) pass.
 type fenceTransport struct {
 	fence *consume.WriteFence
 	next  kafka.RoundTripper
@@ -138,7 +152,7 @@ func (t *fenceTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafka
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stop := context.AfterFunc(t.fence.Context(), cancel)
+	stop := context.AfterFunc(t.fence.Context(), func() { time.AfterFunc(inFlightGrace, cancel) })
 	defer stop()
 	res, err := t.next.RoundTrip(ctx, addr, req)
 	if ferr := t.fence.Err(); err != nil && ferr != nil {

@@ -151,3 +151,74 @@ func TestFencedWriterWritesWhileOpen(t *testing.T) {
 		t.Errorf("write after the fence ended: got %v, want consume.ErrFenced", err)
 	}
 }
+
+// lateAnswer is a network on which a produce request's fence ends while the
+// request is in flight, as for a process paused (SIGSTOP) after sending it
+// and resumed past its fence's end: the request lands, the fence is closed,
+// and the answer comes delay later, unless the request is cancelled first
+// (delay < 0: it never comes). Metadata is answered as by cutTransport.
+type lateAnswer struct {
+	fence  *consume.WriteFence
+	delay  time.Duration
+	mu     sync.Mutex
+	landed int
+}
+
+func (l *lateAnswer) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
+	if _, ok := req.(*produceAPI.Request); !ok {
+		return (&cutTransport{}).RoundTrip(ctx, addr, req)
+	}
+	l.mu.Lock()
+	l.landed++
+	l.mu.Unlock()
+	l.fence.Close("test: paused past the fence's end")
+	if l.delay >= 0 {
+		select {
+		case <-time.After(l.delay):
+			return (&cutTransport{}).RoundTrip(ctx, addr, req)
+		case <-ctx.Done():
+		}
+	} else {
+		<-ctx.Done()
+	}
+	return nil, io.ErrUnexpectedEOF
+}
+
+// A produce request in flight when its fence ends gets its answer if it
+// comes within inFlightGrace: the write landed, and reporting it failed
+// would have the batch handled again by the next owner (duplicates; before,
+// the request was cancelled at once and the write failed). An answer that
+// does not come is still cut off soon after, not at the write's timeout.
+func TestFencedWriterReadsAnAnswerOnItsWay(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		delay time.Duration
+	}{
+		{"the answer comes 10ms after the fence ended", 10 * time.Millisecond},
+		{"no answer comes", -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fence := consume.NewOpenWriteFence()
+			lt := &lateAnswer{fence: fence, delay: tc.delay}
+			fw := NewFencedWriter([]string{"127.0.0.1:1"}, WriterOptions{Transport: lt, WriteTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second})
+			defer fw.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			start := time.Now()
+			err := fw.WriteMessages(consume.WithFence(ctx, fence), kafka.Message{Topic: "out", Value: []byte("a")})
+			took := time.Since(start)
+			lt.mu.Lock()
+			landed := lt.landed
+			lt.mu.Unlock()
+			if landed != 1 {
+				t.Fatalf("produce requests sent: %d, want 1", landed)
+			}
+			if tc.delay >= 0 && err != nil {
+				t.Errorf("write answered %v after its fence ended: got %v, want nil (it landed)", tc.delay, err)
+			}
+			if tc.delay < 0 && (!errors.Is(err, consume.ErrFenced) || took > 2*time.Second) {
+				t.Errorf("write never answered: got %v after %v, want consume.ErrFenced within about %v", err, took.Round(time.Millisecond), inFlightGrace)
+			}
+		})
+	}
+}
