@@ -570,12 +570,22 @@ do
     if nr == 1 and ncap == 0 then
       return false -- (one rule qualifies, of one measure)
     end
-    local k = {cost_at[ti] and 1 or 0}
-    for ri = 1, nr do
-      k[#k + 1] = recs[p - 1 + 3 * ri]
-      k[#k + 1] = KEYS[key_at[ti] + ri]:match("}:([^}]*)$") or ""
+    local k
+    if not cost_at[ti] and nr <= 4 then
+      -- Rules of events alone: a number of the descriptors (no string
+      -- made per tenant: decide calls this for every tenant it decides).
+      k = 0
+      for ri = nr, 1, -1 do
+        k = k * (ndescs + 1) + recs[p - 1 + 3 * ri]
+      end
+    else
+      k = {cost_at[ti] and 1 or 0}
+      for ri = 1, nr do
+        k[#k + 1] = recs[p - 1 + 3 * ri]
+        k[#k + 1] = KEYS[key_at[ti] + ri]:match("}:([^}]*)$") or ""
+      end
+      k = table.concat(k, ",")
     end
-    k = table.concat(k, ",")
     local v = known[k]
     if v == nil then
       v = false
