@@ -181,11 +181,10 @@
 -- window holds the whole segment; a reservation of 0 bytes opens a home
 -- of bytes, so that it expires). The take scan (seg_slots) walks the
 -- segments from first on, reading the window of every rule that holds
--- each (as coarser does: each segment starts a window of one rule at
--- least, so it walks at most scan.reads of them past what the call had
--- read), and, where some rule has no room, the home window's fields at
--- the segment's start and, when they hold any, the record of takes there
--- (one HMGET each, not charged to the budget). Takes are recorded as
+-- each (as coarser does), and, where some rule has no room, the home
+-- window's fields at the segment's start, which cost the budget (and
+-- scan.reads) one as a window's read, and, when they hold any, the record
+-- of takes there (one HMGET each). Takes are recorded as
 -- under Costs, marked 3 with a pool of each measure, and a claim finds
 -- the take under its own due time. A reservation that leaves its slot
 -- before it starts takes its cost off the record (internal/lua/release.lua;
@@ -571,9 +570,10 @@ do
       return false -- (one rule qualifies, of one measure)
     end
     local k
-    if not cost_at[ti] and nr <= 4 then
+    if not cost_at[ti] and nr <= 4 and ndescs < 9000 then
       -- Rules of events alone: a number of the descriptors (no string
-      -- made per tenant: decide calls this for every tenant it decides).
+      -- made per tenant: decide calls this for every tenant it decides;
+      -- exact while (ndescs + 1)^4 is below 2^53).
       k = 0
       for ri = nr, 1, -1 do
         k = k * (ndescs + 1) + recs[p - 1 + 3 * ri]
@@ -1069,6 +1069,13 @@ local function seg_slots(ti, rules, rest, first, pos, keep, rec)
       break -- room: reserve goes on from here
     end
     if t >= now + late_ms.take_margin then
+      -- The home window's record costs the budget one, as a window's read
+      -- (a later tenant walks for nothing the capacity windows that those
+      -- before it read full).
+      if budget < 1 or scan.left < 1 or budget - 1 < keep then
+        return res, rest, t
+      end
+      budget, scan.left = budget - 1, scan.left - 1
       -- Reserved at t in each measure (ins), then what was taken there.
       local fs, fields = num(t), {}
       for i, fr in ipairs(list) do
