@@ -999,141 +999,6 @@ local function coarser(rules, fi, t, e, c, pos, first, seen_at, seen, several, k
   return room, next_t
 end
 
--- record_take adds a take to tenant's record of takes rk under the field
--- fs of its due time: marked m (its field fs/m held mk), us[i] of measure
--- mus[i] in that measure's pool when mus is given (m is then 3), else us[1]
--- of measure m, and their sum in fs; the record lives record_life past the
--- end e of the slot (see Taking, Costs).
-local function record_take(rk, fs, mk, m, mus, us, e)
-  local fm = fs .. "/m"
-  if mk ~= m then
-    redis.call("HINCRBY", rk, fm, m - mk)
-    note(4, rk, {fm, mk - m})
-  end
-  local u = us[1]
-  if mus then
-    u = 0
-    for i, mu in ipairs(mus) do
-      if us[i] > 0 then
-        local sf = fs .. "/" .. mu
-        redis.call("HINCRBY", rk, sf, us[i])
-        note(4, rk, {sf, -us[i]})
-        u = u + us[i]
-      end
-    end
-  end
-  if u > 0 then
-    redis.call("HINCRBY", rk, fs, u)
-    note(4, rk, {fs, -u})
-  end
-  if redis.call("PTTL", rk) < e - now + late_ms.record_life then
-    redis.call("PEXPIRE", rk, num(e - now + late_ms.record_life))
-  end
-end
-
--- seg_slots is take_slots for a tenant that does not qualify, whose rules
--- are aligned (see Segments; rec: rec_of's, with seg): from first on,
--- before its first time when every rule has room, each segment [t, e)
--- whose windows are all read within the budget (as coarser reads them)
--- gives its reservations at t, what the home window records there less
--- what was taken there, to the late events, in order, as many as fit in
--- every measure. Takes are recorded as under Costs (f/m 3, a pool of each
--- measure, f their sum). It returns what take_slots returns.
-local function seg_slots(ti, rules, rest, first, pos, keep, rec)
-  local home, list = rules[rec[1]], rec[2]
-  scan.left = scan.reads
-  local res, rk = {}, nil
-  local t = first
-  while rest > 0 and t <= hend do
-    -- The windows of every rule that hold t: their room for the pos-th
-    -- event, and the segment's end e, the earliest of their ends.
-    local room, e, hs = true, math.huge, nil
-    for _, r in ipairs(rules) do
-      local s, we = win(r, t)
-      local c = s and take_read(r, s, true, keep, pos, false)
-      if not c then
-        return res, rest, t
-      end
-      local cost = r.costs and r.costs[pos] or 1
-      if (r.cap and c < cost) or (not r.cap and c + cost > r.limit) then
-        room = false
-      end
-      if we < e then
-        e = we
-      end
-      if r == home then
-        hs = s
-      end
-    end
-    if room then
-      break -- room: reserve goes on from here
-    end
-    if t >= now + late_ms.take_margin then
-      -- The home window's record costs the budget one, as a window's read
-      -- (a later tenant walks for nothing the capacity windows that those
-      -- before it read full).
-      if budget < 1 or scan.left < 1 or budget - 1 < keep then
-        return res, rest, t
-      end
-      budget, scan.left = budget - 1, scan.left - 1
-      -- Reserved at t in each measure (ins), then what was taken there.
-      local fs, fields = num(t), {}
-      for i, fr in ipairs(list) do
-        fields[i] = fr[1] .. fs
-      end
-      cur = wkey(home.key, hs)
-      local v = redis.call("HMGET", cur, unpack(fields))
-      local ins, any = {}, false
-      for i = 1, #list do
-        ins[i] = tonumber(v[i]) or 0
-        any = any or ins[i] > 0
-      end
-      local w = nil
-      if any then
-        rk = rk or record_key(ti)
-        cur = rk
-        w = redis.call("HMGET", rk, fs, fs .. "/m", fs .. "/0", fs .. "/1", fs .. "/2")
-      end
-      local pool = w and tonumber(w[1]) or 0
-      local mk = w and tonumber(w[2]) or 0
-      -- (Takes of one measure alone there: the tenant's rules changed.)
-      if any and not (pool > 0 and mk ~= 3) then
-        local left, us = {}, {}
-        for i, fr in ipairs(list) do
-          left[i], us[i] = ins[i] - (pool > 0 and tonumber(w[3 + fr[3]]) or 0), 0
-        end
-        local k, ok = 0, true
-        while ok and k < rest do
-          for i, fr in ipairs(list) do
-            local r = rules[fr[2]]
-            if us[i] + (r.costs and r.costs[pos + k] or 1) > left[i] then
-              ok = false
-            end
-          end
-          if ok then
-            for i, fr in ipairs(list) do
-              local r = rules[fr[2]]
-              us[i] = us[i] + (r.costs and r.costs[pos + k] or 1)
-            end
-            k = k + 1
-          end
-        end
-        if k > 0 then
-          local mus = {}
-          for i, fr in ipairs(list) do
-            mus[i] = fr[3]
-          end
-          record_take(rk, fs, mk, 3, mus, us, e)
-          res[#res + 1], res[#res + 2], res[#res + 3] = t, k, -e
-          rest, pos = rest - k, pos + k
-        end
-      end
-    end
-    t = e
-  end
-  return res, rest, t
-end
-
 -- take_slots gives the late events of tenant ti (rest of them, the pos-th
 -- on, after admission; not its displaced claims, which follow them) the
 -- slots of the tenant's reservations in its finest rule's windows from
@@ -1143,148 +1008,283 @@ end
 -- as much as that window: the rest of it holds no slot. It returns the
 -- takes (due, count, until each, as reserve's), what is left, and where
 -- reserve goes on.
-local function take_slots(ti, rules, rest, first, pos, keep)
-  rest = math.min(rest, recs[rec_at[ti] + 1] - (displaced[ti] or 0) - pos + 1)
-  local fi, m, by = nil, 0, nil
-  if take and rest > 0 then
-    fi, m, by = qualifies(ti, rec_at[ti])
-    if not fi and rules.rec and rules.rec.seg then
-      return seg_slots(ti, rules, rest, first, pos, keep, rules.rec)
+local take_slots
+do
+  -- take_fit returns how many of the late events, the pos-th on (rest of
+  -- them), fit in order what a slot has left of each measure (left[i], of
+  -- rule ms[i]: its costs, 1 an event without), and what they take of each.
+  local function take_fit(ms, left, rest, pos)
+    local k, us, ok = 0, {}, true
+    for i = 1, #ms do
+      us[i] = 0
     end
-  end
-  if not fi then
-    return none, rest, first
-  end
-  local f = rules[fi]
-  -- What a take counts, by measure: mus[i] and the rule of its finest
-  -- windows, ms[i] (one for a tenant of one measure).
-  -- (lb: events known only to be at least one where f counts any, see
-  -- Lower bound.)
-  local mus, ms, lb = {m}, {f}, {}
-  if by then
-    mus, ms = {}, {}
-    for mu, ri in pairs(by) do
-      local r = ri == 0 and lb or rules[ri]
-      if ri < 0 then
-        -- What the finest window holds reserved of mu (see Reserved).
-        r = {rec = "r" .. mu, costs = rules[-ri].costs}
-      end
-      mus[#mus + 1], ms[#ms + 1] = mu, r
-    end
-    for _, r in ipairs(rules) do
-      r.mu = r.cap and r.cap.mu or measure_of(r.key)
-      r.pool = false
-    end
-    for _, r in ipairs(ms) do
-      r.pool = true -- (take_read: coarser reads what the tenant booked)
-    end
-  end
-  local several = #rules > 1
-  scan.left = scan.reads
-  local seen_at, seen = {}, {}
-  local res = {}
-  local rk = nil -- the record of takes' key
-  local t = first
-  while rest > 0 and t <= hend do
-    local s, e = win(f, t)
-    local c, room
-    if f.cap then
-      -- A capacity rule is the finest: its window's count of the tenant's
-      -- reservations is what the tenant booked there.
-      local cr = take_read(f, s, several, keep, pos, true)
-      if not cr then
-        break
-      end
-      c, room = cap_booked(f, cap_win(f, s)) or 0, cr >= (f.costs and f.costs[pos] or 1)
-    else
-      c = s and take_read(f, s, several, keep)
-      if not c then
-        break
-      end
-      room = c + (f.costs and f.costs[pos] or 1) <= f.limit
-    end
-    local next_t = e
-    if several then
-      local others
-      others, next_t = coarser(rules, fi, t, e, c, pos, first, seen_at, seen, several, keep)
-      if others == nil then
-        break
-      end
-      room = room and others
-    end
-    if room then
-      break -- room: reserve goes on from here
-    end
-    if s >= now + late_ms.take_margin and c > 0 then
-      -- What was taken there: in the record, and in the window by an
-      -- earlier version.
-      local tk = 0
-      if m == 0 and not f.cap then
-        cur = wkey(f.key, s)
-        tk = tonumber(redis.call("HGET", cur, "taken")) or 0
-      end
-      local fs, fm = num(s), num(s) .. "/m"
-      rk = rk or record_key(ti)
-      cur = rk
-      local pool = tonumber(redis.call("HGET", rk, fs)) or 0
-      local mk = nil -- the measure of the takes there (read when needed)
-      if pool > 0 then
-        mk = tonumber(redis.call("HGET", rk, fm)) or 0
-      end
-      -- What was taken there by measure (tks), and what each measure's rule
-      -- counts there (cs): none where takes of another measure are left
-      -- (the tenant's rules changed since).
-      local tks, cs = {}, {}
-      local ok = not (mk and mk ~= m)
-      if ok and by then
-        for mu = 0, 2 do
-          tks[mu] = pool > 0 and tonumber(redis.call("HGET", rk, fs .. "/" .. mu)) or 0
-          ok = ok and (tks[mu] == 0 or by[mu] ~= nil)
+    while ok and k < rest do
+      for i, r in ipairs(ms) do
+        if us[i] + (r.costs and r.costs[pos + k] or 1) > left[i] then
+          ok = false
         end
+      end
+      if ok then
         for i, r in ipairs(ms) do
-          if r == f then
-            cs[i] = c
-          elseif r == lb then
-            cs[i] = c > 0 and 1 or 0
-          elseif r.rec then
-            cur = wkey(f.key, s)
-            cs[i] = tonumber(redis.call("HGET", cur, r.rec)) or 0
-          elseif r.cap then
-            cs[i] = cap_booked(r, cap_win(r, s)) or 0 -- (its window is df's)
-          else
-            cs[i] = count_of(wkey(r.key, s)) -- read by coarser
+          us[i] = us[i] + (r.costs and r.costs[pos + k] or 1)
+        end
+        k = k + 1
+      end
+    end
+    return k, us
+  end
+
+  -- record_take adds a take to tenant's record of takes rk under the field
+  -- fs of its due time: marked m (its field fs/m held mk), us[i] of measure
+  -- mus[i] in that measure's pool when mus is given (m is then 3), else us[1]
+  -- of measure m, and their sum in fs; the record lives record_life past the
+  -- end e of the slot (see Taking, Costs).
+  local function record_take(rk, fs, mk, m, mus, us, e)
+    local fm = fs .. "/m"
+    if mk ~= m then
+      redis.call("HINCRBY", rk, fm, m - mk)
+      note(4, rk, {fm, mk - m})
+    end
+    local u = us[1]
+    if mus then
+      u = 0
+      for i, mu in ipairs(mus) do
+        if us[i] > 0 then
+          local sf = fs .. "/" .. mu
+          redis.call("HINCRBY", rk, sf, us[i])
+          note(4, rk, {sf, -us[i]})
+          u = u + us[i]
+        end
+      end
+    end
+    if u > 0 then
+      redis.call("HINCRBY", rk, fs, u)
+      note(4, rk, {fs, -u})
+    end
+    if redis.call("PTTL", rk) < e - now + late_ms.record_life then
+      redis.call("PEXPIRE", rk, num(e - now + late_ms.record_life))
+    end
+  end
+
+  -- seg_slots is take_slots for a tenant that does not qualify, whose rules
+  -- are aligned (see Segments; rec: rec_of's, with seg): from first on,
+  -- before its first time when every rule has room, each segment [t, e)
+  -- whose windows are all read within the budget (as coarser reads them)
+  -- gives its reservations at t, what the home window records there less
+  -- what was taken there, to the late events, in order, as many as fit in
+  -- every measure. Takes are recorded as under Costs (f/m 3, a pool of each
+  -- measure, f their sum). It returns what take_slots returns.
+  local function seg_slots(ti, rules, rest, first, pos, keep, rec)
+    local home, list = rules[rec[1]], rec[2]
+    scan.left = scan.reads
+    local res, rk = {}, nil
+    local t = first
+    while rest > 0 and t <= hend do
+      -- The windows of every rule that hold t: their room for the pos-th
+      -- event, and the segment's end e, the earliest of their ends.
+      local room, e, hs = true, math.huge, nil
+      for _, r in ipairs(rules) do
+        local s, we = win(r, t)
+        local c = s and take_read(r, s, true, keep, pos, false)
+        if not c then
+          return res, rest, t
+        end
+        local cost = r.costs and r.costs[pos] or 1
+        if (r.cap and c < cost) or (not r.cap and c + cost > r.limit) then
+          room = false
+        end
+        if we < e then
+          e = we
+        end
+        if r == home then
+          hs = s
+        end
+      end
+      if room then
+        break -- room: reserve goes on from here
+      end
+      if t >= now + late_ms.take_margin then
+        -- The home window's record costs the budget one, as a window's read
+        -- (a later tenant walks for nothing the capacity windows that those
+        -- before it read full).
+        if budget < 1 or scan.left < 1 or budget - 1 < keep then
+          return res, rest, t
+        end
+        budget, scan.left = budget - 1, scan.left - 1
+        -- Reserved at t in each measure (ins), then what was taken there.
+        local fs, fields = num(t), {}
+        for i, fr in ipairs(list) do
+          fields[i] = fr[1] .. fs
+        end
+        cur = wkey(home.key, hs)
+        local v = redis.call("HMGET", cur, unpack(fields))
+        local ins, any = {}, false
+        for i = 1, #list do
+          ins[i] = tonumber(v[i]) or 0
+          any = any or ins[i] > 0
+        end
+        local w = nil
+        if any then
+          rk = rk or record_key(ti)
+          cur = rk
+          w = redis.call("HMGET", rk, fs, fs .. "/m", fs .. "/0", fs .. "/1", fs .. "/2")
+        end
+        local pool = w and tonumber(w[1]) or 0
+        local mk = w and tonumber(w[2]) or 0
+        -- (Takes of one measure alone there: the tenant's rules changed.)
+        if any and not (pool > 0 and mk ~= 3) then
+          local left, ms, mus = {}, {}, {}
+          for i, fr in ipairs(list) do
+            left[i] = ins[i] - (pool > 0 and tonumber(w[3 + fr[3]]) or 0)
+            ms[i], mus[i] = rules[fr[2]], fr[3]
+          end
+          local k, us = take_fit(ms, left, rest, pos)
+          if k > 0 then
+            record_take(rk, fs, mk, 3, mus, us, e)
+            res[#res + 1], res[#res + 2], res[#res + 3] = t, k, -e
+            rest, pos = rest - k, pos + k
           end
         end
+      end
+      t = e
+    end
+    return res, rest, t
+  end
+
+  take_slots = function(ti, rules, rest, first, pos, keep)
+    rest = math.min(rest, recs[rec_at[ti] + 1] - (displaced[ti] or 0) - pos + 1)
+    local fi, m, by = nil, 0, nil
+    if take and rest > 0 then
+      fi, m, by = qualifies(ti, rec_at[ti])
+      if not fi and rules.rec and rules.rec.seg then
+        return seg_slots(ti, rules, rest, first, pos, keep, rules.rec)
+      end
+    end
+    if not fi then
+      return none, rest, first
+    end
+    local f = rules[fi]
+    -- What a take counts, by measure: mus[i] and the rule of its finest
+    -- windows, ms[i] (one for a tenant of one measure).
+    -- (lb: events known only to be at least one where f counts any, see
+    -- Lower bound.)
+    local mus, ms, lb = {m}, {f}, {}
+    if by then
+      mus, ms = {}, {}
+      for mu, ri in pairs(by) do
+        local r = ri == 0 and lb or rules[ri]
+        if ri < 0 then
+          -- What the finest window holds reserved of mu (see Reserved).
+          r = {rec = "r" .. mu, costs = rules[-ri].costs}
+        end
+        mus[#mus + 1], ms[#ms + 1] = mu, r
+      end
+      for _, r in ipairs(rules) do
+        r.mu = r.cap and r.cap.mu or measure_of(r.key)
+        r.pool = false
+      end
+      for _, r in ipairs(ms) do
+        r.pool = true -- (take_read: coarser reads what the tenant booked)
+      end
+    end
+    local several = #rules > 1
+    scan.left = scan.reads
+    local seen_at, seen = {}, {}
+    local res = {}
+    local rk = nil -- the record of takes' key
+    local t = first
+    while rest > 0 and t <= hend do
+      local s, e = win(f, t)
+      local c, room
+      if f.cap then
+        -- A capacity rule is the finest: its window's count of the tenant's
+        -- reservations is what the tenant booked there.
+        local cr = take_read(f, s, several, keep, pos, true)
+        if not cr then
+          break
+        end
+        c, room = cap_booked(f, cap_win(f, s)) or 0, cr >= (f.costs and f.costs[pos] or 1)
       else
-        tks[m], cs[1] = tk + pool, c
-      end
-      -- k events in order, of cost us[i] to each measure: as many as the
-      -- slots left there hold.
-      local k, us = 0, {}
-      for i = 1, #ms do
-        us[i] = 0
-      end
-      while ok and k < rest do
-        for i, r in ipairs(ms) do
-          if us[i] + (r.costs and r.costs[pos + k] or 1) > cs[i] - tks[mus[i]] then
-            ok = false
-          end
+        c = s and take_read(f, s, several, keep)
+        if not c then
+          break
         end
-        if ok then
+        room = c + (f.costs and f.costs[pos] or 1) <= f.limit
+      end
+      local next_t = e
+      if several then
+        local others
+        others, next_t = coarser(rules, fi, t, e, c, pos, first, seen_at, seen, several, keep)
+        if others == nil then
+          break
+        end
+        room = room and others
+      end
+      if room then
+        break -- room: reserve goes on from here
+      end
+      if s >= now + late_ms.take_margin and c > 0 then
+        -- What was taken there: in the record, and in the window by an
+        -- earlier version.
+        local tk = 0
+        if m == 0 and not f.cap then
+          cur = wkey(f.key, s)
+          tk = tonumber(redis.call("HGET", cur, "taken")) or 0
+        end
+        local fs, fm = num(s), num(s) .. "/m"
+        rk = rk or record_key(ti)
+        cur = rk
+        local pool = tonumber(redis.call("HGET", rk, fs)) or 0
+        local mk = nil -- the measure of the takes there (read when needed)
+        if pool > 0 then
+          mk = tonumber(redis.call("HGET", rk, fm)) or 0
+        end
+        -- What was taken there by measure (tks), and what each measure's rule
+        -- counts there (cs): none where takes of another measure are left
+        -- (the tenant's rules changed since).
+        local tks, cs = {}, {}
+        local ok = not (mk and mk ~= m)
+        if ok and by then
+          for mu = 0, 2 do
+            tks[mu] = pool > 0 and tonumber(redis.call("HGET", rk, fs .. "/" .. mu)) or 0
+            ok = ok and (tks[mu] == 0 or by[mu] ~= nil)
+          end
           for i, r in ipairs(ms) do
-            us[i] = us[i] + (r.costs and r.costs[pos + k] or 1)
+            if r == f then
+              cs[i] = c
+            elseif r == lb then
+              cs[i] = c > 0 and 1 or 0
+            elseif r.rec then
+              cur = wkey(f.key, s)
+              cs[i] = tonumber(redis.call("HGET", cur, r.rec)) or 0
+            elseif r.cap then
+              cs[i] = cap_booked(r, cap_win(r, s)) or 0 -- (its window is df's)
+            else
+              cs[i] = count_of(wkey(r.key, s)) -- read by coarser
+            end
           end
-          k = k + 1
+        else
+          tks[m], cs[1] = tk + pool, c
+        end
+        -- k events in order, of cost us[i] to each measure: as many as the
+        -- slots left there hold.
+        local left = {}
+        for i = 1, #ms do
+          left[i] = cs[i] - tks[mus[i]]
+        end
+        local k, us = 0, nil
+        if ok then
+          k, us = take_fit(ms, left, rest, pos)
+        end
+        if k > 0 then
+          mk = mk or tonumber(redis.call("HGET", rk, fm)) or 0
+          record_take(rk, fs, mk, m, by and mus, us, e)
+          res[#res + 1], res[#res + 2], res[#res + 3] = s, k, -e
+          rest, pos = rest - k, pos + k
         end
       end
-      if k > 0 then
-        mk = mk or tonumber(redis.call("HGET", rk, fm)) or 0
-        record_take(rk, fs, mk, m, by and mus, us, e)
-        res[#res + 1], res[#res + 2], res[#res + 3] = s, k, -e
-        rest, pos = rest - k, pos + k
-      end
+      t = next_t
     end
-    t = next_t
+    return res, rest, t
   end
-  return res, rest, t
 end
