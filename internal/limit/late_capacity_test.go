@@ -57,6 +57,24 @@ func capBacklog(t *testing.T, rdb redis.UniversalClient, oneSlot bool, capacity,
 	return l, clk, c, ev, append(ds, more...)
 }
 
+// advanceBacklog offers capBacklog's deferrals (ds) due after from to a
+// move into idle capacity (Advance), as the retry tier holds them, and
+// returns them with what moved.
+func advanceBacklog(t *testing.T, l *Limiter, ds []Decision, from time.Time) ([]Waiting, []bool) {
+	t.Helper()
+	var waiting []Waiting
+	for i, d := range ds {
+		if d.Kind == Defer && d.Due.After(from) {
+			waiting = append(waiting, Waiting{Tenant: "acme", Offset: int64(i), Due: d.Due, Cost: Cost{Bytes: 100}, Windows: d.Windows})
+		}
+	}
+	moved, _, err := l.Advance(context.Background(), Source{Topic: "events.retry"}, waiting)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return waiting, moved
+}
+
 // capSpecs are the capacities and rules under which acme's late events take
 // slots (w: the capacity's windows): the capacity's windows those of
 // acme's finest rule, of events, bytes, and two measures with the
@@ -222,16 +240,7 @@ func TestAdvanceKeepsTakenSlot(t *testing.T) {
 			// At t0+3w+2w/3 the current window holds two of the capacity's
 			// four: acme's events due at t0+4w on are offered to it.
 			clk.Set(t0.Add(3*w + 2*w/3))
-			var waiting []Waiting
-			for i, d := range ds {
-				if d.Kind == Defer && d.Due.After(clk.Now()) {
-					waiting = append(waiting, Waiting{Tenant: "acme", Offset: int64(i), Due: d.Due, Cost: Cost{Bytes: 100}, Windows: d.Windows})
-				}
-			}
-			moved, _, err := l.Advance(ctx, retry, waiting)
-			if err != nil {
-				t.Fatal(err)
-			}
+			waiting, moved := advanceBacklog(t, l, ds, clk.Now())
 			for i, m := range moved {
 				if m {
 					t.Errorf("waiting event %d (due t0+%s) moved; its slot was taken", waiting[i].Offset, waiting[i].Due.Sub(t0))
@@ -243,6 +252,52 @@ func TestAdvanceKeepsTakenSlot(t *testing.T) {
 			// Back in their slot, t0+4w's events: the last gives up its slot.
 			lastGivesUp(t, l, rdb, clk, 4*w, w/6, ev(10), ev(11))
 		})
+	}
+}
+
+// A move into idle capacity takes a moved event's bytes off its slot's
+// record of bytes reserved (r1: acme's finest rule counts events, its rule
+// of bytes longer windows) down to 0 at most, as a release does: a record
+// that holds less than the events moved, however it came to (set by hand
+// here), is never left below 0, where it would hide from the take scan the
+// bytes of reservations made there later. (Before, it went to -150.)
+func TestAdvanceReservedRecordNotBelowZero(t *testing.T) {
+	ctx := context.Background()
+	rdb := privateRedis(t)
+	const w = 10 * time.Second
+	l, clk, _, _, ds := capBacklog(t, rdb, false, "4/10s", "acme=100/10s,10000B/1m", w)
+	own := l.Rules().For("acme")[0]
+	r1 := func(at time.Duration) int64 {
+		t.Helper()
+		v, err := rdb.HGet(ctx, l.keys.window("acme", own, t0.Add(at)), "r1").Int64()
+		if err != nil && err != redis.Nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if a, b := r1(4*w), r1(5*w); a != 200 || b != 200 {
+		t.Fatalf("bytes reserved at t0+4w, t0+5w: %d, %d; want 200, 200 (the test no longer reaches the record)", a, b)
+	}
+	// t0+4w's record holds 50 of its two events' 200 bytes.
+	if err := rdb.HSet(ctx, l.keys.window("acme", own, t0.Add(4*w)), "r1", 50).Err(); err != nil {
+		t.Fatal(err)
+	}
+	clk.Set(t0.Add(3*w + 2*w/3))
+	waiting, moved := advanceBacklog(t, l, ds, clk.Now())
+	n := 0
+	for i, m := range moved {
+		if m {
+			n++
+			if !waiting[i].Due.Equal(t0.Add(4 * w)) {
+				t.Fatalf("moved an event due t0+%s; want only t0+4w's", waiting[i].Due.Sub(t0))
+			}
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d events moved, want t0+4w's two", n)
+	}
+	if a, b := r1(4*w), r1(5*w); a != 0 || b != 200 {
+		t.Errorf("bytes reserved at t0+4w, t0+5w after the move: %d, %d; want 0 and 200", a, b)
 	}
 }
 

@@ -91,16 +91,7 @@ func TestSegmentRecordFollowsReservations(t *testing.T) {
 			// At t0+4w+7w/8 the events due at t0+5w on move into the idle
 			// capacity of the current window.
 			clk.Set(t0.Add(4*w + 7*w/8))
-			var waiting []Waiting
-			for i, d := range ds {
-				if d.Kind == Defer && d.Due.After(t0.Add(4*w)) {
-					waiting = append(waiting, Waiting{Tenant: "acme", Offset: int64(i), Due: d.Due, Cost: Cost{Bytes: 100}, Windows: d.Windows})
-				}
-			}
-			moved, _, err := l.Advance(ctx, Source{Topic: "events.retry"}, waiting)
-			if err != nil {
-				t.Fatal(err)
-			}
+			waiting, moved := advanceBacklog(t, l, ds, t0.Add(4*w))
 			n := 0
 			for i, m := range moved {
 				if m {

@@ -364,7 +364,14 @@ do
           end
           if c > 0 then
             cur = key
-            redis.call("HINCRBY", key, f, -c)
+            -- Down to 0 at most (release.lua's rule): a record that holds
+            -- less than the event's cost (Reserved; Segments read it first)
+            -- loses what it holds.
+            local left = redis.call("HINCRBY", key, f, -c)
+            if left < 0 then
+              redis.call("HINCRBY", key, f, -left)
+              c = c + left
+            end
             note(4, key, {f, c})
           end
         end
