@@ -347,32 +347,26 @@ do
         -- does its home window at its due time (a segment's take comes
         -- after now, even in the current window: Segments).
         local key = wkey(rules[rec[1]].key, slot[rec[1]])
-        local v = nil -- (Segments: what each field holds, the least it loses)
-        if rec.seg then
-          local fs = {}
-          for i, fr in ipairs(rec[2]) do
-            fs[i] = fr[1] .. num(dues[j])
-          end
-          cur = key
-          v = redis.call("HMGET", key, unpack(fs))
-        end
-        for i, fr in ipairs(rec[2]) do
+        for _, fr in ipairs(rec[2]) do
           local c = cost_of(rules[fr[2]], j)
-          local f = fr[1]
-          if v then
-            f, c = f .. num(dues[j]), math.min(c, tonumber(v[i]) or 0)
-          end
+          local f = rec.seg and fr[1] .. num(dues[j]) or fr[1]
           if c > 0 then
             cur = key
             -- Down to 0 at most (release.lua's rule): a record that holds
-            -- less than the event's cost (Reserved; Segments read it first)
-            -- loses what it holds.
+            -- less than the event's cost loses what it holds, and one
+            -- that held nothing is left without the field.
             local left = redis.call("HINCRBY", key, f, -c)
             if left < 0 then
-              redis.call("HINCRBY", key, f, -left)
               c = c + left
+              if c > 0 then
+                redis.call("HINCRBY", key, f, -left)
+              else
+                redis.call("HDEL", key, f)
+              end
             end
-            note(4, key, {f, c})
+            if c > 0 then
+              note(4, key, {f, c})
+            end
           end
         end
       end
